@@ -1,0 +1,71 @@
+"""Token-granular memory: the request -> KV-slot table and the per-layer K/V slot pools.
+
+Slot 0 of the KV pool is never handed out: padded batch entries write their K/V there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """[max_running, max_context] int32 table: (request row, position) -> KV slot."""
+
+    def __init__(self, max_running: int, max_context: int, device: torch.device | str = "cpu"):
+        self.table = torch.zeros((max_running, max_context), dtype=torch.int32, device=device)
+        self._free_rows = list(range(max_running - 1, -1, -1))
+        self.size = max_running
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        self._free_rows.append(row)
+
+
+class KVPool:
+    """Per layer K and V, [num_slots, num_kv_heads, head_dim]; one slot holds one token."""
+
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+        shape = (num_slots + 1, num_kv_heads, head_dim)  # +1: the padding slot 0
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
+        self._num_free = num_slots
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """n free slots (int64, CPU), or None when fewer than n are free."""
+        if n > self._num_free:
+            return None
+        start = self._num_free - n
+        slots = self._free[start:self._num_free].clone()
+        self._num_free = start
+        return slots
+
+    def free(self, slots: torch.Tensor | list[int]) -> None:
+        if not isinstance(slots, torch.Tensor):
+            slots = torch.tensor(slots, dtype=torch.int64)
+        n = slots.numel()
+        if n == 0:
+            return
+        self._free[self._num_free:self._num_free + n] = slots
+        self._num_free += n
+
+    def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer_id][slots] = k
+        self.v[layer_id][slots] = v

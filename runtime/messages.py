@@ -1,0 +1,127 @@
+"""Everything that crosses a ZMQ socket: tagged msgspec structs, encoded as msgpack.
+
+Nothing received is ever unpickled; `decode` only builds the classes in `Message`.
+
+    HTTP/TokenizerManager --GenerateReq/AbortReq/FlushCacheReq--> Scheduler
+    Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> TokenizerManager
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from .sampling_params import SamplingParams
+
+
+class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, omit_defaults=True):
+    pass
+
+
+class GenerateReq(_Msg):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+
+
+class AbortReq(_Msg):
+    rid: str
+
+
+class FlushCacheReq(_Msg):
+    pass
+
+
+class Finish(_Msg):
+    """Why a request ended; `to_json` is the SGLang `finish_reason` object."""
+
+    type: str  # "stop" | "length" | "abort"
+    matched: str | int | None = None  # the stop string or token id
+    length: int | None = None
+    message: str | None = None
+
+    def to_json(self) -> dict:
+        out: dict = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        elif self.type == "length":
+            out["length"] = self.length
+        elif self.type == "abort":
+            out["message"] = self.message
+        return out
+
+
+class ReqTokenOut(_Msg):
+    """New tokens of one request from one scheduler step (a delta)."""
+
+    rid: str
+    new_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish: Finish | None = None
+    # Only when return_logprob: one entry per new token (delta).
+    output_logprobs: list[float] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # Only in the first output of a request that asked for prompt logprobs.
+    input_logprobs: list[float | None] | None = None
+    input_ids: list[int] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+class TokenBatchOut(_Msg):
+    outputs: list[ReqTokenOut]
+
+
+class ReqTextOut(_Msg):
+    """ReqTokenOut plus text: `text` is the cumulative, stop-trimmed output so far."""
+
+    token: ReqTokenOut
+    text: str
+
+
+class TextBatchOut(_Msg):
+    outputs: list[ReqTextOut]
+
+
+class SchedulerStats(_Msg):
+    num_running: int
+    num_waiting: int
+    kv_used_tokens: int
+    kv_total_tokens: int
+    cache_hit_tokens: int  # cumulative prompt tokens served from the radix cache
+    prompt_tokens: int  # cumulative prompt tokens seen
+    generation_tokens: int  # cumulative generated tokens
+
+
+class FlushCacheDone(_Msg):
+    success: bool
+
+
+class ProcessFailed(_Msg):
+    """A process reports that it cannot go on (its loop raised)."""
+
+    process: str
+    message: str
+
+
+Message = Union[
+    GenerateReq, AbortReq, FlushCacheReq, Finish, TokenBatchOut, TextBatchOut,
+    SchedulerStats, FlushCacheDone, ProcessFailed,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)

@@ -1,0 +1,158 @@
+"""Sampling parameters: one definition, validated once, used everywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidRequest
+
+# Keys SGLang's native API accepts that we accept and ignore (they change nothing here).
+_IGNORED_KEYS = frozenset(
+    {"spaces_between_special_tokens", "stream_interval", "custom_params", "structural_tag",
+     "logit_bias", "stop_regex", "lora_path"}
+)
+MAX_NEW_TOKENS_LIMIT = 1 << 20
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: int | None = None
+    # Constraints (at most one). Handled by runtime/constrained.
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON document (a dict is serialised on the way in)
+    ebnf: str | None = None
+    choices: list[str] | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-6 or self.top_k == 1
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, spec) of the output constraint, or None."""
+        import json
+
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.json_schema is not None:
+            return ("json_schema", self.json_schema)
+        if self.ebnf is not None:
+            return ("ebnf", self.ebnf)
+        if self.choices is not None:
+            return ("choices", json.dumps(self.choices))
+        return None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        """Build from a wire dict (SGLang native shape). Nulls mean defaults; unknown keys fail."""
+        import json
+
+        if d is None:
+            d = {}
+        if not isinstance(d, dict):
+            raise InvalidRequest("sampling_params must be an object", param="sampling_params")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in d.items():
+            if key in _IGNORED_KEYS:
+                continue
+            if key not in known:
+                raise InvalidRequest(f"unknown sampling parameter {key!r}", param=key)
+            if value is None:
+                continue
+            kwargs[key] = value
+        if isinstance(kwargs.get("stop"), str):
+            kwargs["stop"] = [kwargs["stop"]]
+        if "sampling_seed" in d and d["sampling_seed"] is not None:
+            kwargs.setdefault("seed", d["sampling_seed"])
+        if isinstance(kwargs.get("json_schema"), dict):
+            kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
+        params = cls(**kwargs)
+        params.validate()
+        return params
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Raise InvalidRequest naming the first bad field."""
+
+        def bad(name: str, why: str) -> InvalidRequest:
+            return InvalidRequest(f"{name} {why} (got {getattr(self, name)!r})", param=name)
+
+        def check_type(name: str, types: tuple[type, ...]) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) and bool not in types:
+                raise bad(name, f"must be {'/'.join(t.__name__ for t in types)}")
+            if not isinstance(value, types):
+                raise bad(name, f"must be {'/'.join(t.__name__ for t in types)}")
+
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            check_type(name, (int,))
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "frequency_penalty", "presence_penalty"):
+            check_type(name, (int, float))
+            setattr(self, name, float(getattr(self, name)))
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+            check_type(name, (bool,))
+        if self.seed is not None:
+            check_type("seed", (int,))
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+            raise bad("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}")
+        if not 0 <= self.min_new_tokens:
+            raise bad("min_new_tokens", "must be >= 0")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise bad("temperature", "must be in [0, 100]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise bad("top_k", "must be -1 (disabled) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise bad("repetition_penalty", "must be in (0, 10]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(name, "must be in [-2, 2]")
+        if not 1 <= self.n <= 128:
+            raise bad("n", "must be in [1, 128]")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise bad("stop", "must be a string or a list of strings")
+        if any(s == "" for s in self.stop):
+            raise bad("stop", "must not contain empty strings")
+        if len(self.stop) > 64:
+            raise bad("stop", "may hold at most 64 strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise bad("stop_token_ids", "must be a list of non-negative ints")
+        constraints = [k for k in ("regex", "json_schema", "ebnf", "choices")
+                       if getattr(self, k) is not None]
+        if len(constraints) > 1:
+            raise InvalidRequest(f"at most one constraint may be given, got {constraints}",
+                                 param=constraints[1])
+        for name in ("regex", "json_schema", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise bad(name, "must be a string")
+        if self.choices is not None:
+            if (not isinstance(self.choices, list) or not self.choices
+                    or not all(isinstance(c, str) and c for c in self.choices)):
+                raise bad("choices", "must be a non-empty list of non-empty strings")

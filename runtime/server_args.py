@@ -1,0 +1,97 @@
+"""ServerArgs: the one configuration object. The CLI is generated from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def _arg(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class ServerArgs:
+    model: str | None = _arg(
+        None, "HF folder, .gguf file, or None for the default SmolLM2-135M-Instruct")
+    tokenizer: str | None = _arg(None, "tokenizer folder, if not the model's own")
+    served_model_name: str | None = _arg(None, "model name reported by the APIs")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
+        "auto", "auto: bf16 on GPUs and CPUs with AVX512-BF16/AMX, else fp32")
+    device: Literal["auto", "cpu", "cuda"] = _arg("auto", "auto: cuda when available")
+    context_length: int | None = _arg(None, "max tokens per request (default: the model's)")
+    kv_cache_gb: float = _arg(1.0, "KV cache size in GiB on CPU")
+    mem_fraction: float = _arg(0.85, "fraction of free GPU memory for weights + KV cache")
+    max_total_tokens: int | None = _arg(None, "KV pool size in tokens (overrides kv_cache_gb)")
+    max_running_requests: int = _arg(64, "max requests decoding at once")
+    max_prefill_tokens: int = _arg(4096, "token budget of one prefill batch")
+    chunked_prefill_size: int = _arg(1024, "longest prefill chunk of one request (-1: off)")
+    schedule_policy: Literal["lpm", "fcfs"] = _arg(
+        "lpm", "waiting-queue order: longest prefix match first, or first come first served")
+    disable_radix_cache: bool = _arg(False, "do not reuse KV across requests")
+    attention_backend: Literal["auto", "torch_native", "triton"] = _arg(
+        "auto", "auto: triton on CUDA, torch_native on CPU")
+    disable_jump_forward: bool = _arg(False, "sample every token of a constrained output")
+    grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
+    num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
+    tp_size: int = _arg(1, "tensor parallel size")
+    dp_size: int = _arg(1, "data parallel size")
+    host: str = _arg("127.0.0.1", "HTTP host")
+    port: int = _arg(30000, "HTTP port")
+    api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    seed: int = _arg(0, "global random seed")
+    log_level: str = _arg("info", "logging level")
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+        for name in ("context_length", "kv_cache_gb", "max_total_tokens",
+                     "max_running_requests", "max_prefill_tokens", "tp_size", "dp_size",
+                     "num_threads", "grammar_compile_timeout"):
+            positive(name)
+        if not 0.0 < self.mem_fraction < 1.0:
+            raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        for name, hint in typing.get_type_hints(type(self)).items():
+            if typing.get_origin(hint) is Literal and getattr(self, name) not in typing.get_args(hint):
+                raise ValueError(f"--{name.replace('_', '-')} must be one of "
+                                 f"{typing.get_args(hint)}, got {getattr(self, name)!r}")
+
+    @property
+    def chunk_size(self) -> int:
+        """Longest prefill chunk, in tokens, with 'off' turned into 'no limit'."""
+        return self.chunked_prefill_size if self.chunked_prefill_size > 0 else 1 << 30
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            hint = hints[f.name]
+            help_text = f.metadata.get("help", "")
+            if hint is bool:
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            origin, args = typing.get_origin(hint), typing.get_args(hint)
+            if origin is Literal:
+                parser.add_argument(flag, choices=args, default=f.default, help=help_text)
+                continue
+            base = next((a for a in args if a is not type(None)), hint) if args else hint
+            parser.add_argument(flag, type=base, default=f.default,
+                                help=f"{help_text} (default: {f.default})")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
