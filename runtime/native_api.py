@@ -1,0 +1,342 @@
+"""SGLang-compatible native `/generate`: request parsing and response assembly.
+
+Shared by the HTTP server and the in-process Engine, so both speak exactly one wire format
+(shared/protocol/sglang-native-api.md). Parsing turns a body into `GenerateReq`s (one per
+prompt and sample); a `ResponseBuilder` per request turns the `ReqTextOut`s that come back
+into the response object (non-stream) or into stream events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ContextTooLong, InvalidRequest
+from .messages import GenerateReq, ReqTextOut
+from .sampling_params import SamplingParams
+
+MAX_TOP_LOGPROBS = 100
+# JSON has no -inf; a logprob of a token the sampler could never pick is reported as this.
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass
+class ParsedGenerate:
+    """A validated /generate body: `reqs` in response order (prompt-major, then sample)."""
+
+    reqs: list[GenerateReq]
+    is_batch: bool  # respond with an array: the prompt was a list, or n > 1
+    stream: bool
+    return_text_in_logprobs: bool
+
+    def builders(self, tokenizer: Any) -> list[ResponseBuilder]:
+        return [
+            ResponseBuilder(
+                req, tokenizer, return_text_in_logprobs=self.return_text_in_logprobs,
+                index=i if self.is_batch else None,
+            )
+            for i, req in enumerate(self.reqs)
+        ]
+
+    def response(self, results: list[dict]) -> dict | list[dict]:
+        """The non-stream body from one result per request, in `reqs` order."""
+        return results if self.is_batch else results[0]
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a prompt that is already rendered: special-token strings become their ids.
+
+    The tokenizer's own post-processor decides about BOS (Llama 3 adds one, ChatML models do
+    not); if the text already starts with the BOS string, the extra BOS is dropped.
+    """
+    ids = list(tokenizer.encode(text, add_special_tokens=True))
+    bos_id, bos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if (bos_id is not None and bos and len(ids) >= 2 and ids[0] == ids[1] == bos_id
+            and text.startswith(bos)):
+        ids = ids[1:]
+    return ids
+
+
+def fit_to_context(
+    sampling: SamplingParams, prompt_len: int, context_length: int, *, strict: bool
+) -> SamplingParams:
+    """Check the prompt fits; cap max_new_tokens at what is left of the context.
+
+    strict: an explicit max_new_tokens that does not fit is an error (OpenAI behaviour);
+    otherwise it is clipped (SGLang behaviour for /generate).
+    """
+    if prompt_len > context_length or (prompt_len == context_length and sampling.max_new_tokens):
+        raise ContextTooLong(
+            f"the prompt has {prompt_len} tokens; the model's context length is "
+            f"{context_length} tokens", param="prompt")
+    room = context_length - prompt_len
+    if sampling.max_new_tokens <= room:
+        return sampling
+    if strict:
+        raise ContextTooLong(
+            f"this model's maximum context length is {context_length} tokens, but "
+            f"{prompt_len + sampling.max_new_tokens} were requested ({prompt_len} in the prompt, "
+            f"{sampling.max_new_tokens} for the completion)", param="max_tokens")
+    return dataclasses.replace(
+        sampling, max_new_tokens=room, min_new_tokens=min(sampling.min_new_tokens, room))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _opt_bool(body: dict, key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key} must be a boolean (got {value!r})", param=key)
+    return value
+
+
+def _prompts(body: dict, tokenizer: Any, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """(token ids per prompt, whether the body was a batch)."""
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if body.get("input_embeds") is not None or body.get("image_data") is not None:
+        raise InvalidRequest("only text and input_ids prompts are supported",
+                             param="input_embeds" if body.get("input_embeds") is not None
+                             else "image_data")
+    if (text is None) == (input_ids is None):
+        raise InvalidRequest("exactly one of 'text' and 'input_ids' must be given", param="text")
+    if text is not None:
+        if isinstance(text, str):
+            texts, is_batch = [text], False
+        elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            texts, is_batch = text, True
+        else:
+            raise InvalidRequest("text must be a string or a non-empty list of strings",
+                                 param="text")
+        prompts = [tokenize_prompt(tokenizer, t) for t in texts]
+        param = "text"
+    else:
+        if isinstance(input_ids, list) and input_ids and all(_is_int(t) for t in input_ids):
+            prompts, is_batch = [list(input_ids)], False
+        elif (isinstance(input_ids, list) and input_ids
+              and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in input_ids)):
+            prompts, is_batch = [list(p) for p in input_ids], True
+        else:
+            raise InvalidRequest(
+                "input_ids must be a non-empty list of ints or a list of such lists",
+                param="input_ids")
+        for p in prompts:
+            bad = next((t for t in p if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise InvalidRequest(f"input_ids holds token id {bad}, outside the vocabulary "
+                                     f"[0, {vocab_size})", param="input_ids")
+        param = "input_ids"
+    for i, p in enumerate(prompts):
+        if not p:
+            where = f"prompt {i}" if is_batch else "the prompt"
+            raise InvalidRequest(f"{where} is empty (it has no tokens)", param=param)
+    return prompts, is_batch
+
+
+def _sampling_list(body: dict, num_prompts: int) -> list[SamplingParams]:
+    raw = body.get("sampling_params")
+    if isinstance(raw, list):
+        if len(raw) != num_prompts:
+            raise InvalidRequest(f"sampling_params is a list of {len(raw)} but there are "
+                                 f"{num_prompts} prompts", param="sampling_params")
+        return [SamplingParams.from_dict(d) for d in raw]
+    params = SamplingParams.from_dict(raw)
+    return [dataclasses.replace(params) for _ in range(num_prompts)]
+
+
+def _rids(body: dict, num_prompts: int, is_batch: bool) -> list[str | None]:
+    rid = body.get("rid")
+    if rid is None:
+        return [None] * num_prompts
+    if not is_batch and isinstance(rid, str) and rid:
+        return [rid]
+    if (is_batch and isinstance(rid, list) and len(rid) == num_prompts
+            and all(isinstance(r, str) and r for r in rid) and len(set(rid)) == len(rid)):
+        return list(rid)
+    raise InvalidRequest("rid must be a non-empty string (a list of distinct strings, one per "
+                         "prompt, for a batch)", param="rid")
+
+
+def parse_generate(
+    body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None
+) -> ParsedGenerate:
+    """Validate a /generate body and build its GenerateReqs.
+
+    Raises InvalidRequest (or ContextTooLong) naming the offending field. Unknown top-level
+    keys are ignored, as SGLang's frontend requires; unknown sampling keys are errors.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    if vocab_size is None:
+        vocab_size = len(tokenizer)
+    prompts, is_batch = _prompts(body, tokenizer, vocab_size)
+    samplings = _sampling_list(body, len(prompts))
+    rids = _rids(body, len(prompts), is_batch)
+    stream = _opt_bool(body, "stream")
+    return_logprob = _opt_bool(body, "return_logprob")
+    return_text = _opt_bool(body, "return_text_in_logprobs")
+
+    top_n = body.get("top_logprobs_num")
+    if top_n is None:
+        top_n = 0
+    if not _is_int(top_n) or not 0 <= top_n <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs_num must be an int in [0, {MAX_TOP_LOGPROBS}] "
+                             f"(got {top_n!r})", param="top_logprobs_num")
+    start = body.get("logprob_start_len")
+    if start is not None and (not _is_int(start) or start < -1):
+        raise InvalidRequest(f"logprob_start_len must be an int >= -1 (got {start!r})",
+                             param="logprob_start_len")
+    if start is None:
+        # input_ids requests asking for logprobs want the whole prompt scored (section 6.2).
+        start = 0 if return_logprob and body.get("input_ids") is not None else -1
+    if not return_logprob:
+        start, top_n = -1, 0
+
+    reqs: list[GenerateReq] = []
+    multi = is_batch or any(s.n > 1 for s in samplings)
+    for ids, sampling, rid in zip(prompts, samplings, rids):
+        if start > len(ids):
+            raise InvalidRequest(f"logprob_start_len ({start}) is greater than the prompt "
+                                 f"length ({len(ids)})", param="logprob_start_len")
+        sampling = fit_to_context(sampling, len(ids), context_length, strict=False)
+        n = sampling.n
+        one = dataclasses.replace(sampling, n=1)
+        for k in range(n):
+            if rid is None:
+                req_rid = new_rid()
+            else:
+                req_rid = rid if n == 1 else f"{rid}-{k}"
+            reqs.append(GenerateReq(
+                rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one),
+                return_logprob=return_logprob, logprob_start_len=start,
+                top_logprobs_num=top_n, stream=stream))
+    return ParsedGenerate(reqs=reqs, is_batch=multi, stream=stream,
+                          return_text_in_logprobs=return_text)
+
+
+def finite_logprob(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else LOGPROB_FLOOR
+
+
+class ResponseBuilder:
+    """Assembles one request's /generate response from its ReqTextOuts.
+
+    `add` every output as it arrives; `event()` gives a stream event covering everything
+    added since the previous event (several queued outputs merge into one event);
+    `result()` gives the non-stream object.
+    """
+
+    def __init__(self, req: GenerateReq, tokenizer: Any, *, return_text_in_logprobs: bool = False,
+                 index: int | None = None):
+        self.req = req
+        self.tokenizer = tokenizer
+        self.return_text = return_text_in_logprobs
+        self.index = index
+        self.start_time = time.monotonic()
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.prompt_tokens = len(req.input_ids)
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: dict | None = None
+        self.output_logprobs: list[list] = []
+        self.output_top_logprobs: list[list | None] = []
+        self.input_logprobs: list[list] = []
+        self.input_top_logprobs: list[list | None] = []
+        self._streamed_logprobs = 0  # output logprob entries already sent in events
+        self._streamed_top = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def _token_texts(self, ids: list[int]) -> list[str | None]:
+        if not self.return_text or not ids:
+            return [None] * len(ids)
+        return list(self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False))
+
+    def _entries(self, logprobs: list[float | None], ids: list[int]) -> list[list]:
+        texts = self._token_texts(ids)
+        return [[finite_logprob(lp), tid, t] for lp, tid, t in zip(logprobs, ids, texts)]
+
+    def _top_entries(self, tops: list[list[tuple[float, int]] | None]) -> list[list | None]:
+        out: list[list | None] = []
+        for top in tops:
+            if top is None:
+                out.append(None)
+                continue
+            ids = [int(tid) for _, tid in top]
+            out.append(self._entries([lp for lp, _ in top], ids))
+        return out
+
+    def add(self, out: ReqTextOut) -> None:
+        tok = out.token
+        self.text = out.text
+        self.output_ids.extend(tok.new_ids)
+        self.prompt_tokens = tok.prompt_tokens
+        self.cached_tokens = tok.cached_tokens
+        self.completion_tokens = tok.completion_tokens
+        if self.req.return_logprob:
+            if tok.output_logprobs is not None:
+                self.output_logprobs.extend(self._entries(tok.output_logprobs, tok.new_ids))
+            if tok.output_top_logprobs is not None:
+                self.output_top_logprobs.extend(self._top_entries(tok.output_top_logprobs))
+            if tok.input_logprobs is not None:
+                start = max(self.req.logprob_start_len, 0)
+                ids = tok.input_ids if tok.input_ids is not None else self.req.input_ids[start:]
+                self.input_logprobs = self._entries(tok.input_logprobs, ids)
+                if self.input_logprobs:
+                    self.input_logprobs[0][0] = None  # the window's first token is unscored
+            if tok.input_top_logprobs is not None:
+                self.input_top_logprobs = self._top_entries(tok.input_top_logprobs)
+        if tok.finish is not None:
+            self.finish_reason = tok.finish.to_json()
+
+    def _meta(self, output_logprobs: list[list], output_top: list[list | None]) -> dict:
+        meta: dict[str, Any] = {
+            "id": self.req.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+        if self.req.return_logprob:
+            meta["input_token_logprobs"] = self.input_logprobs
+            meta["output_token_logprobs"] = output_logprobs
+            meta["output_token_logprobs_length"] = len(self.output_logprobs)
+            if self.req.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = self.input_top_logprobs
+                meta["output_top_logprobs"] = output_top
+        meta["e2e_latency"] = round(time.monotonic() - self.start_time, 6)
+        return meta
+
+    def _body(self, meta: dict) -> dict:
+        body: dict[str, Any] = {"text": self.text, "output_ids": list(self.output_ids),
+                                "meta_info": meta}
+        if self.index is not None:
+            body["index"] = self.index
+        return body
+
+    def result(self) -> dict:
+        return self._body(self._meta(self.output_logprobs, self.output_top_logprobs))
+
+    def event(self) -> dict:
+        """A stream event: cumulative text, ids and counts; logprob lists as deltas."""
+        delta = self.output_logprobs[self._streamed_logprobs:]
+        delta_top = self.output_top_logprobs[self._streamed_top:]
+        self._streamed_logprobs = len(self.output_logprobs)
+        self._streamed_top = len(self.output_top_logprobs)
+        return self._body(self._meta(delta, delta_top))
