@@ -38,7 +38,7 @@ def tree_contents(tree: RadixTree) -> dict[tuple[int, ...], int]:
     stack = [(child, ()) for child in tree.root.children.values()]
     while stack:
         node, prefix = stack.pop()
-        for token, slot in zip(node.key, as_ints([node.value])):
+        for token, slot in zip(node.key, as_ints([node.value]), strict=True):
             prefix += (token,)
             out[prefix] = slot
         stack.extend((child, prefix) for child in node.children.values())
