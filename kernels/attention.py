@@ -1,0 +1,163 @@
+"""Paged attention over the token-slot table: dispatch to Triton, plus the torch references.
+
+Both kernels read the K/V pool through `req_to_token` (page size 1: one slot per token).
+
+- extend: request i has `extend_lens[i]` new tokens at rows `extend_starts[i] ..` of q/k/v,
+  sitting at positions `prefix_lens[i] ..`. Each new token attends to the request's whole
+  cached prefix (slots `req_to_token[req_pool_indices[i], :prefix_lens[i]]`) and causally to
+  the new tokens up to itself.
+- decode: request i has one query; it attends to positions `0 .. seq_lens[i] - 1`, all read
+  through the table (the new token's K/V is already in the pool).
+
+GQA: query head h reads KV head `h // (num_heads // num_kv_heads)`. Softmax in fp32; the
+output has q's dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+Backend = Literal["auto", "torch", "triton"]
+
+
+def extend_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    req_to_token: torch.Tensor,  # [max_running, max_context] int32
+    req_pool_indices: torch.Tensor,  # [bs]
+    prefix_lens: torch.Tensor,  # [bs]
+    extend_lens: torch.Tensor,  # [bs]
+    extend_starts: torch.Tensor,  # [bs]: first row of each request in q/k/v
+    *,
+    scale: float,
+    max_extend_len: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Attention of each request's new tokens over its cached prefix and causally over
+    themselves. `max_extend_len` (a host int) spares the Triton path a device sync."""
+    _check_heads(q, k_cache)
+    if _pick(backend, q) == "torch":
+        return extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
+                                      prefix_lens, extend_lens, extend_starts, scale=scale)
+    from .triton.extend_attention import extend_attention_triton
+
+    return extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
+                                   prefix_lens, extend_lens, extend_starts, scale=scale,
+                                   max_extend_len=max_extend_len)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [bs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    req_to_token: torch.Tensor,  # [max_running, max_context] int32
+    req_pool_indices: torch.Tensor,  # [bs]
+    seq_lens: torch.Tensor,  # [bs]
+    *,
+    scale: float,
+    num_kv_splits: int | None = None,
+    max_seq_len: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:  # [bs, num_heads, head_dim]
+    """One query per request over its positions 0 .. seq_lens[i] - 1. The Triton path splits
+    each context into `num_kv_splits` parts (flash-decoding) and merges them in a second kernel;
+    None picks a split count from the batch shape. A request with seq_len 0 gets zeros."""
+    _check_heads(q, k_cache)
+    if _pick(backend, q) == "torch":
+        return decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices,
+                                      seq_lens, scale=scale)
+    from .triton.decode_attention import decode_attention_triton
+
+    return decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                   scale=scale, num_kv_splits=num_kv_splits,
+                                   max_seq_len=max_seq_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch references: one request at a time, fp32 math, written to be obviously right.
+
+
+def extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
+                           prefix_lens, extend_lens, extend_starts, *, scale: float):
+    out = torch.zeros_like(q)
+    for row, prefix_len, extend_len, start in zip(
+        req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
+        extend_starts.tolist(),
+    ):
+        if extend_len == 0:
+            continue
+        new = slice(start, start + extend_len)
+        slots = req_to_token[row, :prefix_len].long()
+        keys = torch.cat([k_cache[slots], k[new].to(k_cache.dtype)])
+        values = torch.cat([v_cache[slots], v[new].to(v_cache.dtype)])
+        out[new] = attend(q[new], keys, values, scale=scale, first_pos=prefix_len)
+    return out
+
+
+def decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *,
+                           scale: float):
+    out = torch.zeros_like(q)
+    for i, (row, seq_len) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        if seq_len == 0:
+            continue
+        slots = req_to_token[row, :seq_len].long()
+        out[i:i + 1] = attend(q[i:i + 1], k_cache[slots], v_cache[slots], scale=scale,
+                              first_pos=seq_len - 1)
+    return out
+
+
+def attend(
+    q: torch.Tensor,  # [num_q, num_heads, head_dim]: positions first_pos .. first_pos+num_q-1
+    keys: torch.Tensor,  # [num_k, num_kv_heads, head_dim]: positions 0 .. num_k-1
+    values: torch.Tensor,  # [num_k, num_kv_heads, head_dim]
+    *,
+    scale: float,
+    first_pos: int,
+) -> torch.Tensor:  # [num_q, num_heads, head_dim]
+    """Causal GQA attention of one request, in fp32."""
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.float().repeat_interleave(group, dim=1)
+    values = values.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale  # [heads, num_q, num_k]
+    q_pos = first_pos + torch.arange(q.shape[0], device=q.device)
+    k_pos = torch.arange(keys.shape[0], device=q.device)
+    scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+
+
+def _check_heads(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    if q.shape[1] % k_cache.shape[1] != 0:
+        raise ValueError(f"num_heads {q.shape[1]} is not a multiple of "
+                         f"num_kv_heads {k_cache.shape[1]}")
+    if q.shape[-1] != k_cache.shape[-1]:
+        raise ValueError(f"q head_dim {q.shape[-1]} != cache head_dim {k_cache.shape[-1]}")
+
+
+def _pick(backend: Backend, x: torch.Tensor) -> str:
+    if backend == "auto":
+        return "triton" if x.is_cuda else "torch"
+    if backend == "triton":
+        require_triton(x)
+        return "triton"
+    if backend == "torch":
+        return "torch"
+    raise ValueError(f"unknown kernel backend {backend!r}; expected auto, torch or triton")
+
+
+def require_triton(x: torch.Tensor) -> None:
+    """Raise a clear error where a Triton kernel cannot run on x's device."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError("the triton backend needs the `triton` package "
+                           "(pip install 'radixflow[triton]')") from e
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("Triton kernels run on CPU tensors only under the interpreter: "
+                           "set TRITON_INTERPRET=1 before radixflow's kernels are first used")

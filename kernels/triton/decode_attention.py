@@ -1,0 +1,188 @@
+"""Triton decode attention over the token-slot table, split-KV (flash-decoding).
+
+Stage 1: program (request, head block, split) reads one slice of the request's context through
+req_to_token and attends with all query heads that share the KV head (GQA: the K/V tile is
+loaded once per group), writing a partial output and its log-sum-exp. Stage 2: program
+(request, head) merges the splits. Semantics: kernels/attention.py.
+
+Split boundaries, shared by both stages: split_len = cdiv(cdiv(seq_len, num_splits), BLOCK_N)
+* BLOCK_N; split s covers [s * split_len, min((s + 1) * split_len, seq_len)), possibly empty.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.0 / math.log(2.0)
+MAX_KV_SPLITS = 64
+MIN_SPLIT_LEN = 256  # tokens: shorter splits cost more in the merge than they win
+PROGRAMS_PER_SM = 8  # enough resident programs per SM to keep loads in flight
+MAX_HEADS_PER_PROGRAM = 64
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K_cache, V_cache, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse,
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_b, stride_q_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEADS_PER_PROGRAM: tl.constexpr,
+    HEAD_BLOCKS_PER_KV: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # HEADS_PER_PROGRAM padded to a power of two >= 16 (tl.dot)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head_block = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    seq_len = tl.load(Seq_lens + req).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, seq_len)
+    if split_start >= split_end:
+        return
+
+    kv_head = head_block // HEAD_BLOCKS_PER_KV
+    offs_h = tl.arange(0, BLOCK_H)
+    local_head = (head_block % HEAD_BLOCKS_PER_KV) * HEADS_PER_PROGRAM + offs_h
+    heads = kv_head * GROUP + local_head
+    mask_h = (offs_h < HEADS_PER_PROGRAM) & (local_head < GROUP)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    req_row = tl.load(Req_pool_indices + req).to(tl.int64)
+
+    q = tl.load(Q + req * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for start_n in range(split_start, split_end, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < split_end
+        slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
+        slots = slots.to(tl.int64)
+        k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
+                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
+                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    tl.store(Mid_o + req * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s
+             + offs_d[None, :], acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(Mid_lse + req * stride_ml_b + heads * stride_ml_h + split, m_i + tl.log2(l_i),
+             mask=mask_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    Mid_o, Mid_lse, Seq_lens, O,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # stage 1's, for the split boundaries
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(Seq_lens + req).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)
+
+    lse = tl.load(Mid_lse + req * stride_ml_b + head * stride_ml_h + offs_s, mask=valid,
+                  other=float("-inf"))  # [BLOCK_S], log2 units
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # seq_len 0: all splits empty
+    weights = tl.exp2(lse - lse_max)
+    o = tl.load(Mid_o + req * stride_mo_b + head * stride_mo_h + offs_s[:, None] * stride_mo_s
+                + offs_d[None, :], mask=valid[:, None] & mask_d[None, :], other=0.0)
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(O + req * stride_o_b + head * stride_o_h + offs_d, out.to(O.dtype.element_ty),
+             mask=mask_d)
+
+
+def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *,
+                            scale: float, num_kv_splits: int | None = None,
+                            max_seq_len: int | None = None) -> torch.Tensor:
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    out = torch.empty_like(q)
+    if bs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    heads_per_program = min(group, MAX_HEADS_PER_PROGRAM)
+    head_blocks_per_kv = triton.cdiv(group, heads_per_program)
+    if num_kv_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_kv_splits = choose_num_kv_splits(q, bs * num_kv_heads * head_blocks_per_kv,
+                                             max_seq_len)
+    if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {num_kv_splits}")
+    block_d = triton.next_power_of_2(head_dim)
+    block_n = 64 if q.is_cuda else 32
+    mid_o = torch.empty((bs, num_heads, num_kv_splits, head_dim), dtype=torch.float32,
+                        device=q.device)
+    mid_lse = torch.empty((bs, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    _decode_split_kernel[(bs, num_kv_heads * head_blocks_per_kv, num_kv_splits)](
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group,
+        HEADS_PER_PROGRAM=heads_per_program,
+        HEAD_BLOCKS_PER_KV=head_blocks_per_kv,
+        BLOCK_H=max(16, triton.next_power_of_2(heads_per_program)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        PRECISION=precision,
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_merge_kernel[(bs, num_heads)](
+        mid_o, mid_lse, seq_lens, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=num_kv_splits,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        num_warps=4 if block_d >= 128 else 2,
+    )
+    return out
+
+
+def choose_num_kv_splits(q: torch.Tensor, programs_per_split: int, max_seq_len: int) -> int:
+    """Enough splits to fill the GPU, none shorter than MIN_SPLIT_LEN tokens."""
+    if not q.is_cuda:
+        return 1 if max_seq_len <= 64 else 2
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs_per_split)
+    by_length = max(1, max_seq_len // MIN_SPLIT_LEN)
+    return max(1, min(wanted, by_length, MAX_KV_SPLITS))

@@ -1,0 +1,161 @@
+"""Triton extend (prefill) attention: new tokens over their cached prefix + causally over
+themselves, many requests of different lengths in one launch. Semantics: kernels/attention.py.
+
+One program computes a BLOCK_M x head_dim tile of one query head of one request: first the
+prefix, gathered from the KV pool through req_to_token, then the new tokens' own K/V (read
+contiguously from k/v), unmasked below the diagonal tile and causally masked on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.0 / math.log(2.0)
+
+
+@triton.jit
+def _online_softmax_step(qk, v, m_i, l_i, acc):
+    """One flash-attention update; qk is already in log2 units."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _extend_attention_kernel(
+    Q, K, V, O, K_cache, V_cache,
+    Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts,
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    stride_o_t, stride_o_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # Largest M blocks first: under causal masking they are the slowest.
+    block_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    req = tl.program_id(2)
+    extend_len = tl.load(Extend_lens + req).to(tl.int32)
+    start_m = block_m * BLOCK_M
+    if start_m >= extend_len:
+        return
+    kv_head = head // GROUP
+    prefix_len = tl.load(Prefix_lens + req).to(tl.int32)
+    first_row = tl.load(Extend_starts + req).to(tl.int64)
+    req_row = tl.load(Req_pool_indices + req).to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < extend_len
+    mask_d = offs_d < HEAD_DIM
+    rows_m = first_row + offs_m
+    q = tl.load(Q + rows_m[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # The cached prefix, gathered through the token-slot table.
+    for start_n in range(0, prefix_len, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < prefix_len
+        slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
+        slots = slots.to(tl.int64)
+        k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
+                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
+                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+
+    # New tokens strictly before this tile: every query row sees all of them.
+    for start_n in range(0, start_m, BLOCK_N):
+        rows_n = first_row + start_n + offs_n
+        k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
+                    mask=mask_d[:, None], other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
+                    mask=mask_d[None, :], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+
+    # The diagonal tile: causal mask.
+    end_n = tl.minimum(start_m + BLOCK_M, extend_len)
+    for start_n in range(start_m, end_n, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < extend_len
+        rows_n = first_row + cols
+        k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        visible = mask_n[None, :] & (cols[None, :] <= offs_m[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+
+    out = acc / l_i[:, None]
+    tl.store(O + rows_m[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
+                            prefix_lens, extend_lens, extend_starts, *, scale: float,
+                            max_extend_len: int | None = None) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    bs = extend_lens.shape[0]
+    out = torch.empty_like(q)
+    if bs == 0 or num_tokens == 0:
+        return out
+    if max_extend_len is None:
+        max_extend_len = int(extend_lens.max())
+    block_d = triton.next_power_of_2(head_dim)
+    block_m, block_n, num_warps, num_stages = _tile_config(q, block_d)
+    grid = (triton.cdiv(max_extend_len, block_m), num_heads, bs)
+    _extend_attention_kernel[grid](
+        q, k, v, out, k_cache, v_cache,
+        req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
+        GROUP=num_heads // k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M must be a multiple of BLOCK_N."""
+    if not q.is_cuda:  # the interpreter: big tiles mean fewer Python-level steps
+        return 32, 32, 4, 1
+    if q.dtype == torch.float32:  # fp32 tiles use twice the shared memory
+        return 64, 32, 4, 2
+    if block_d <= 64:
+        return 128, 64, 4, 3
+    major, _ = torch.cuda.get_device_capability(q.device)
+    if major >= 9:
+        return 128, 64, 8, 3
+    if major == 8:
+        return 128, 32, 8, 2
+    return 64, 32, 4, 2
+
