@@ -1,0 +1,61 @@
+"""Reading an HF model folder: config, tokenizer, safetensors weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ModelNotFound
+
+if TYPE_CHECKING:
+    import torch
+
+
+def load_config(folder: Path) -> dict[str, Any]:
+    """config.json of an HF folder, as a dict."""
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ModelNotFound(f"{path} does not exist; expected an HF model folder") from e
+    except json.JSONDecodeError as e:
+        raise ModelNotFound(f"{path} is not valid JSON: {e}") from e
+
+
+def load_tokenizer(folder: Path):
+    """The folder's fast (Rust `tokenizers`) tokenizer, read from local files only."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelNotFound(f"cannot load a tokenizer from {folder}: {e}") from e
+    if not tokenizer.is_fast:
+        raise ModelNotFound(f"{folder} has no fast tokenizer (tokenizer.json); radixflow needs one")
+    return tokenizer
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The folder's weight shards, in the order the shard index lists them."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFound(f"{folder} holds no *.safetensors weights")
+    return files
+
+
+def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every safetensors shard, under its HF name, one at a time (CPU)."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
