@@ -1,0 +1,132 @@
+"""ModelRunner: loads the model and its memory pools, turns a planned batch into logits."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .attention import create_attention_backend
+from .forward_batch import ForwardBatch, ForwardMode
+from .memory_pool import KVPool, ReqToTokenPool
+from .models.config import ModelArgs
+from .models.llama import LlamaForCausalLM
+from .server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was given but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" or cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+@dataclass
+class BatchRequest:
+    """One request's part of a forward: `ids` go in at positions start_pos.. with these slots."""
+
+    row: int
+    ids: list[int]
+    start_pos: int
+    logit_offsets: list[int]  # offsets within `ids` whose logits are wanted
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_folder, hf_config: dict):
+        self.args = args
+        self.model_args = ModelArgs.from_hf_config(hf_config)
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        if args.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(args.num_threads)
+        ma = self.model_args
+        self.context_len = min(args.context_length or ma.max_position_embeddings,
+                               ma.max_position_embeddings)
+        self.model = self._load_model(model_folder)
+        per_token = KVPool.bytes_per_token(ma.num_layers, ma.num_kv_heads, ma.head_dim, self.dtype)
+        num_slots = args.max_total_tokens or self._default_num_slots(per_token)
+        self.kv_pool = KVPool(num_slots, ma.num_layers, ma.num_kv_heads, ma.head_dim,
+                              self.dtype, self.device)
+        self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
+        self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
+                                             ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
+        logger.info("model %s loaded: %s on %s, KV pool %d tokens (%.2f GiB)",
+                    ma.architecture, self.dtype, self.device, num_slots,
+                    num_slots * per_token / 2**30)
+
+    def _default_num_slots(self, per_token: int) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * self.args.mem_fraction
+        else:
+            budget = self.args.kv_cache_gb * 2**30
+        return max(int(budget // per_token), self.context_len + 1)
+
+    def _load_model(self, folder) -> LlamaForCausalLM:
+        from .model_loader import iter_weights
+
+        with torch.device("meta"):
+            model = LlamaForCausalLM(self.model_args)
+        model.to_empty(device=self.device)
+        model.load_weights(iter_weights(folder))
+        model.to(self.dtype)
+        model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
+        return model.eval()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_args.vocab_size
+
+    def forward(self, mode: ForwardMode, parts: list[BatchRequest],
+                out_slots: torch.Tensor) -> torch.Tensor:
+        """Run one forward; returns float32 logits of every wanted position, in part order."""
+        input_ids, positions, logits_indices = [], [], []
+        seq_lens, prefix_lens, ext_lens, rows = [], [], [], []
+        offset = 0
+        for part in parts:
+            n = len(part.ids)
+            input_ids += part.ids
+            positions += range(part.start_pos, part.start_pos + n)
+            logits_indices += [offset + o for o in part.logit_offsets]
+            prefix_lens.append(part.start_pos)
+            ext_lens.append(n)
+            seq_lens.append(part.start_pos + n)
+            rows.append(part.row)
+            offset += n
+        dev = self.device
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=dev)
+
+        batch = ForwardBatch(
+            mode=mode, input_ids=t(input_ids), positions=t(positions),
+            out_slots=out_slots.to(dev), req_pool_indices=t(rows), seq_lens=t(seq_lens),
+            prefix_lens=t(prefix_lens), extend_lens=t(ext_lens), seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=prefix_lens, extend_lens_cpu=ext_lens,
+            logits_indices=t(logits_indices), req_to_token=self.req_to_token.table,
+            kv_pool=self.kv_pool,
+        )
+        self.attn.prepare(batch)
+        return self.model(batch, self.attn)

@@ -1,0 +1,171 @@
+"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over the token-slot KV pool.
+
+gpt-fast style: Transformer -> Block -> Attention / FeedForward. q/k/v and gate/up are fused
+into one matmul each by the weight loader (see `load_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..forward_batch import AttentionBackend, ForwardBatch
+from .config import ModelArgs
+from .rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads, args.num_kv_heads, args.head_dim)
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: RotaryEmbedding,
+                attn: AttentionBackend) -> torch.Tensor:
+        # x: [num_tokens, hidden]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(batch.positions, q, k)
+        out = attn.forward(q, k, v, self.layer_id, batch)  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.intermediate_size = args.intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer_id)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = FeedForward(args)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: RotaryEmbedding,
+                attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, rope, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(args.head_dim, args.max_position_embeddings,
+                                    args.rope_theta, args.rope_scaling)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab]."""
+        x = self.embed_tokens(batch.input_ids)
+        for layer in self.layers:
+            x = layer(x, batch, self.rope, attn)
+        x = x[batch.logits_indices]
+        return self.lm_head(self.norm(x)).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up. Raises on missing or extra names."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name, shard = _map_hf_name(hf_name)
+            if name is None or "rotary_emb" in hf_name:
+                continue
+            if name == "lm_head.weight" and self.args.tie_word_embeddings:
+                continue
+            if name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r} in checkpoint")
+            param = params[name]
+            if shard is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
+                                     f"expected {tuple(param.shape)}")
+                param.data.copy_(tensor)
+                loaded.add(name)
+            else:
+                start, size = self._shard_range(name, shard)
+                param.data[start:start + size].copy_(tensor)
+                loaded.add(f"{name}#{shard}")
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+            loaded.add("lm_head.weight")
+        missing = [n for n in self._expected_loaded_names() if n not in loaded]
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {missing[:5]}"
+                             f"{' ...' if len(missing) > 5 else ''}")
+
+    def _shard_range(self, name: str, shard: str) -> tuple[int, int]:
+        a = self.args
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        ranges = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv),
+                  "gate": (0, a.intermediate_size), "up": (a.intermediate_size, a.intermediate_size)}
+        return ranges[shard]
+
+    def _expected_loaded_names(self) -> list[str]:
+        names = []
+        for name, _ in self.named_parameters():
+            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+                names += [f"{name}#{s}" for s in ("q", "k", "v")]
+            elif name.endswith("gate_up_proj.weight"):
+                names += [f"{name}#{s}" for s in ("gate", "up")]
+            else:
+                names.append(name)
+        return names
+
+
+_SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+           "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+
+
+def _map_hf_name(hf_name: str) -> tuple[str | None, str | None]:
+    """'model.layers.3.self_attn.q_proj.weight' -> ('layers.3.self_attn.qkv_proj.weight', 'q')."""
+    name = hf_name.removeprefix("model.")
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in _SHARDS:
+            fused, shard = _SHARDS[part]
+            parts[i] = fused
+            return ".".join(parts), shard
+    return name, None

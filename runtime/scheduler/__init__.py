@@ -1,0 +1,1 @@
+"""The scheduler: continuous batching, chunked prefill, radix-cache-aware admission."""

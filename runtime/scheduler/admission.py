@@ -1,0 +1,91 @@
+"""Which waiting requests enter the next prefill batch, and how many tokens each computes.
+
+Budgets: `max_prefill_tokens` per batch, `chunk_size` per request per step, free request rows,
+`max_running_requests`, and KV slots (free + evictable). A request that shares a long
+uncached prefix with one already admitted in this batch waits one round, so the prefix is
+computed once and then found in the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixflow.radix_cache import common_prefix_len
+
+from .req import Req
+
+# A request sharing more than this many not-yet-cached tokens with one admitted in the same
+# batch is deferred until that one's prefix is in the tree.
+IN_BATCH_SHARE_THRESHOLD = 32
+
+
+@dataclass
+class ExtendPlan:
+    req: Req
+    extend_len: int
+
+
+@dataclass
+class Budget:
+    tokens: int  # prefill tokens left in this batch
+    kv_slots: int  # free + evictable KV slots left
+    rows: int  # free request rows left
+    running: int  # running-request places left
+
+    def fits(self, n: int) -> bool:
+        return n <= self.tokens and n <= self.kv_slots
+
+    def take(self, n: int, new_row: bool) -> None:
+        self.tokens -= n
+        self.kv_slots -= n
+        if new_row:
+            self.rows -= 1
+            self.running -= 1
+
+
+def order_waiting(waiting: list[Req], policy: str, match_len) -> list[Req]:
+    """Longest-prefix-match first (ties by arrival), or first come first served."""
+    if policy == "fcfs":
+        return sorted(waiting, key=lambda r: r.arrival)
+    return sorted(waiting, key=lambda r: (-match_len(r), r.arrival))
+
+
+def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk_size: int,
+                uncached_len) -> list[ExtendPlan]:
+    """Continuing chunked requests first, then waiting ones in the order given.
+
+    `uncached_len(req)` is how many fill tokens the request still has to compute once its
+    cached prefix is taken into account.
+    """
+    plans: list[ExtendPlan] = []
+    for req in continuing:
+        n = min(req.seq_len - req.computed_len, chunk_size, budget.tokens, budget.kv_slots)
+        if n <= 0:
+            break
+        budget.take(n, new_row=False)
+        plans.append(ExtendPlan(req, n))
+    admitted: list[Req] = []
+    for req in waiting:
+        if budget.rows <= 0 or budget.running <= 0 or budget.tokens <= 0:
+            break
+        todo = uncached_len(req)
+        if _shares_uncached_prefix(req, todo, admitted):
+            continue
+        n = min(todo, chunk_size, budget.tokens)
+        # Admit only when the whole rest of the prompt will fit in KV (chunks may follow).
+        if todo > budget.kv_slots:
+            break
+        budget.take(n, new_row=True)
+        budget.kv_slots -= todo - n  # reserve the later chunks too
+        plans.append(ExtendPlan(req, n))
+        admitted.append(req)
+    return plans
+
+
+def _shares_uncached_prefix(req: Req, todo: int, admitted: list[Req]) -> bool:
+    cached = req.seq_len - todo
+    ids = req.fill_ids
+    for other in admitted:
+        if common_prefix_len(other.fill_ids, ids) - cached > IN_BATCH_SHARE_THRESHOLD:
+            return True
+    return False

@@ -1,0 +1,81 @@
+"""Req: one request's whole story inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..messages import Finish, GenerateReq
+from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixflow.radix_cache import TreeNode
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued; holds no row and no slots
+    PREFILLING = "prefilling"  # holds a row; its prompt is being computed in chunks
+    RUNNING = "running"  # decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity hash: a Req may sit in sets
+class Req:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    arrival: int = 0  # admission order, for FCFS and fairness
+    cached_len: int = 0  # prompt tokens whose KV came from the tree at first admission
+    computed_len: int = 0  # tokens of fill_ids whose KV is in the pool (row prefix)
+    tree_len: int = 0  # leading tokens whose slots the tree owns (locked through last_node)
+    row: int | None = None  # row in ReqToTokenPool
+    last_node: TreeNode | None = None  # locked tree node; unlocked exactly once
+    finish: Finish | None = None
+    num_retractions: int = 0
+    aborted: bool = False
+    generator: torch.Generator | None = None
+    stop_checker: Any = None  # IncrementalDetokenizer when the request has stop strings
+    grammar: Any = None  # GrammarState when the request has a constraint
+    # Pending output (delta since the last ReqTokenOut)
+    sent_len: int = 0  # output tokens already reported
+    pending_logprobs: list[float] = field(default_factory=list)
+    pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    reported_input_logprobs: bool = False
+    forced_ids: list[int] = field(default_factory=list)  # jump-forward tokens to append next
+
+    @classmethod
+    def from_message(cls, msg: GenerateReq, arrival: int) -> Req:
+        req = cls(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling,
+                  return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
+                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival)
+        if msg.sampling.seed is not None:
+            req.generator = torch.Generator().manual_seed(msg.sampling.seed)
+        return req
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token that must have KV before the next token can be sampled."""
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+    @property
+    def num_tokens_left(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)

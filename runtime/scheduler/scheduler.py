@@ -1,0 +1,500 @@
+"""Scheduler: continuous batching over the radix cache. `step(inbox) -> outbox`, no sockets.
+
+One step = handle messages, run one prefill ("extend") batch if there is prefill work, then
+one decode batch if requests are running, and report every request that got new tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from radixflow.radix_cache import RadixTree
+
+from ..forward_batch import ForwardMode
+from ..messages import (AbortReq, Finish, FlushCacheDone, FlushCacheReq, GenerateReq, Message,
+                        ReqTokenOut, SchedulerStats, TokenBatchOut)
+from ..model_runner import BatchRequest, ModelRunner
+from ..sampling import SamplingBatch, sample, top_logprobs
+from ..server_args import ServerArgs
+from .admission import Budget, ExtendPlan, order_waiting, plan_extend
+from .req import Req, ReqStatus
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, *, model_folder=None, hf_config: dict | None = None,
+                 tokenizer=None):
+        from ..model_loader import load_config, load_tokenizer, resolve_model
+
+        self.args = args
+        self.model_folder = model_folder or resolve_model(args.model)
+        hf_config = hf_config or load_config(self.model_folder)
+        self.tokenizer = tokenizer or load_tokenizer(args.tokenizer or self.model_folder)
+        self.runner = ModelRunner(args, self.model_folder, hf_config)
+        self.tree = RadixTree(disabled=args.disable_radix_cache)
+        self.kv_pool, self.req_to_token = self.runner.kv_pool, self.runner.req_to_token
+        self.table = self.req_to_token.table
+        self.eos_ids = self._eos_ids(hf_config)
+        self.waiting: list[Req] = []
+        self.prefilling: list[Req] = []  # hold a row; prompt computed in chunks
+        self.running: list[Req] = []  # decoding
+        self.by_rid: dict[str, Req] = {}
+        self._arrivals = 0
+        self._touched: dict[str, Req] = {}  # requests to report this step
+        self._grammar = None  # GrammarBackend, created on the first constrained request
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
+
+    # ---- public ----
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.running)
+
+    @property
+    def context_len(self) -> int:
+        return self.runner.context_len
+
+    def model_info(self) -> dict:
+        return {
+            "model_path": str(self.model_folder),
+            "context_length": self.context_len,
+            "max_total_tokens": self.kv_pool.num_slots,
+            "max_running_requests": self.args.max_running_requests,
+            "vocab_size": self.runner.vocab_size,
+            "eos_token_ids": sorted(self.eos_ids),
+            "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "device": str(self.runner.device),
+        }
+
+    def step(self, inbox: list[Message]) -> list[Message]:
+        out: list[Message] = []
+        for msg in inbox:
+            self._handle(msg, out)
+        if self.waiting or self.prefilling:
+            self._run_extend()
+        if any(r.seq_len - r.computed_len == 1 for r in self.running):
+            self._run_decode()
+        if self.running:
+            self._run_forced_extends()
+        if self._touched:
+            out.append(TokenBatchOut(outputs=[self._make_output(r) for r in self._touched.values()]))
+            self._touched.clear()
+        return out
+
+    def stats_message(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running) + len(self.prefilling), num_waiting=len(self.waiting),
+            kv_used_tokens=self.kv_pool.num_slots - self.kv_pool.num_free - self.tree.evictable_size(),
+            kv_total_tokens=self.kv_pool.num_slots, **self.stats)
+
+    def check_slots(self) -> None:
+        """Invariant: free + tree + held by live requests == total (call when consistent)."""
+        held = sum(r.computed_len - r.tree_len for r in self.prefilling + self.running)
+        total = self.kv_pool.num_free + self.tree.total_size() + held
+        assert total == self.kv_pool.num_slots, (
+            f"KV slot leak: free {self.kv_pool.num_free} + tree {self.tree.total_size()} + "
+            f"requests {held} != {self.kv_pool.num_slots}")
+        self.tree.check()
+
+    # ---- messages ----
+
+    def _handle(self, msg: Message, out: list[Message]) -> None:
+        if isinstance(msg, GenerateReq):
+            self._add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self._abort(msg.rid, "aborted by the client")
+        elif isinstance(msg, FlushCacheReq):
+            out.append(FlushCacheDone(success=self._flush_cache()))
+        else:
+            logger.warning("scheduler ignores unexpected message %s", type(msg).__name__)
+
+    def _add_request(self, msg: GenerateReq) -> None:
+        self._arrivals += 1
+        req = Req.from_message(msg, self._arrivals)
+        error = self._validate(req)
+        if error is not None:
+            self._finish(req, Finish(type="abort", message=error))
+            return
+        if msg.sampling.stop:
+            from ..detokenize import IncrementalDetokenizer
+
+            req.stop_checker = IncrementalDetokenizer(
+                self.tokenizer, stop=msg.sampling.stop,
+                skip_special_tokens=msg.sampling.skip_special_tokens)
+        if msg.sampling.constraint is not None:
+            try:
+                req.grammar = self._grammar_backend().new_state(
+                    self._grammar_backend().compile(*msg.sampling.constraint))
+            except ValueError as exc:  # GrammarError is a ValueError
+                self._finish(req, Finish(type="abort", message=str(exc)))
+                return
+        self.by_rid[req.rid] = req
+        self.waiting.append(req)
+
+    def _validate(self, req: Req) -> str | None:
+        if not req.input_ids:
+            return "the prompt is empty"
+        if len(req.input_ids) >= self.context_len:
+            return (f"the prompt has {len(req.input_ids)} tokens; this model's context is "
+                    f"{self.context_len} tokens")
+        if len(req.input_ids) >= self.kv_pool.num_slots:
+            return f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.num_slots}"
+        bad = [t for t in req.input_ids if not 0 <= t < self.runner.vocab_size]
+        if bad:
+            return f"input_ids contains ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
+        return None
+
+    def _abort(self, rid: str, why: str) -> None:
+        req = self.by_rid.get(rid)
+        if req is not None and req.finish is None:
+            self._finish(req, Finish(type="abort", message=why))
+
+    def _flush_cache(self) -> bool:
+        if not self.is_idle:
+            return False
+        self.kv_pool.free(_cat(self.tree.reset()))
+        return True
+
+    # ---- prefill ----
+
+    def _run_extend(self) -> None:
+        budget = Budget(
+            tokens=self.args.max_prefill_tokens,
+            kv_slots=self.kv_pool.num_free + self.tree.evictable_size() - len(self.running),
+            rows=self.req_to_token.num_free,
+            running=self.args.max_running_requests - len(self.running) - len(self.prefilling))
+        matches = {}
+
+        def match_len(req: Req) -> int:
+            if req not in matches:
+                matches[req] = self._prefix_cap(req, self.tree.match_prefix(req.fill_ids).length)
+            return matches[req]
+
+        waiting = order_waiting(self.waiting, self.args.schedule_policy, match_len)
+        plans = plan_extend(self.prefilling, waiting, budget, self.args.chunk_size,
+                            lambda r: r.seq_len - match_len(r))
+        if not plans:
+            return
+        for plan in plans:
+            if plan.req.status == ReqStatus.WAITING:
+                self._admit(plan.req)
+        self._extend(plans)
+
+    def _prefix_cap(self, req: Req, matched: int) -> int:
+        """Cached tokens usable: leave one token to compute, and the prompt-logprob window."""
+        cap = req.seq_len - 1
+        if req.wants_input_logprobs and not req.reported_input_logprobs:
+            cap = min(cap, req.logprob_start_len)
+        return min(matched, cap)
+
+    def _admit(self, req: Req) -> None:
+        match = self.tree.match_prefix(req.fill_ids)
+        cached = self._prefix_cap(req, match.length)
+        node = match.last_node
+        if cached < match.length:  # only part of the match is used: lock a shorter path
+            match = self.tree.match_prefix(req.fill_ids[:cached])
+            node = match.last_node
+        req.row = self.req_to_token.alloc()
+        self.tree.lock(node)
+        req.last_node, req.tree_len, req.computed_len = node, cached, cached
+        if cached:
+            self.table[req.row, :cached] = _cat(match.values).to(torch.int32)
+        if req.num_retractions == 0:
+            req.cached_len = cached
+            self.stats["cache_hit_tokens"] += cached
+            self.stats["prompt_tokens"] += len(req.input_ids)
+        if req.wants_input_logprobs and req.input_logprobs is None:
+            start = min(req.logprob_start_len, len(req.input_ids) - 1)
+            req.logprob_start_len = start
+            req.input_logprobs = [None] * (len(req.input_ids) - start)
+            if req.top_logprobs_num:
+                req.input_top_logprobs = [None] * (len(req.input_ids) - start)
+        self.waiting.remove(req)
+        req.status = ReqStatus.PREFILLING
+        self.prefilling.append(req)
+
+    def _extend(self, plans: list[ExtendPlan]) -> None:
+        parts, slot_chunks, sample_reqs, sample_rows, logprob_rows = [], [], [], [], []
+        row = 0
+        for plan in plans:
+            req, n = plan.req, plan.extend_len
+            start = req.computed_len
+            slots = self._alloc(n)
+            self.table[req.row, start:start + n] = slots.to(torch.int32)
+            slot_chunks.append(slots)
+            completes = start + n == req.seq_len
+            offsets = []
+            if req.wants_input_logprobs and not req.reported_input_logprobs:
+                # logits at position p score prompt token p + 1
+                lo = max(start, req.logprob_start_len)
+                hi = min(start + n, len(req.input_ids) - 1)
+                offsets = [p - start for p in range(lo, hi)]
+                logprob_rows.append((req, lo, row, len(offsets)))
+            if completes and req.num_tokens_left > 0:
+                if not offsets or offsets[-1] != n - 1:
+                    offsets.append(n - 1)
+                sample_reqs.append(req)
+                sample_rows.append(row + len(offsets) - 1)
+            row += len(offsets)
+            parts.append(BatchRequest(req.row, req.fill_ids[start:start + n], start, offsets))
+        logits = self.runner.forward(ForwardMode.EXTEND, parts, torch.cat(slot_chunks))
+        for plan in plans:
+            plan.req.computed_len += plan.extend_len
+        for req, lo, first_row, count in logprob_rows:
+            self._record_input_logprobs(req, lo, logits[first_row:first_row + count])
+        for plan in plans:
+            req = plan.req
+            if req.computed_len < req.seq_len:
+                self._cache_unfinished(req)  # chunked: later chunks (and peers) reuse it
+                continue
+            if req.status == ReqStatus.PREFILLING:
+                self.prefilling.remove(req)
+                req.status = ReqStatus.RUNNING
+                self.running.append(req)
+            if req.wants_input_logprobs:
+                self._touched[req.rid] = req
+            if req.num_tokens_left <= 0:
+                self._finish(req, Finish(type="length", length=req.sampling.max_new_tokens))
+            elif req.num_retractions == 0 and len(req.output_ids) == 0:
+                self._cache_unfinished(req)  # share the prompt with requests still waiting
+        if sample_reqs:
+            self._sample(sample_reqs, logits[sample_rows])
+
+    def _record_input_logprobs(self, req: Req, lo: int, logits: torch.Tensor) -> None:
+        if logits.shape[0] == 0:
+            return
+        targets = torch.tensor(req.input_ids[lo + 1:lo + 1 + logits.shape[0]])
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        base = lo + 1 - req.logprob_start_len
+        req.input_logprobs[base:base + len(chosen)] = chosen
+        if req.top_logprobs_num:
+            values, ids = top_logprobs(logprobs, req.top_logprobs_num)
+            tops = [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
+            req.input_top_logprobs[base:base + len(tops)] = tops
+
+    # ---- decode ----
+
+    def _run_decode(self) -> None:
+        reqs = [r for r in self.running if r.seq_len - r.computed_len == 1]
+        slots = self._alloc_for_decode(reqs)
+        reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
+        if not reqs:
+            return
+        parts = []
+        for req, slot in zip(reqs, slots.tolist()):
+            pos = req.seq_len - 1
+            self.table[req.row, pos] = slot
+            parts.append(BatchRequest(req.row, [req.fill_ids[-1]], pos, [0]))
+        logits = self.runner.forward(ForwardMode.DECODE, parts, slots)
+        for req in reqs:
+            req.computed_len += 1
+        self._sample(reqs, logits)
+
+    def _alloc_for_decode(self, reqs: list[Req]) -> torch.Tensor:
+        """One slot per request; retract the requests with the most tokens left until it fits."""
+        while True:
+            live = [r for r in reqs if r.status == ReqStatus.RUNNING]
+            slots = self._try_alloc(len(live))
+            if slots is not None:
+                return slots
+            if len(live) <= 1:
+                raise RuntimeError("KV pool too small to decode even one request")
+            victim = max(live, key=lambda r: (r.num_tokens_left, r.arrival))
+            self._retract(victim)
+
+    def _run_forced_extends(self) -> None:
+        """Requests that got several tokens without sampling (jump-forward) compute them now."""
+        forced = [r for r in self.running if r.seq_len - r.computed_len > 1 and r.finish is None]
+        if forced:
+            self._extend([ExtendPlan(r, r.seq_len - r.computed_len) for r in forced])
+
+    # ---- sampling and finishing ----
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        batch = SamplingBatch.build(
+            [r.sampling for r in reqs], [r.output_ids for r in reqs],
+            [r.input_ids for r in reqs], [r.generator for r in reqs], sorted(self.eos_ids),
+            self.runner.vocab_size, logits.device)
+        bitmask = self._grammar_bitmask(reqs)
+        top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
+        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=bitmask)
+        next_ids = result.next_ids.tolist()
+        logprobs = result.logprobs.tolist()
+        tops = None
+        if result.top_logprobs is not None:
+            tops = [list(zip(v, i)) for v, i in
+                    zip(result.top_logprobs[0].tolist(), result.top_logprobs[1].tolist())]
+        for i, (req, token) in enumerate(zip(reqs, next_ids)):
+            self._append_token(req, token, logprobs[i],
+                               tops[i][:req.top_logprobs_num] if tops else None)
+
+    def _grammar_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
+        states = [r.grammar for r in reqs]
+        if all(s is None for s in states):
+            return None
+        backend = self._grammar_backend()
+        bitmask = backend.allocate_bitmask(len(reqs))
+        bitmask.fill_(-1)  # rows without a grammar allow everything
+        backend.fill_bitmasks(states, bitmask)
+        return bitmask
+
+    def _append_token(self, req: Req, token: int, logprob: float,
+                      top: list[tuple[float, int]] | None) -> None:
+        req.output_ids.append(token)
+        self.stats["generation_tokens"] += 1
+        if req.return_logprob:
+            req.pending_logprobs.append(logprob)
+            if req.top_logprobs_num:
+                req.pending_top_logprobs.append(top or [])
+        self._touched[req.rid] = req
+        finish = self._check_finish(req, token)
+        if finish is not None:
+            self._finish(req, finish)
+
+    def _check_finish(self, req: Req, token: int) -> Finish | None:
+        params = req.sampling
+        if req.grammar is not None:
+            req.grammar.accept_token(token)
+            if req.grammar.is_terminated():
+                return Finish(type="stop", matched=token)
+        elif token in self.eos_ids and not params.ignore_eos:
+            return Finish(type="stop", matched=token)
+        if token in params.stop_token_ids:
+            return Finish(type="stop", matched=token)
+        if req.stop_checker is not None:
+            req.stop_checker.append([token])
+            if req.stop_checker.matched_stop is not None:
+                return Finish(type="stop", matched=req.stop_checker.matched_stop)
+        if req.num_tokens_left <= 0:
+            return Finish(type="length", length=params.max_new_tokens)
+        if req.seq_len >= self.context_len:
+            return Finish(type="length", length=len(req.output_ids))
+        return None
+
+    def _finish(self, req: Req, finish: Finish) -> None:
+        req.finish = finish
+        self._touched[req.rid] = req
+        if req.status in (ReqStatus.PREFILLING, ReqStatus.RUNNING):
+            self._release(req)
+            (self.prefilling if req.status == ReqStatus.PREFILLING else self.running).remove(req)
+        elif req.status == ReqStatus.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+        req.status = ReqStatus.FINISHED
+        self.by_rid.pop(req.rid, None)
+
+    # ---- KV bookkeeping ----
+
+    def _release(self, req: Req) -> None:
+        """Hand the request's computed tokens to the tree, unlock, give back the row."""
+        n = req.computed_len
+        slots = self.table[req.row, :n].long()
+        if self.tree.disabled:
+            self.kv_pool.free(slots)
+        else:
+            dup = self.tree.insert(req.fill_ids[:n], slots.clone())
+            if dup > req.tree_len:
+                self.kv_pool.free(slots[req.tree_len:dup])
+        self.tree.unlock(req.last_node)
+        self.req_to_token.free(req.row)
+        req.row, req.last_node, req.tree_len, req.computed_len = None, None, 0, 0
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """Insert what the request has computed so far and re-point its row at the tree."""
+        if self.tree.disabled:
+            return
+        n = req.computed_len
+        key = req.fill_ids[:n]
+        slots = self.table[req.row, :n].long()
+        dup = self.tree.insert(key, slots.clone())
+        if dup > req.tree_len:
+            self.kv_pool.free(slots[req.tree_len:dup])
+        match = self.tree.match_prefix(key)
+        self.table[req.row, :match.length] = _cat(match.values).to(torch.int32)
+        self.tree.lock(match.last_node)
+        self.tree.unlock(req.last_node)
+        req.last_node, req.tree_len = match.last_node, match.length
+
+    def _retract(self, req: Req) -> None:
+        logger.info("KV pool full: retracting request %s (%d tokens left)", req.rid,
+                    req.num_tokens_left)
+        self._release(req)
+        self.running.remove(req)
+        req.status = ReqStatus.WAITING
+        req.num_retractions += 1
+        self.waiting.insert(0, req)
+
+    def _try_alloc(self, n: int) -> torch.Tensor | None:
+        if n > self.kv_pool.num_free:
+            short = n - self.kv_pool.num_free
+            self.kv_pool.free(_cat(self.tree.evict(short)))
+        return self.kv_pool.alloc(n)
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        slots = self._try_alloc(n)
+        if slots is None:
+            raise RuntimeError(f"KV pool exhausted: needed {n} slots, admission should prevent this")
+        return slots
+
+    # ---- output ----
+
+    def _make_output(self, req: Req) -> ReqTokenOut:
+        new_ids = req.output_ids[req.sent_len:]
+        req.sent_len = len(req.output_ids)
+        out = ReqTokenOut(
+            rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
+            cached_tokens=req.cached_len, completion_tokens=len(req.output_ids),
+            finish=req.finish,
+            output_logprobs=req.pending_logprobs if req.return_logprob else None,
+            output_top_logprobs=req.pending_top_logprobs if req.top_logprobs_num else None,
+            **self._input_logprob_fields(req))
+        req.pending_logprobs, req.pending_top_logprobs = [], []
+        return out
+
+    def _input_logprob_fields(self, req: Req) -> dict:
+        if not req.wants_input_logprobs or req.reported_input_logprobs:
+            return {}
+        if req.input_logprobs is None or req.computed_len < len(req.input_ids) and req.finish is None:
+            return {}
+        req.reported_input_logprobs = True
+        fields = {"input_logprobs": req.input_logprobs,
+                  "input_ids": req.input_ids[req.logprob_start_len:]}
+        if req.top_logprobs_num:
+            fields["input_top_logprobs"] = req.input_top_logprobs
+        return fields
+
+    # ---- helpers ----
+
+    def _grammar_backend(self):
+        if self._grammar is None:
+            from ..constrained import GrammarBackend
+
+            self._grammar = GrammarBackend(
+                self.tokenizer, self.runner.vocab_size,
+                compile_timeout=self.args.grammar_compile_timeout)
+        return self._grammar
+
+    def _eos_ids(self, hf_config: dict) -> set[int]:
+        ids = set(self.runner.model_args.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        gen_config = self.model_folder / "generation_config.json"
+        if gen_config.exists():
+            import json
+
+            eos = json.loads(gen_config.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        return ids
+
+
+def _cat(values: list) -> torch.Tensor:
+    if not values:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.cat([v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64)
+                      for v in values]).long()
