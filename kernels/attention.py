@@ -15,12 +15,9 @@ output has q's dtype.
 
 from __future__ import annotations
 
-import os
-from typing import Literal
-
 import torch
 
-Backend = Literal["auto", "torch", "triton"]
+from .dispatch import Backend, pick_backend
 
 
 def extend_attention(
@@ -42,7 +39,7 @@ def extend_attention(
     """Attention of each request's new tokens over its cached prefix and causally over
     themselves. `max_extend_len` (a host int) spares the Triton path a device sync."""
     _check_heads(q, k_cache)
-    if _pick(backend, q) == "torch":
+    if pick_backend(backend, q) == "torch":
         return extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
                                       prefix_lens, extend_lens, extend_starts, scale=scale)
     from .triton.extend_attention import extend_attention_triton
@@ -69,7 +66,7 @@ def decode_attention(
     each context into `num_kv_splits` parts (flash-decoding) and merges them in a second kernel;
     None picks a split count from the batch shape. A request with seq_len 0 gets zeros."""
     _check_heads(q, k_cache)
-    if _pick(backend, q) == "torch":
+    if pick_backend(backend, q) == "torch":
         return decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices,
                                       seq_lens, scale=scale)
     from .triton.decode_attention import decode_attention_triton
@@ -138,26 +135,3 @@ def _check_heads(q: torch.Tensor, k_cache: torch.Tensor) -> None:
                          f"num_kv_heads {k_cache.shape[1]}")
     if q.shape[-1] != k_cache.shape[-1]:
         raise ValueError(f"q head_dim {q.shape[-1]} != cache head_dim {k_cache.shape[-1]}")
-
-
-def _pick(backend: Backend, x: torch.Tensor) -> str:
-    if backend == "auto":
-        return "triton" if x.is_cuda else "torch"
-    if backend == "triton":
-        require_triton(x)
-        return "triton"
-    if backend == "torch":
-        return "torch"
-    raise ValueError(f"unknown kernel backend {backend!r}; expected auto, torch or triton")
-
-
-def require_triton(x: torch.Tensor) -> None:
-    """Raise a clear error where a Triton kernel cannot run on x's device."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise RuntimeError("the triton backend needs the `triton` package "
-                           "(pip install 'radixflow[triton]')") from e
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("Triton kernels run on CPU tensors only under the interpreter: "
-                           "set TRITON_INTERPRET=1 before radixflow's kernels are first used")
