@@ -87,7 +87,7 @@ class SamplingBatch:
             unseeded_rows = torch.tensor(unseeded, dtype=torch.int64, device=device)
 
         banned_rows, banned_ids = _min_new_tokens_bans(params, output_ids, eos_ids, vocab_size)
-        f32 = dict(dtype=torch.float32, device=device)
+        f32 = {"dtype": torch.float32, "device": device}
         return cls(
             vocab_size=vocab_size,
             temperatures=torch.tensor(temperatures, **f32).view(bs, 1),

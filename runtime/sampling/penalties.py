@@ -5,9 +5,10 @@ Built only for rows that ask for a penalty; a batch without any gets `None` and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,17 +37,16 @@ class Penalties:
         bs = len(params)
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         count_rows = [
-            i for i, p in enumerate(params)
+            i
+            for i, p in enumerate(params)
             if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
         ]
         if not rep_rows and not count_rows:
             return None
-        f32 = dict(dtype=torch.float32, device=device)
+        f32 = {"dtype": torch.float32, "device": device}
         penalties = cls(None, None, None, None, None)
         if rep_rows:
-            penalties.repetition = torch.tensor(
-                [p.repetition_penalty for p in params], **f32
-            ).view(bs, 1)
+            penalties.repetition = _column([p.repetition_penalty for p in params], device)
             rows, ids = _flat_index(
                 rep_rows, [[*prompt_ids[i], *output_ids[i]] for i in rep_rows], device
             )
@@ -54,10 +54,8 @@ class Penalties:
             seen[rows, ids] = True
             penalties.seen_mask = seen
         if count_rows:
-            penalties.frequency = torch.tensor([p.frequency_penalty for p in params], **f32)
-            penalties.frequency = penalties.frequency.view(bs, 1)
-            penalties.presence = torch.tensor([p.presence_penalty for p in params], **f32)
-            penalties.presence = penalties.presence.view(bs, 1)
+            penalties.frequency = _column([p.frequency_penalty for p in params], device)
+            penalties.presence = _column([p.presence_penalty for p in params], device)
             rows, ids = _flat_index(count_rows, [output_ids[i] for i in count_rows], device)
             counts = torch.zeros(bs, vocab_size, **f32)
             counts.index_put_((rows, ids), torch.ones(rows.shape[0], **f32), accumulate=True)
@@ -78,6 +76,10 @@ class Penalties:
             logits = logits - self.frequency * counts
             logits = logits - self.presence * (counts > 0).to(logits.dtype)
         return logits
+
+
+def _column(values: list[float], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1)  # [bs, 1]
 
 
 def _flat_index(

@@ -1,0 +1,187 @@
+"""Incremental detokenization with exact stop-string cutting.
+
+Each `append` decodes only a short window of tokens (vLLM / SGLang style): `prefix_offset`
+marks where the window starts (a few tokens of context, so merges and leading spaces decode
+as they do inside the full text) and `read_offset` where the already-committed text ends.
+The new text is decode(window) minus decode(context). While it ends in U+FFFD (an incomplete
+UTF-8 sequence of a byte-level BPE) the offsets stay put and only the part before the
+replacement characters is offered.
+
+    ids:   ... | context (decoded before) | new tokens |
+               ^ prefix_offset            ^ read_offset
+
+The public text only ever grows by appending; it holds back any suffix that could still
+become a stop string, and stops growing for good once a stop string appears.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REPLACEMENT_CHAR = "\ufffd"
+# Prompt tokens kept as decoding context for the first output tokens (as vLLM and SGLang do).
+PROMPT_CONTEXT_TOKENS = 5
+
+
+def _decode(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool) -> str:
+    # NOTE: cleanup (" ." -> ".") would make a window's text differ from the full text's.
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+    )
+
+
+def decode_token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token decoded on its own (special tokens included), e.g. for logprob token texts.
+
+    A token holding part of a UTF-8 character decodes to U+FFFD, as in SGLang and OpenAI.
+    """
+    if not ids:
+        return []
+    return tokenizer.batch_decode(
+        [[int(i)] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output token ids into text, a delta per `append`.
+
+    Parameters
+    ----------
+    tokenizer:
+        A Hugging Face tokenizer (anything with `decode(ids, skip_special_tokens=...,
+        clean_up_tokenization_spaces=...)`).
+    stop:
+        Stop strings, searched only in the generated text; the earliest occurrence wins
+        (at equal positions, the shorter string, which completes first).
+    skip_special_tokens:
+        Leave special tokens (e.g. ``<|im_end|>``) out of the text.
+    no_stop_trim:
+        Keep the matched stop string at the end of the text instead of cutting it off.
+    prompt_ids:
+        The prompt; its last few tokens are decoding context only, never part of the text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+        no_stop_trim: bool = False,
+        prompt_ids: Sequence[int] = (),
+    ):
+        self._tokenizer = tokenizer
+        self._stop = tuple(s for s in stop if s)
+        self._max_stop_len = max((len(s) for s in self._stop), default=0)
+        self._skip_special_tokens = skip_special_tokens
+        self._no_stop_trim = no_stop_trim
+
+        context = [int(i) for i in prompt_ids[len(prompt_ids) - PROMPT_CONTEXT_TOKENS :]]
+        self._context_len = len(context)
+        self._ids: list[int] = context
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._prefix_text = self._decode(context) if context else ""
+        self._committed = ""  # output text of ids[:read_offset]
+        self._searched_len = 0  # how much of the candidate text was searched for stops
+        self._text = ""
+        self._matched_stop: str | None = None
+        self._finished = False
+
+    @property
+    def text(self) -> str:
+        """Cumulative stable text (only ever grows by appending)."""
+        return self._text
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the output, or None."""
+        return self._matched_stop
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens appended so far (prompt context excluded)."""
+        return len(self._ids) - self._context_len
+
+    def append(self, new_ids: Sequence[int]) -> str:
+        """Add output tokens; return the newly stable text (possibly "")."""
+        if self._finished:
+            raise RuntimeError("append() after finish()")
+        if self._matched_stop is not None or not new_ids:
+            return ""
+        self._ids.extend(int(i) for i in new_ids)
+        new_text = self._window_text()
+        if new_text and not new_text.endswith(REPLACEMENT_CHAR):
+            self._committed += new_text
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+            self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+            candidate = self._committed
+        else:
+            candidate = self._committed + new_text.rstrip(REPLACEMENT_CHAR)
+        return self._publish(candidate, final=False)
+
+    def finish(self) -> str:
+        """The final text: held-back characters flushed, a completed stop string still cut."""
+        if not self._finished and self._matched_stop is None:
+            self._publish(self._committed + self._window_text(), final=True)
+        self._finished = True
+        return self._text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return _decode(self._tokenizer, ids, self._skip_special_tokens)
+
+    def _window_text(self) -> str:
+        """Text of the tokens after read_offset, as they decode after their context."""
+        window = self._decode(self._ids[self._prefix_offset :])
+        if len(window) <= len(self._prefix_text):
+            return ""
+        return window[len(self._prefix_text) :]
+
+    def _publish(self, candidate: str, *, final: bool) -> str:
+        """Make `candidate`'s stable part the public text; return what was added."""
+        hit = self._find_stop(candidate)
+        held = 0 if final else self._held_back_len(candidate)
+        # A stop string that starts before the found one may still complete: wait for it,
+        # so the earliest occurrence wins however the text was split into tokens.
+        if hit is not None and len(candidate) - held >= hit[0]:
+            start, stop = hit
+            self._matched_stop = stop
+            stable = candidate[: start + len(stop) if self._no_stop_trim else start]
+        else:
+            stable = candidate[: len(candidate) - held]
+        if not stable.startswith(self._text):
+            # Only a tokenizer whose windows decode unlike the full text gets here.
+            logger.warning("detokenized text changed behind the stream; keeping the old text")
+            return ""
+        delta = stable[len(self._text) :]
+        self._text = stable
+        return delta
+
+    def _find_stop(self, candidate: str) -> tuple[int, str] | None:
+        """Earliest stop string in the part of `candidate` not searched before."""
+        if not self._stop:
+            return None
+        # A new occurrence must end in the new text, so it starts at most
+        # max_stop_len - 1 characters before it.
+        search_from = max(0, self._searched_len - self._max_stop_len + 1)
+        self._searched_len = len(candidate)
+        best: tuple[int, int, str] | None = None
+        for stop in self._stop:
+            start = candidate.find(stop, search_from)
+            if start >= 0 and (best is None or (start, len(stop)) < best[:2]):
+                best = (start, len(stop), stop)
+        return None if best is None else (best[0], best[2])
+
+    def _held_back_len(self, candidate: str) -> int:
+        """Length of the longest suffix of `candidate` that is a proper prefix of a stop."""
+        held = 0
+        for stop in self._stop:
+            for size in range(min(len(stop) - 1, len(candidate)), held, -1):
+                if candidate.endswith(stop[:size]):
+                    held = size
+                    break
+        return held
