@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import dot, dot_options
+
 _LOG2E = 1.0 / math.log(2.0)
 MAX_KV_SPLITS = 64
 MIN_SPLIT_LEN = 256  # tokens: shorter splits cost more in the merge than they win
@@ -38,6 +40,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     req = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -73,7 +76,7 @@ def _decode_split_kernel(
         slots = slots.to(tl.int64)
         k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
                     + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+        qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
                     + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
@@ -81,7 +84,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m_i = m_new
 
     tl.store(Mid_o + req * stride_mo_b + heads[:, None] * stride_mo_h + split * stride_mo_s
@@ -125,6 +128,8 @@ def _decode_merge_kernel(
 def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *,
                             scale: float, num_kv_splits: int | None = None,
                             max_seq_len: int | None = None) -> torch.Tensor:
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -145,7 +150,6 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     mid_o = torch.empty((bs, num_heads, num_kv_splits, head_dim), dtype=torch.float32,
                         device=q.device)
     mid_lse = torch.empty((bs, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
     _decode_split_kernel[(bs, num_kv_heads * head_blocks_per_kv, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
@@ -160,7 +164,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
-        PRECISION=precision,
+        **dot_options(q),
         num_warps=4,
         num_stages=2,
     )

@@ -14,17 +14,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import dot, dot_options
+
 _LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
-def _online_softmax_step(qk, v, m_i, l_i, acc):
+def _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One flash-attention update; qk is already in log2 units."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return m_new, l_i, acc
 
 
@@ -41,6 +43,7 @@ def _extend_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     # Largest M blocks first: under causal masking they are the slowest.
     block_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -76,21 +79,21 @@ def _extend_attention_kernel(
         slots = slots.to(tl.int64)
         k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
                     + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
                     + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # New tokens strictly before this tile: every query row sees all of them.
     for start_n in range(0, start_m, BLOCK_N):
         rows_n = first_row + start_n + offs_n
         k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
                     mask=mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        qk = dot(q, k, PRECISION, UPCAST) * qk_scale
         v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
                     mask=mask_d[None, :], other=0.0)
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # The diagonal tile: causal mask.
     end_n = tl.minimum(start_m + BLOCK_M, extend_len)
@@ -100,12 +103,12 @@ def _extend_attention_kernel(
         rows_n = first_row + cols
         k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        qk = dot(q, k, PRECISION, UPCAST) * qk_scale
         visible = mask_n[None, :] & (cols[None, :] <= offs_m[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     out = acc / l_i[:, None]
     tl.store(O + rows_m[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
@@ -115,6 +118,7 @@ def _extend_attention_kernel(
 def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
                             prefix_lens, extend_lens, extend_starts, *, scale: float,
                             max_extend_len: int | None = None) -> torch.Tensor:
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     num_tokens, num_heads, head_dim = q.shape
     bs = extend_lens.shape[0]
     out = torch.empty_like(q)
@@ -137,7 +141,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
         BLOCK_D=block_d,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **dot_options(q),
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -1,0 +1,25 @@
+"""Pieces the Triton attention kernels share."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot with an fp32 accumulator. UPCAST multiplies in fp32 (for the interpreter)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+def dot_options(x: torch.Tensor) -> dict[str, object]:
+    """PRECISION / UPCAST for tiles of x's dtype on x's device."""
+    # NOTE: triton's interpreter multiplies bf16/fp16 tiles as their raw integer storage
+    # (create_dot on uint16 arrays), so off the GPU tiles are upcast to fp32 first; the values
+    # are the same, already rounded to x's dtype, so the math matches the GPU's.
+    return {"PRECISION": "ieee" if x.dtype == torch.float32 else "tf32",
+            "UPCAST": not x.is_cuda}

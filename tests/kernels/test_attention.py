@@ -1,0 +1,154 @@
+"""Triton extend / decode attention (under TRITON_INTERPRET=1) against the torch references,
+and the references against dense attention written out by hand.
+
+Tolerances: fp32 atol 1e-4 / rtol 1e-4; bf16 atol 2e-2 / rtol 2e-2 (the kernels round P to
+bf16 before the PV product; the reference works in fp32 throughout).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from radixflow.kernels.attention import (
+    decode_attention,
+    decode_attention_torch,
+    extend_attention,
+    extend_attention_torch,
+)
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, *, seed=0):
+    """A KV pool holding each request's prefix and new tokens at scattered slots, plus the
+    new tokens' q/k/v laid out one request after another."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    num_slots = sum(seq_lens) + 7
+    k_cache = torch.randn(num_slots + 1, num_kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_slots + 1, num_kv_heads, head_dim, generator=g).to(dtype)
+    req_to_token = torch.zeros(len(seq_lens) + 3, max(seq_lens) + 5, dtype=torch.int32)
+    rows = torch.randperm(req_to_token.shape[0], generator=g)[:len(seq_lens)]
+    slots = torch.randperm(num_slots, generator=g) + 1
+    out_slots, used = [], 0
+    for row, prefix_len, seq_len in zip(rows.tolist(), prefix_lens, seq_lens):
+        req_to_token[row, :seq_len] = slots[used:used + seq_len].int()
+        out_slots.append(slots[used + prefix_len:used + seq_len])
+        used += seq_len
+    out_slots = torch.cat(out_slots)
+    num_tokens = sum(extend_lens)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=g).to(dtype)
+    starts = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
+    return dict(q=q, k=k_cache[out_slots].clone(), v=v_cache[out_slots].clone(), k_cache=k_cache,
+                v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=rows,
+                prefix_lens=torch.tensor(prefix_lens), extend_lens=torch.tensor(extend_lens),
+                extend_starts=starts, seq_lens=torch.tensor(seq_lens))
+
+
+def run_extend(case, backend, scale):
+    keys = ("q", "k", "v", "k_cache", "v_cache", "req_to_token", "req_pool_indices",
+            "prefix_lens", "extend_lens", "extend_starts")
+    return extend_attention(*(case[k] for k in keys), scale=scale, backend=backend)
+
+
+def dense_attention(q, keys, values, scale):
+    """Causal softmax(q k^T) v of one request whose queries are its last len(q) positions."""
+    num_q, num_k = q.shape[0], keys.shape[0]
+    group = q.shape[1] // keys.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for h in range(q.shape[1]):
+        kh, vh = keys[:, h // group].double(), values[:, h // group].double()
+        for i in range(num_q):
+            s = (kh @ q[i, h].double()) * scale
+            s[num_k - num_q + i + 1:] = float("-inf")
+            out[i, h] = torch.softmax(s, 0) @ vh
+    return out
+
+
+def test_references_match_dense_attention():
+    case = make_paged([0, 3, 5], [4, 1, 2], 4, 2, 8, torch.float32)
+    scale = 0.3
+    got = extend_attention_torch(*(case[k] for k in (
+        "q", "k", "v", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "prefix_lens",
+        "extend_lens", "extend_starts")), scale=scale)
+    start = 0
+    for row, p, e in zip(case["req_pool_indices"].tolist(), [0, 3, 5], [4, 1, 2]):
+        slots = case["req_to_token"][row, :p + e].long()
+        want = dense_attention(case["q"][start:start + e], case["k_cache"][slots],
+                               case["v_cache"][slots], scale)
+        torch.testing.assert_close(got[start:start + e].double(), want, atol=1e-5, rtol=1e-5)
+        start += e
+    q = torch.randn(3, 4, 8)
+    got = decode_attention_torch(q, case["k_cache"], case["v_cache"], case["req_to_token"],
+                                 case["req_pool_indices"], case["seq_lens"], scale=scale)
+    for i, (row, n) in enumerate(zip(case["req_pool_indices"].tolist(), [4, 4, 7])):
+        slots = case["req_to_token"][row, :n].long()
+        want = dense_attention(q[i:i + 1], case["k_cache"][slots], case["v_cache"][slots], scale)
+        torch.testing.assert_close(got[i:i + 1].double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,dtype",
+    [(4, 4, 64, torch.float32), (8, 2, 128, torch.float32), (4, 1, 64, torch.bfloat16)],
+)
+def test_extend_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtype):
+    # empty and non-empty prefixes; extends of 1, exactly one tile, and spanning tiles
+    prefix_lens, extend_lens = [0, 7, 33, 0, 64], [1, 40, 5, 32, 3]
+    case = make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    want = run_extend(case, "torch", scale)
+    got = run_extend(case, "triton", scale)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_extend_kernel_lengths_one_to_n():
+    n = 9
+    prefix_lens, extend_lens = list(range(n)), list(range(1, n + 1))
+    case = make_paged(prefix_lens, extend_lens, 2, 1, 64, torch.float32, seed=1)
+    want = run_extend(case, "torch", 0.125)
+    torch.testing.assert_close(run_extend(case, "triton", 0.125), want, **TOL[torch.float32])
+
+
+# 1 split; 3 (uneven); 8: more splits than the short requests have tiles (empty splits)
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,dtype,num_kv_splits",
+    [(4, 4, 64, torch.float32, 8), (8, 1, 128, torch.float32, 1),
+     (8, 2, 64, torch.bfloat16, 3)],
+)
+def test_decode_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtype,
+                                         num_kv_splits):
+    seq_lens = [1, 2, 31, 64, 97]
+    case = make_paged([s - 1 for s in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads,
+                      head_dim, dtype, seed=2)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["req_to_token"],
+            case["req_pool_indices"], case["seq_lens"])
+    scale = 1 / math.sqrt(head_dim)
+    want = decode_attention(*args, scale=scale, backend="torch")
+    got = decode_attention(*args, scale=scale, num_kv_splits=num_kv_splits, backend="triton")
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_decode_kernel_empty_sequence_gives_zeros():
+    case = make_paged([4, 0], [1, 1], 2, 1, 64, torch.float32)
+    seq_lens = torch.tensor([5, 0])
+    got = decode_attention(case["q"], case["k_cache"], case["v_cache"], case["req_to_token"],
+                           case["req_pool_indices"], seq_lens, scale=0.1, num_kv_splits=2,
+                           backend="triton")
+    want = decode_attention(case["q"], case["k_cache"], case["v_cache"], case["req_to_token"],
+                            case["req_pool_indices"], seq_lens, scale=0.1, backend="torch")
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_bad_head_counts_and_backend_raise():
+    case = make_paged([1], [1], 3, 2, 64, torch.float32)
+    with pytest.raises(ValueError, match="multiple"):
+        run_extend(case, "torch", 1.0)
+    case = make_paged([1], [1], 2, 2, 64, torch.float32)
+    with pytest.raises(ValueError, match="backend"):
+        run_extend(case, "cuda", 1.0)
