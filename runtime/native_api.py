@@ -73,10 +73,10 @@ def fit_to_context(
     strict: an explicit max_new_tokens that does not fit is an error (OpenAI behaviour);
     otherwise it is clipped (SGLang behaviour for /generate).
     """
-    if prompt_len > context_length or (prompt_len == context_length and sampling.max_new_tokens):
+    if prompt_len >= context_length:
         raise ContextTooLong(
-            f"the prompt has {prompt_len} tokens; the model's context length is "
-            f"{context_length} tokens", param="prompt")
+            f"the prompt has {prompt_len} tokens; it must be shorter than the model's context "
+            f"length of {context_length} tokens", param="prompt")
     room = context_length - prompt_len
     if sampling.max_new_tokens <= room:
         return sampling

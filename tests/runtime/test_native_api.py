@@ -118,12 +118,12 @@ def test_logprob_start_len_semantics(tok):
 def test_max_new_tokens_clipped_to_context(tok):
     p = parse({"input_ids": [5] * 60, "sampling_params": {"max_new_tokens": 128}}, tok, ctx=64)
     assert p.reqs[0].sampling.max_new_tokens == 4
-    assert parse({"input_ids": [5] * 64, "sampling_params": {"max_new_tokens": 0}}, tok,
+    assert parse({"input_ids": [5] * 63, "sampling_params": {"max_new_tokens": 0}}, tok,
                  ctx=64).reqs[0].sampling.max_new_tokens == 0
     with pytest.raises(ContextTooLong, match="64 tokens"):
         parse({"input_ids": [5] * 64}, tok, ctx=64)
     with pytest.raises(ContextTooLong):
-        parse({"input_ids": [5] * 65, "sampling_params": {"max_new_tokens": 0}}, tok, ctx=64)
+        parse({"input_ids": [5] * 64, "sampling_params": {"max_new_tokens": 0}}, tok, ctx=64)
 
 
 @pytest.mark.parametrize("body, param", [

@@ -1,0 +1,39 @@
+"""The `radixflow` command line. `radixflow serve --help` lists every ServerArgs field."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .server_args import ServerArgs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixflow", description="radixflow: a prefix-sharing, structured-generation LLM "
+                                      "runtime")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve", help="serve a model over HTTP (native SGLang-compatible and OpenAI APIs)",
+        description="Start the HTTP server, the scheduler and the detokenizer.")
+    ServerArgs.add_cli_args(serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        try:
+            args = ServerArgs.from_cli_args(ns)
+        except ValueError as exc:
+            parser.error(str(exc))
+        from .server.launch import serve
+
+        return serve(args)
+    parser.error(f"unknown command {ns.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The HTTP server: tokenizer manager, detokenizer process, FastAPI app, launcher, Runtime."""

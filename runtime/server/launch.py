@@ -1,0 +1,294 @@
+"""`radixflow serve`: start the scheduler and detokenizer processes, then the HTTP server.
+
+Shutdown rules: SIGINT/SIGTERM stop everything cleanly; children die with their parent
+(PR_SET_PDEATHSIG plus a watcher thread); a child that dies makes the server unhealthy and
+then exit with a message, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
+from ..server_args import ServerArgs
+from .ipc import IpcAddrs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULER_ENTRY = "radixflow.runtime.scheduler.process:run_scheduler"
+# Test/extension hook: "module:function" run instead of the real scheduler.
+SCHEDULER_ENTRY_ENV = "RADIXFLOW_SCHEDULER_ENTRY"
+# Set by radixflow.Runtime: the server shuts down when this process is gone.
+PARENT_PID_ENV = "RADIXFLOW_PARENT_PID"
+CHILD_STOP_TIMEOUT_S = 5.0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, force=True,
+        format="%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s")
+
+
+def _resolve(entry: str) -> Callable[..., Any]:
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _set_parent_death_signal() -> None:
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable; relying on the watcher thread")
+
+
+def watch_parent(parent_pid: int, on_gone: Callable[[], None], interval: float = 0.5) -> None:
+    """Call on_gone (once) from a daemon thread when parent_pid is no longer our parent."""
+
+    def loop() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        on_gone()
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
+
+
+def _child_main(entry: str, log_level: str, parent_pid: int, *args: Any) -> None:
+    """Every child process starts here: no orphans, quiet Ctrl-C, SIGTERM exits cleanly."""
+    _set_parent_death_signal()
+    watch_parent(parent_pid, lambda: os._exit(1))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    setup_logging(log_level)
+    _resolve(entry)(*args)
+
+
+@dataclass
+class Children:
+    """The server's child processes, started and stopped together."""
+
+    log_level: str
+    procs: dict[str, mp.process.BaseProcess] = field(default_factory=dict)
+
+    def start(self, name: str, entry: str, *args: Any) -> Any:
+        """Start a child running entry(*args, ready_conn); return the parent's end."""
+        ctx = mp.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child_main, name=name,
+                           args=(entry, self.log_level, os.getpid(), *args, child_conn))
+        proc.start()
+        child_conn.close()
+        self.procs[name] = proc
+        return parent_conn
+
+    def wait_ready(self, name: str, conn: Any, on_progress: Callable[[dict], None] | None = None
+                   ) -> Any:
+        """The child's ready message; raise ServerUnavailable if it dies or reports an error.
+
+        A child may send progress dicts ({"progress": done, "total": n}) before it is ready.
+        """
+        proc = self.procs[name]
+        while True:
+            if conn.poll(0.1):
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    msg = None
+                if isinstance(msg, dict) and "progress" in msg:
+                    if on_progress is not None:
+                        on_progress(msg)
+                    continue
+                if isinstance(msg, dict) and msg.get("ok") is False:
+                    raise ServerUnavailable(f"the {name} process failed to start: "
+                                            f"{msg.get('error')}")
+                if isinstance(msg, dict) and "model_info" in msg:
+                    return msg["model_info"]
+                if msg is not None:
+                    return msg
+            if not proc.is_alive():
+                proc.join()
+                raise ServerUnavailable(f"the {name} process exited during start-up "
+                                        f"(exit code {proc.exitcode}); see the log above")
+
+    def dead(self) -> tuple[str, int | None] | None:
+        for name, proc in self.procs.items():
+            if not proc.is_alive():
+                return name, proc.exitcode
+        return None
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+        for name, proc in self.procs.items():
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                logger.warning("the %s process did not stop in time; killing it", name)
+                proc.kill()
+                proc.join()
+
+
+class _LoadingBar:
+    """A tqdm line while the model loads: elapsed time, and a real bar once the scheduler
+    reports progress ({"progress": done, "total": n} on its ready pipe)."""
+
+    BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]"
+
+    def __init__(self, model: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(desc=f"Loading {model}", total=None, file=sys.stderr,
+                        bar_format="{desc} [{elapsed}]", dynamic_ncols=True)
+
+    def progress(self, msg: dict) -> None:
+        if msg.get("total"):
+            self.bar.total = int(msg["total"])
+            self.bar.bar_format = self.BAR
+        self.bar.n = int(msg["progress"])
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar.total:
+            self.bar.n = self.bar.total
+        self.bar.set_description_str(self.bar.desc + ": ready")
+        self.bar.close()
+
+
+def _terminate_on_signal(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(args: ServerArgs) -> int:
+    """Run the server until SIGINT/SIGTERM or a child's death. Returns the exit code."""
+    setup_logging(args.log_level)
+    # During start-up (before uvicorn owns the signals) SIGTERM stops us like Ctrl-C.
+    signal.signal(signal.SIGTERM, _terminate_on_signal)
+    parent_pid = os.environ.get(PARENT_PID_ENV)
+    if parent_pid:
+        watch_parent(int(parent_pid), lambda: os.kill(os.getpid(), signal.SIGTERM))
+    addrs = IpcAddrs.create()
+    children = Children(log_level=args.log_level)
+    try:
+        served, model_info, tokenizer = _start(args, addrs, children)
+        return _run_http(args, addrs, children, served, model_info, tokenizer)
+    except KeyboardInterrupt:
+        logger.info("interrupted during start-up; stopping")
+        return 130
+    except (ServerUnavailable, ModelNotFound, ModelDownloadError) as exc:
+        logger.error("%s", exc)
+        return 1
+    finally:
+        children.stop()
+        addrs.cleanup()
+
+
+def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:
+    """Start both children, load the tokenizer meanwhile, wait until the model is ready."""
+    from ..model_loader import DEFAULT_MODEL_NAME, resolve_model
+    from .tokenizer_manager import load_tokenizer
+
+    served = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    folder = str(resolve_model(args.model))
+    tokenizer_path = args.tokenizer or folder
+    entry = os.environ.get(SCHEDULER_ENTRY_ENV) or DEFAULT_SCHEDULER_ENTRY
+    sched_conn = children.start("scheduler", entry, args.replace(model=folder),
+                                addrs.scheduler, addrs.detokenizer)
+    detok_conn = children.start("detokenizer",
+                                "radixflow.runtime.server.detokenizer:run_detokenizer",
+                                tokenizer_path, addrs.detokenizer, addrs.tokenizer)
+    bar = _LoadingBar(served)
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+        model_info = children.wait_ready("scheduler", sched_conn, bar.progress)
+    finally:
+        bar.close()
+    if not isinstance(model_info, dict) or "context_length" not in model_info:
+        raise ServerUnavailable(f"the scheduler sent a malformed ready message: {model_info!r}")
+    children.wait_ready("detokenizer", detok_conn)
+    return served, model_info, tokenizer
+
+
+def _run_http(args: ServerArgs, addrs: IpcAddrs, children: Children, served: str,
+              model_info: dict, tokenizer: Any) -> int:
+    import uvicorn
+    import uvloop
+
+    from .http_server import create_app
+    from .metrics import Metrics
+    from .tokenizer_manager import TokenizerManager
+
+    exit_code = 0
+
+    async def main() -> None:
+        nonlocal exit_code
+        tm: TokenizerManager | None = None
+        metrics = Metrics(served, lambda: tm.stats if tm is not None else None)
+        tm = TokenizerManager(tokenizer, model_info, scheduler_addr=addrs.scheduler,
+                              detokenizer_addr=addrs.detokenizer, recv_addr=addrs.tokenizer,
+                              metrics=metrics)
+        tm.start()
+        app = create_app(args, tm, metrics, served_model_name=served)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                access_log=False, timeout_graceful_shutdown=3,
+                                timeout_keep_alive=30)
+        server = uvicorn.Server(config)
+
+        async def watch() -> None:
+            nonlocal exit_code
+            announced = False
+            while not server.should_exit:
+                if server.started and not announced:
+                    announced = True
+                    _announce(server, args, served)
+                dead = children.dead()
+                if dead is not None or tm.failure is not None:
+                    reason = (f"the {dead[0]} process died unexpectedly (exit code {dead[1]})"
+                              if dead is not None else tm.failure)
+                    logger.error("%s; the server is unhealthy and shuts down", reason)
+                    tm.fail(reason or "a server process failed")
+                    exit_code = 1
+                    await asyncio.sleep(0.5)  # let waiting clients receive their 503s
+                    server.should_exit = True
+                    return
+                await asyncio.sleep(0.2)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await server.serve()
+        finally:
+            watcher.cancel()
+            await tm.close()
+        if not server.started and exit_code == 0:
+            exit_code = 1  # could not bind the port; uvicorn logged why
+
+    try:
+        uvloop.run(main())
+    except KeyboardInterrupt:
+        # uvicorn re-raises the SIGINT/SIGTERM it shut down for; the shutdown is done.
+        pass
+    return exit_code
+
+
+def _announce(server: Any, args: ServerArgs, served: str) -> None:
+    port = args.port
+    for s in getattr(server, "servers", []):
+        for sock in s.sockets:
+            port = sock.getsockname()[1]
+            break
+    print(f"radixflow is serving {served} at http://{args.host}:{port} "
+          f"(OpenAI API at http://{args.host}:{port}/v1)", file=sys.stderr, flush=True)

@@ -1,0 +1,94 @@
+"""Prometheus metrics: per-request latencies observed here, scheduler gauges from its stats."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..messages import SchedulerStats
+
+disable_created_metrics()  # the *_created samples only add noise to every scrape
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    120.0, 300.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _SchedulerCollector(Collector):
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats | None]):
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:
+            return
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"radixflow:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"radixflow:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], value)
+            return c
+
+        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("kv_cache_usage", "Fraction of KV pool slots in use (0..1).",
+                    s.kv_used_tokens / s.kv_total_tokens if s.kv_total_tokens else 0.0)
+        yield gauge("kv_used_tokens", "KV pool slots in use.", s.kv_used_tokens)
+        yield gauge("kv_total_tokens", "KV pool size in token slots.", s.kv_total_tokens)
+        yield gauge("cache_hit_rate", "Prompt tokens served from the radix cache / prompt tokens.",
+                    s.cache_hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0)
+        yield counter("prompt_tokens", "Prompt tokens processed.", s.prompt_tokens)
+        yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        yield counter("cached_prompt_tokens", "Prompt tokens served from the radix cache.",
+                      s.cache_hit_tokens)
+
+
+class Metrics:
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats | None]):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.requests = Counter("radixflow:requests", "Requests submitted to the scheduler.",
+                                labels, registry=self.registry).labels(model_name)
+        self.aborted = Counter("radixflow:requests_aborted", "Requests aborted (client gone).",
+                               labels, registry=self.registry).labels(model_name)
+        self.finished = Counter("radixflow:requests_finished", "Requests that finished.",
+                                labels, registry=self.registry).labels(model_name)
+        self.ttft = Histogram("radixflow:time_to_first_token_seconds", "Time to first token.",
+                              labels, buckets=_LATENCY_BUCKETS,
+                              registry=self.registry).labels(model_name)
+        self.tpot = Histogram("radixflow:time_per_output_token_seconds",
+                              "Mean time per output token after the first.", labels,
+                              buckets=_TPOT_BUCKETS, registry=self.registry).labels(model_name)
+        self.e2e = Histogram("radixflow:e2e_request_latency_seconds", "End-to-end latency.",
+                             labels, buckets=_LATENCY_BUCKETS,
+                             registry=self.registry).labels(model_name)
+        self.registry.register(_SchedulerCollector(model_name, stats))
+
+    def requests_started(self, n: int) -> None:
+        self.requests.inc(n)
+
+    def request_aborted(self) -> None:
+        self.aborted.inc()
+
+    def request_finished(self, created: float, first_token: float | None, now: float,
+                         completion_tokens: int) -> None:
+        self.finished.inc()
+        self.e2e.observe(now - created)
+        if first_token is not None:
+            self.ttft.observe(first_token - created)
+            if completion_tokens > 1:
+                self.tpot.observe((now - first_token) / (completion_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,222 @@
+"""TokenizerManager: the HTTP process's side of the pipeline.
+
+Owns the tokenizer, sends GenerateReq/AbortReq/FlushCacheReq to the scheduler over ZMQ,
+receives TextBatchOut (plus stats and acknowledgements) from the detokenizer and routes each
+output to the queue of the request group that waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from .. import messages
+from ..errors import InvalidRequest, ServerUnavailable
+from ..messages import (
+    AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, ProcessFailed, ReqTextOut,
+    SchedulerStats, TextBatchOut,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(path: str) -> Any:
+    """The fast tokenizer of a (resolved) model folder, or of a tokenizer folder."""
+    from ..model_loader.hf_folder import load_tokenizer as load_folder_tokenizer
+
+    return load_folder_tokenizer(Path(path))
+
+
+@dataclass(eq=False)
+class _ReqState:
+    req: GenerateReq
+    index: int
+    group: RequestGroup
+    created: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+
+class RequestGroup:
+    """Requests answered together (a batch, or n samples); their outputs share one queue.
+
+    Use as `async with tm.submit(reqs) as group:`; leaving the block aborts whatever has
+    not finished (client gone, error), so the scheduler frees its KV at once.
+    """
+
+    def __init__(self, tm: TokenizerManager, reqs: list[GenerateReq]):
+        self.tm = tm
+        self.reqs = reqs
+        self.queue: asyncio.Queue[tuple[int, ReqTextOut] | None] = asyncio.Queue()
+        self.unfinished = {r.rid for r in reqs}
+
+    @property
+    def done(self) -> bool:
+        return not self.unfinished
+
+    async def next(self) -> list[tuple[int, ReqTextOut]]:
+        """Every output that has arrived (at least one), as (index in reqs, output)."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        if any(item is None for item in items):
+            raise ServerUnavailable(self.tm.failure or "the server is shutting down")
+        for _, out in items:  # type: ignore[misc]
+            if out.token.finish is not None:
+                self.unfinished.discard(out.token.rid)
+        return items  # type: ignore[return-value]
+
+    async def __aenter__(self) -> RequestGroup:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.tm.release(self)
+
+
+class TokenizerManager:
+    def __init__(self, tokenizer: Any, model_info: dict, *, scheduler_addr: str,
+                 detokenizer_addr: str, recv_addr: str, metrics: Any = None):
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        # A prompt must fit the context and the KV pool (the scheduler would abort it).
+        self.context_length: int = min(int(model_info["context_length"]),
+                                       int(model_info.get("max_total_tokens") or 1 << 62))
+        self.vocab_size: int = int(model_info.get("vocab_size") or len(tokenizer))
+        self.metrics = metrics
+        self.ctx = zmq.asyncio.Context()
+        self.recv_sock = self.ctx.socket(zmq.PULL)
+        self.recv_sock.setsockopt(zmq.LINGER, 0)
+        self.recv_sock.bind(recv_addr)
+        # Plain sockets with no high-water mark: a send never blocks, so submit and abort
+        # are synchronous and keep their order.
+        self.send_ctx = zmq.Context()
+        self.sched_sock = self._push(scheduler_addr)
+        self.detok_sock = self._push(detokenizer_addr)
+        self.states: dict[str, _ReqState] = {}
+        self.stats: SchedulerStats | None = None
+        self.stats_time: float | None = None
+        self.failure: str | None = None
+        self._flush_waiters: list[asyncio.Future[bool]] = []
+        self._recv_task: asyncio.Task | None = None
+
+    def _push(self, addr: str) -> zmq.Socket:
+        sock = self.send_ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(addr)
+        return sock
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the receive loop on the running event loop."""
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    async def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+        self.fail("the server is shutting down")
+        self.ctx.destroy(linger=0)
+        self.send_ctx.destroy(linger=0)
+
+    def fail(self, message: str) -> None:
+        """Mark the pipeline dead: every waiting request ends with ServerUnavailable."""
+        if self.failure is None:
+            self.failure = message
+        for state in self.states.values():
+            state.group.queue.put_nowait(None)
+        self.states.clear()
+        for fut in self._flush_waiters:
+            if not fut.done():
+                fut.set_exception(ServerUnavailable(message))
+        self._flush_waiters.clear()
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.failure is None
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(self, reqs: list[GenerateReq]) -> RequestGroup:
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        for req in reqs:
+            if req.rid in self.states:
+                raise InvalidRequest(f"a request with rid {req.rid!r} is already running",
+                                     param="rid")
+        group = RequestGroup(self, reqs)
+        for i, req in enumerate(reqs):
+            self.states[req.rid] = _ReqState(req=req, index=i, group=group)
+            data = messages.encode(req)
+            # The detokenizer learns the stop strings first; then the scheduler starts.
+            self.detok_sock.send(data, copy=False)
+            self.sched_sock.send(data, copy=False)
+        if self.metrics is not None:
+            self.metrics.requests_started(len(reqs))
+        return group
+
+    def abort(self, rid: str) -> None:
+        state = self.states.pop(rid, None)
+        if state is None or self.failure is not None:
+            return
+        data = messages.encode(AbortReq(rid=rid))
+        self.sched_sock.send(data, copy=False)
+        self.detok_sock.send(data, copy=False)
+        if self.metrics is not None:
+            self.metrics.request_aborted()
+
+    def release(self, group: RequestGroup) -> None:
+        for rid in list(group.unfinished):
+            self.abort(rid)
+        group.unfinished.clear()
+
+    async def flush_cache(self, timeout: float = 30.0) -> bool:
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(fut)
+        self.sched_sock.send(messages.encode(FlushCacheReq()))
+        return await asyncio.wait_for(fut, timeout)
+
+    # -- receive loop ----------------------------------------------------------------------
+
+    async def _recv_loop(self) -> None:
+        while True:
+            data = await self.recv_sock.recv()
+            msg = messages.decode(data)
+            if isinstance(msg, TextBatchOut):
+                self._route(msg.outputs)
+            elif isinstance(msg, SchedulerStats):
+                self.stats, self.stats_time = msg, time.time()
+            elif isinstance(msg, FlushCacheDone):
+                waiters, self._flush_waiters = self._flush_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(msg.success)
+            elif isinstance(msg, ProcessFailed):
+                logger.error("the %s process failed: %s", msg.process, msg.message)
+                self.fail(f"the {msg.process} process failed: {msg.message}")
+            else:
+                logger.warning("unexpected message from the detokenizer: %s", type(msg).__name__)
+
+    def _route(self, outputs: list[ReqTextOut]) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            rid = out.token.rid
+            state = self.states.get(rid)
+            if state is None:  # aborted or already failed
+                continue
+            if state.first_token_time is None and out.token.new_ids:
+                state.first_token_time = now
+            if out.token.finish is not None:
+                del self.states[rid]
+                if self.metrics is not None:
+                    self.metrics.request_finished(state.created, state.first_token_time, now,
+                                                  out.token.completion_tokens)
+            state.group.queue.put_nowait((state.index, out))
