@@ -1,0 +1,80 @@
+"""`select`: score every choice by the model's log-probabilities of its tokens after the prompt.
+
+Requests, all on the native /generate API:
+  1. {"text": P, max_new_tokens 0}: computes and caches the shared prefix once, gives its length L.
+  2. one batch {"text": [P + c ...], max_new_tokens 0, return_logprob, logprob_start_len L-2}:
+     every choice hits the cached prefix; the window starts two tokens back because appending
+     a choice may re-tokenise the end of P.
+  3. unconditional_likelihood_normalized only: the choice tokens alone, to divide out how
+     likely each choice is with no context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Generate = Callable[[dict], Any]
+
+
+def _as_list(resp: Any) -> list[dict]:
+    return resp if isinstance(resp, list) else [resp]
+
+
+def choice_token_entries(entries: list[list], choice: str) -> list[list]:
+    """The [logprob, id, text] entries of `choice`'s tokens at the end of a logprob window.
+
+    entries[0] is the window's unscored first token (logprob null). Walking back from the end
+    until the token texts cover the choice finds its tokens, including one that straddles the
+    prompt/choice boundary when tokenisation merged them.
+    """
+    scored = [e for e in entries[1:] if e[0] is not None]
+    if any(e[2] is None for e in scored):  # no token text: assume the prompt kept its tokens
+        return scored[1:] if len(scored) > 1 else scored
+    covered, k = 0, len(scored)
+    while k > 0 and covered < len(choice):
+        k -= 1
+        covered += len(scored[k][2])
+    return scored[k:]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def select_choice(generate: Generate, prompt: str, choices: list[str],
+                  method: str = "token_length_normalized") -> tuple[int, dict[str, Any], int]:
+    """(index of the best choice, meta info with the scores, number of requests made)."""
+    pre = generate({"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+    prompt_len = int(pre["meta_info"]["prompt_tokens"])
+    batch = _as_list(generate({
+        "text": [prompt + c for c in choices],
+        "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+        "return_logprob": True, "return_text_in_logprobs": True,
+        "logprob_start_len": max(prompt_len - 2, 0),
+    }))
+    token_entries = [choice_token_entries(r["meta_info"]["input_token_logprobs"], c)
+                     for r, c in zip(batch, choices)]
+    cond = [[float(e[0]) for e in entries] for entries in token_entries]
+    num_requests = 2
+    meta: dict[str, Any] = {"method": method, "choices": list(choices), "prompt_tokens": prompt_len,
+                            "input_token_logprobs": token_entries}
+    if method == "sum":
+        scores = [sum(lp) if lp else None for lp in cond]
+    elif method == "unconditional_likelihood_normalized":
+        uncond_resp = _as_list(generate({
+            "input_ids": [[e[1] for e in entries] for entries in token_entries],
+            "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "logprob_start_len": 0,
+        }))
+        num_requests += 1
+        uncond = [[e[0] or 0.0 for e in r["meta_info"]["input_token_logprobs"]]
+                  for r in uncond_resp]
+        meta["unconditional_token_logprobs"] = uncond
+        scores = [_mean([c - u for c, u in zip(c_lp, u_lp)]) for c_lp, u_lp in zip(cond, uncond)]
+    else:
+        scores = [_mean(lp) for lp in cond]
+    meta["scores"] = scores
+    meta["normalized_prompt_logprobs"] = scores  # SGLang's name for the same list
+    best = max(range(len(choices)),
+               key=lambda i: float("-inf") if scores[i] is None else scores[i])
+    return best, meta, num_requests

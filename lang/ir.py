@@ -1,0 +1,332 @@
+"""The program IR: frozen nodes a program appends to its state, and the calls that build them.
+
+`s += "Q: " + rf.gen("a", max_tokens=8)` appends Seq(Text, Gen). Nodes are plain data; the
+interpreter (state.py) compiles them to the /program wire format (program.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Union
+
+from .errors import GrammarError, InvalidRequest
+
+SELECT_METHODS = ("token_length_normalized", "sum", "unconditional_likelihood_normalized")
+_METHOD_ALIASES = {"mean": "token_length_normalized", "unconditional": "unconditional_likelihood_normalized"}
+
+# dtype -> (regex, extra stop strings), as SGLang's frontend turns `gen(dtype=...)` into a regex.
+_DTYPE_REGEX: dict[Any, tuple[str, tuple[str, ...]]] = {
+    int: (r"[-+]?[0-9]+[ \n]*", (" ", "\n")),
+    float: (r"[-+]?[0-9]*\.?[0-9]+[ \n]*", (" ", "\n")),
+    str: (r"\"[\w\d\s]*\"", ()),
+    bool: (r"(True|False)", ()),
+}
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Sampling options, defined once: used by `gen`, and as defaults by `run` / `run_batch`.
+
+    A field left None falls back to the run's defaults, then to DEFAULT_PARAMS.
+    """
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    seed: int | None = None
+
+    @classmethod
+    def make(cls, **kwargs: Any) -> GenParams:
+        """Build from user keywords; `stop` may be a string or a list; `max_new_tokens` aliases."""
+        if "max_new_tokens" in kwargs:
+            kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
+        if "min_new_tokens" in kwargs:
+            kwargs["min_tokens"] = kwargs.pop("min_new_tokens")
+        unknown = set(kwargs) - set(FIELDS)
+        if unknown:
+            raise InvalidRequest(f"unknown sampling option(s) {sorted(unknown)}; "
+                                 f"known: {', '.join(FIELDS)}")
+        stop = kwargs.get("stop")
+        if isinstance(stop, str):
+            kwargs["stop"] = (stop,)
+        elif stop is not None:
+            kwargs["stop"] = tuple(stop)
+        if kwargs.get("stop_token_ids") is not None:
+            kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+        return cls(**kwargs)
+
+    def merged(self, defaults: GenParams) -> GenParams:
+        """Self's set fields over `defaults`."""
+        changes = {f: getattr(self, f) for f in FIELDS if getattr(self, f) is not None}
+        return dataclasses.replace(defaults, **changes)
+
+    def to_sampling_params(self) -> dict[str, Any]:
+        """The native `sampling_params` dict (unset fields take SGLang's defaults)."""
+        p = self.merged(DEFAULT_PARAMS)
+        out: dict[str, Any] = {
+            "max_new_tokens": p.max_tokens, "min_new_tokens": p.min_tokens,
+            "stop": list(p.stop or ()), "stop_token_ids": list(p.stop_token_ids or ()),
+            "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+            "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
+            "ignore_eos": p.ignore_eos,
+        }
+        if p.repetition_penalty is not None:
+            out["repetition_penalty"] = p.repetition_penalty
+        if p.seed is not None:
+            out["sampling_seed"] = p.seed
+        return out
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
+DEFAULT_PARAMS = GenParams(max_tokens=128, min_tokens=0, stop=(), stop_token_ids=(),
+                           temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0,
+                           presence_penalty=0.0, ignore_eos=False)
+
+
+class Node:
+    """Base of every IR node: nodes and strings concatenate with `+` into a Seq."""
+
+    def __add__(self, other: NodeLike) -> Seq:
+        return Seq.of(self, other)
+
+    def __radd__(self, other: NodeLike) -> Seq:
+        return Seq.of(other, self)
+
+
+@dataclass(frozen=True)
+class Text(Node):
+    text: str
+
+
+@dataclass(frozen=True)
+class Gen(Node):
+    name: str | None
+    params: GenParams
+    regex: str | None = None
+    json_schema: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+
+
+@dataclass(frozen=True)
+class Select(Node):
+    name: str | None
+    choices: tuple[str, ...]
+    method: str = "token_length_normalized"
+
+
+@dataclass(frozen=True)
+class RoleBegin(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class Seq(Node):
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def of(cls, *items: NodeLike) -> Seq:
+        return cls(tuple(flatten(items)))
+
+
+NodeLike = Union[Node, str, Iterable["NodeLike"]]
+
+
+def flatten(item: Any) -> list[Node]:
+    """Nodes of `item` in order: strings become Text, Seqs and lists are spliced."""
+    if isinstance(item, str):
+        return [Text(item)] if item else []
+    if isinstance(item, Seq):
+        return list(item.nodes)
+    if isinstance(item, Node):
+        return [item]
+    if isinstance(item, (list, tuple)):
+        return [node for sub in item for node in flatten(sub)]
+    raise InvalidRequest(
+        f"cannot add {type(item).__name__} to a program: use a str, rf.gen(...), rf.select(...) "
+        f"or a role block (got {item!r:.80})")
+
+
+def _check_name(name: Any) -> str | None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InvalidRequest(f"a variable name must be a non-empty string, got {name!r}")
+    return name
+
+
+def check_regex(regex: str) -> str:
+    """The regex itself, or GrammarError if Python's `re` cannot compile it."""
+    if not isinstance(regex, str):
+        raise GrammarError(f"regex must be a string, got {type(regex).__name__}")
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise GrammarError(f"regex {regex!r} does not compile: {exc}") from None
+    return regex
+
+
+def schema_to_str(schema: Any) -> str:
+    """A JSON Schema given as a dict, a JSON string or a pydantic model class, as a JSON string."""
+    if hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            parsed = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise GrammarError("json_schema must be a JSON object")
+        return schema
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    raise GrammarError(
+        f"json_schema must be a dict, a JSON string or a pydantic model, got {type(schema).__name__}")
+
+
+def check_choices(choices: Any) -> tuple[str, ...]:
+    if isinstance(choices, str) or not isinstance(choices, Iterable):
+        raise InvalidRequest(f"choices must be a list of strings, got {choices!r:.80}")
+    out = tuple(choices)
+    if not out:
+        raise InvalidRequest("choices is empty: select needs at least one choice")
+    bad = [c for c in out if not isinstance(c, str) or not c]
+    if bad:
+        raise InvalidRequest(f"every choice must be a non-empty string, got {bad[0]!r}")
+    return out
+
+
+def check_method(method: str) -> str:
+    method = _METHOD_ALIASES.get(method, method)
+    if method not in SELECT_METHODS:
+        raise InvalidRequest(f"unknown select method {method!r}; use one of {SELECT_METHODS}")
+    return method
+
+
+def gen(
+    name: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    seed: int | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: list[str] | None = None,
+    choices_method: str = "token_length_normalized",
+    dtype: type | None = None,
+    return_logprob: bool = False,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+) -> Node:
+    """Generate text into variable `name`.
+
+    Options left None use the run's defaults. `regex` / `json_schema` (dict, JSON string or
+    pydantic model) constrain the output; `choices` turns the call into `select`; `dtype` (int,
+    float, str, bool) is shorthand for a regex. Raises GrammarError for a regex that does not
+    compile or a schema that is not JSON, InvalidRequest for an empty choice list.
+    """
+    name = _check_name(name)
+    if choices is not None:
+        return select(name, choices, method=choices_method)
+    params = GenParams.make(
+        max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed)
+    if dtype is not None:
+        if dtype not in _DTYPE_REGEX:
+            raise InvalidRequest(f"dtype must be one of int, float, str, bool; got {dtype!r}")
+        regex, extra_stop = _DTYPE_REGEX[dtype]
+        if extra_stop:
+            params = dataclasses.replace(params, stop=tuple(params.stop or ()) + extra_stop)
+    if regex is not None and json_schema is not None:
+        raise InvalidRequest("give at most one of regex and json_schema")
+    return Gen(
+        name, params,
+        regex=check_regex(regex) if regex is not None else None,
+        json_schema=schema_to_str(json_schema) if json_schema is not None else None,
+        return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num)
+
+
+def select(name: str | None = None, choices: list[str] | None = None, *,
+           method: str = "token_length_normalized") -> Select:
+    """Pick one of `choices` by the model's log-probabilities of each choice's tokens.
+
+    `method`: "token_length_normalized" (mean, default), "sum", or
+    "unconditional_likelihood_normalized". The scores are kept in the state's meta info.
+    Raises InvalidRequest for a missing or empty choice list or an unknown method.
+    """
+    if choices is None:
+        raise InvalidRequest("select needs choices=[...]")
+    return Select(_check_name(name), check_choices(choices), check_method(method))
+
+
+def _role_block(role: str, content: NodeLike | None) -> Seq:
+    inner = [] if content is None else flatten(content)
+    return Seq((RoleBegin(role), *inner, RoleEnd(role)))
+
+
+def system(content: NodeLike | None = None) -> Seq:
+    """A system turn rendered with the model's chat template."""
+    return _role_block("system", content)
+
+
+def user(content: NodeLike | None = None) -> Seq:
+    """A user turn rendered with the model's chat template."""
+    return _role_block("user", content)
+
+
+def assistant(content: NodeLike | None = None) -> Seq:
+    """An assistant turn; gens inside stop at the template's end-of-turn token."""
+    return _role_block("assistant", content)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
