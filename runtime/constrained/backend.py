@@ -1,0 +1,161 @@
+"""GrammarBackend: one per tokenizer. Validates and compiles constraints (cached), makes a
+GrammarState per request, and fills / applies the batch's token bitmask."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from .compile_cache import CompileCache, PendingGrammar
+from .grammar_build import compile_constraint
+from .limits import GrammarLimits, validate_constraint
+from .state import GrammarState
+from .token_table import TokenTable, int32_bit
+
+logger = logging.getLogger(__name__)
+
+CompiledGrammar = xgr.CompiledGrammar
+
+
+class GrammarBackend:
+    """Parameters
+    ----------
+    tokenizer : a Hugging Face tokenizer.
+    vocab_size : the model's logits width (may exceed len(tokenizer)); the bitmask width.
+    compile_timeout : seconds before a compile is abandoned (GrammarError).
+    max_threads : compile threads, and threads filling a batch's bitmask.
+    stop_token_ids : tokens that end a constrained output (default: the tokenizer's EOS).
+    limits : size limits against grammar bombs.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, *, compile_timeout: float = 10.0,
+                 max_threads: int = 2, stop_token_ids: list[int] | None = None,
+                 limits: GrammarLimits | None = None):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.limits = limits or GrammarLimits()
+        self.tokenizer_info = build_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
+        self.table = TokenTable(self.tokenizer_info)
+        # Our cache below replaces xgrammar's, so a hit is visible and the memory bounded.
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
+                                             cache_enabled=False)
+        self._cache = CompileCache(self._compile_key, timeout=compile_timeout,
+                                   max_workers=max_threads,
+                                   size_fn=lambda compiled: compiled.memory_size_bytes)
+        self._batch_matcher = xgr.BatchGrammarMatcher(max_threads)
+        self._fill_pool: ThreadPoolExecutor | None = None
+
+    # ---- constraints ----
+
+    def validate(self, kind: str, spec: str) -> None:
+        """Fast checks and limits; raise GrammarError (a 400) naming the problem."""
+        validate_constraint(kind, spec, self.limits)
+
+    def submit(self, kind: str, spec: str) -> PendingGrammar:
+        """Validate now, compile in the background (or hit the cache). Raises GrammarError for
+        an invalid spec; the PendingGrammar's result() raises it for compile errors/timeouts."""
+        self.validate(kind, spec)
+        return self._cache.submit((kind, spec))
+
+    def compile(self, kind: str, spec: str) -> CompiledGrammar:
+        """The compiled grammar, cached by (kind, spec). Raises GrammarError."""
+        return self.submit(kind, spec).result()
+
+    @property
+    def num_compiles(self) -> int:
+        """Compiles started so far (cache hits add none)."""
+        return self._cache.num_compiles
+
+    def new_state(self, compiled: CompiledGrammar) -> GrammarState:
+        return GrammarState(xgr.GrammarMatcher(compiled), self.table)
+
+    # ---- bitmasks ----
+
+    def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
+        """All-allowed int32 bitmask [batch_size, ceil(vocab_size / 32)] on CPU."""
+        return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
+
+    def fill_bitmasks(self, states: list[GrammarState | None], bitmask: torch.Tensor) -> None:
+        """Fill row i for each states[i] that is not None; other rows are left as they are."""
+        rows, matchers = [], []
+        for row, state in enumerate(states):
+            if state is None:
+                continue
+            if state.is_terminated():  # nothing may follow: allow only the stop tokens
+                self._fill_stop_only(bitmask, row)
+                continue
+            rows.append(row)
+            matchers.append(state.matcher)
+        if len(rows) == 1:
+            matchers[0].fill_next_token_bitmask(bitmask, rows[0])
+        elif rows:
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+
+    def fill_bitmasks_async(self, states: list[GrammarState | None],
+                            bitmask: torch.Tensor) -> Future:
+        """fill_bitmasks on a worker thread (xgrammar releases the GIL), to overlap with the
+        model's forward. Do not touch these states until the future is done."""
+        if self._fill_pool is None:
+            self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
+        return self._fill_pool.submit(self.fill_bitmasks, states, bitmask)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
+                      rows: list[int] | None = None) -> None:
+        """logits[i, j] = -inf where bit j of bitmask[i] is 0, for i in rows (default: all).
+        In place; logits [bs, >= vocab_size], bitmask [bs, ceil(vocab_size / 32)]."""
+        if rows is not None and not rows:
+            return
+        if bitmask.device != logits.device:
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size,
+                                        indices=rows)
+
+    def shutdown(self) -> None:
+        self._cache.shutdown()
+        if self._fill_pool is not None:
+            self._fill_pool.shutdown(wait=False)
+
+    # ---- internals ----
+
+    def _compile_key(self, key: tuple[str, str]) -> CompiledGrammar:
+        kind, spec = key
+        return compile_constraint(self._compiler, kind, spec, self.limits)
+
+    def _fill_stop_only(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row].zero_()
+        for stop_id in self.stop_token_ids:
+            word, bit = divmod(stop_id, 32)
+            bitmask[row, word] |= int32_bit(bit)
+
+
+def build_tokenizer_info(tokenizer: Any, vocab_size: int,
+                         stop_token_ids: list[int] | None = None) -> xgr.TokenizerInfo:
+    """xgrammar's TokenizerInfo with the tokenizer's special tokens marked as non-text.
+
+    NOTE: with transformers 5, xgrammar reads special tokens such as <|im_start|> as their
+    literal text, so a grammar allowing '<' could emit them; blank strings mark them special.
+    """
+    if stop_token_ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stop_token_ids = [eos] if eos is not None else None
+    detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_token_ids)
+    encoded = [""] * vocab_size
+    for token, token_id in tokenizer.get_vocab().items():
+        if token_id < vocab_size:
+            encoded[token_id] = token
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    special.update(token_id for token_id, added in
+                   getattr(tokenizer, "added_tokens_decoder", {}).items()
+                   if getattr(added, "special", False))
+    for token_id in special:
+        if 0 <= token_id < vocab_size:
+            encoded[token_id] = ""
+    return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=vocab_size,
+                             stop_token_ids=list(detected.stop_token_ids),
+                             add_prefix_space=detected.add_prefix_space)

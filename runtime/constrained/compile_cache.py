@@ -1,0 +1,114 @@
+"""Compiled grammars cached by key, compiled on worker threads under a deadline.
+
+A hit costs no compile; concurrent requests for one key share one compile; errors are cached
+too, so a bad grammar sent again is rejected at once. xgrammar cannot cancel a compile: one
+that misses its deadline keeps its thread until it ends, and its key fails fast meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from ..errors import GrammarError
+
+logger = logging.getLogger(__name__)
+
+
+class PendingGrammar:
+    """A compile in flight (or done). Poll `done()`; `result()` blocks until the deadline."""
+
+    def __init__(self, key: Hashable, future: Future, deadline: float, timeout: float):
+        self.key = key
+        self._future = future
+        self._deadline = deadline
+        self._timeout = timeout
+
+    def done(self) -> bool:
+        return self._future.done() or time.monotonic() >= self._deadline
+
+    def result(self):
+        """The compiled grammar; raises GrammarError on a compile error or a missed deadline."""
+        try:
+            return self._future.result(timeout=max(0.0, self._deadline - time.monotonic()))
+        except FutureTimeout:
+            raise GrammarError(
+                f"grammar compilation took longer than {self._timeout:g}s; simplify the "
+                "constraint") from None
+
+
+class CompileCache:
+    def __init__(self, compile_fn: Callable[[Hashable], object], *, timeout: float,
+                 max_workers: int = 2, max_entries: int = 512,
+                 max_bytes: int = 512 * 1024 * 1024,
+                 size_fn: Callable[[object], int] = lambda value: 0):
+        self._compile_fn = compile_fn
+        self._size_fn = size_fn
+        self.timeout = timeout
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[Future, float]] = OrderedDict()
+        self._sizes: dict[Hashable, int] = {}
+        self.num_compiles = 0  # compiles started (a cache hit adds none)
+        self.num_hits = 0
+
+    def submit(self, key: Hashable) -> PendingGrammar:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.num_hits += 1
+                future, deadline = entry
+            else:
+                future = self._executor.submit(self._run, key)
+                deadline = time.monotonic() + self.timeout
+                self._entries[key] = (future, deadline)
+                self.num_compiles += 1
+                self._evict()
+        return PendingGrammar(key, future, deadline, self.timeout)
+
+    def get(self, key: Hashable):
+        return self.submit(key).result()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._sizes.clear()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _run(self, key: Hashable):
+        start = time.monotonic()
+        value = self._compile_fn(key)  # GrammarError propagates into the future, cached
+        elapsed = time.monotonic() - start
+        if elapsed > self.timeout:
+            logger.warning("grammar compile finished after %.1fs, past its %.1fs deadline",
+                           elapsed, self.timeout)
+        with self._lock:
+            if key in self._entries:
+                self._sizes[key] = self._size_fn(value)
+                self._evict()
+        return value
+
+    def _evict(self) -> None:
+        """Drop least recently used finished entries beyond the count or byte budget."""
+        total = sum(self._sizes.values())
+        for key in list(self._entries):
+            if len(self._entries) <= self.max_entries and total <= self.max_bytes:
+                return
+            future, _ = self._entries[key]
+            if not future.done():
+                continue
+            del self._entries[key]
+            total -= self._sizes.pop(key, 0)
