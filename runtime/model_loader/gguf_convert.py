@@ -72,7 +72,7 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
 
 
 def _save_tokenizer(tokenizer, gguf_path: Path, dest: Path) -> None:
-    """Save the tokenizer, keeping the GGUF's chat template and eos even if transformers drops them."""
+    """Save the tokenizer; take chat template and eos from the GGUF if transformers lost them."""
     if not getattr(tokenizer, "chat_template", None) or tokenizer.eos_token is None:
         metadata = _read_tokenizer_metadata(gguf_path)  # slow (seconds): only when needed
         if not getattr(tokenizer, "chat_template", None) and metadata.get("chat_template"):

@@ -192,3 +192,93 @@ def _write_generation_config(dest: Path, config) -> None:
         "pad_token_id": config.pad_token_id,
     }
     (dest / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def write_tiny_gguf(hf_folder: Path, dest: Path) -> Path:
+    """Write the llama-family model in `hf_folder` as an F32 GGUF file at `dest`, llama.cpp style.
+
+    Mirrors what llama.cpp's convert_hf_to_gguf.py does for Llama: GGUF tensor names, q/k rows
+    permuted for its rotary layout, `output.weight` left out when the head is tied, and a
+    "gpt2" (byte-level BPE) tokenizer with the chat template in the metadata. Returns `dest`.
+    """
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    hf_folder, dest = Path(hf_folder), Path(dest)
+    config = json.loads((hf_folder / "config.json").read_text())
+    if config["model_type"] != "llama":
+        raise ValueError(f"write_tiny_gguf writes llama-family models, not {config['model_type']}")
+    num_heads, num_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config["head_dim"]
+    num_layers = config["num_hidden_layers"]
+    rope_theta = config.get("rope_parameters", {}).get("rope_theta", config.get("rope_theta"))
+
+    writer = gguf.GGUFWriter(str(dest), "llama")
+    writer.add_name(hf_folder.name)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(num_layers)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    _add_gguf_tokenizer(writer, hf_folder)
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, num_layers)
+    for hf_name, tensor in sorted(load_file(hf_folder / "model.safetensors").items()):
+        if hf_name.endswith("q_proj.weight"):
+            tensor = _llama_cpp_permute(tensor, num_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            tensor = _llama_cpp_permute(tensor, num_kv_heads)
+        writer.add_tensor(
+            names.get_name(hf_name, try_suffixes=(".weight",)), np.ascontiguousarray(tensor)
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+def _llama_cpp_permute(weight, num_heads: int):
+    """HF's rotate-half row order -> llama.cpp's interleaved pairs (what the converter undoes)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _add_gguf_tokenizer(writer, hf_folder: Path) -> None:
+    import gguf
+
+    tok = json.loads((hf_folder / "tokenizer.json").read_text())
+    vocab = dict(tok["model"]["vocab"])
+    special_ids = {added["id"] for added in tok["added_tokens"] if added["special"]}
+    vocab.update({added["content"]: added["id"] for added in tok["added_tokens"]})
+    tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    types = [
+        gguf.TokenType.CONTROL if i in special_ids else gguf.TokenType.NORMAL
+        for i in range(len(tokens))
+    ]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    special = {t: vocab[t] for t in SPECIAL_TOKENS}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(special[BOS_TOKEN])
+    writer.add_eos_token_id(special[EOS_TOKEN])
+    writer.add_unk_token_id(special[UNK_TOKEN])
+    writer.add_pad_token_id(special[EOS_TOKEN])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template((hf_folder / "chat_template.jinja").read_text())
