@@ -28,6 +28,7 @@ def resolve_model(model: str | None, *, cache_dir: Path | None = None) -> Path:
     ModelDownloadError when the default model cannot be fetched.
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    model = None if model is None else str(model)
     if model is None or (model == default_model.DEFAULT_MODEL_NAME and not Path(model).exists()):
         return _default_model_folder(cache_dir)
     path = Path(model).expanduser()

@@ -71,6 +71,9 @@ def test_tiny_model_loads_with_transformers(tmp_path, arch):
     assert config["vocab_size"] == len(tokenizer)
     assert config["tie_word_embeddings"] == (arch == "smollm2")
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+    text = 'Say {"n": 12345}\n\tdone ~`|'
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.encode("<|im_start|>") == [1]
 
     names = {name for name, _ in iter_weights(folder)}
     assert ("lm_head.weight" in names) == (arch != "smollm2")
