@@ -24,7 +24,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # statistics in fp32, then scale in the model dtype: Hugging Face's order, bit for bit
+        return F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
 
 
 class Attention(nn.Module):

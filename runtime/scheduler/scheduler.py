@@ -49,6 +49,7 @@ class Scheduler:
         self._grammar = None  # GrammarBackend, created on the first constrained request
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.num_retractions = 0
 
     # ---- public ----
 
@@ -428,6 +429,7 @@ class Scheduler:
         self.running.remove(req)
         req.status = ReqStatus.WAITING
         req.num_retractions += 1
+        self.num_retractions += 1
         self.waiting.insert(0, req)
 
     def _try_alloc(self, n: int) -> torch.Tensor | None:
