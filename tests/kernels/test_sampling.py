@@ -52,18 +52,19 @@ def test_kernel_matches_reference(dtype, scale):
 
 
 def test_reference_draws_only_kept_tokens_with_the_kept_distribution():
-    rows = ROWS[2:8]
-    logits = make_logits(len(rows), 40, seed=2)
-    probs = kept_probs_torch(logits, *params(rows))
-    n = 20000
+    rows = ROWS[3:8]  # each filter alone and jointly; at scale 1, 10-55% rejected in round 0
+    logits = make_logits(len(rows), 40, seed=2, scale=1.0)
+    probs = kept_probs_torch(logits, *params(rows))  # [rows, 40]
+    n = 4000
     big = logits.repeat_interleave(n, 0)
     reps = [x.repeat_interleave(n, 0) for x in params(rows)]
     uniforms = torch.rand(len(rows) * n, 32, generator=torch.Generator().manual_seed(3))
     tokens = sample_from_logits_torch(big, *reps, uniforms).view(len(rows), n)
     for r in range(len(rows)):
-        counts = torch.bincount(tokens[r], minlength=40).float() / n
         assert (probs[r][tokens[r]] > 0).all()  # only kept tokens
-        assert 0.5 * (counts - probs[r]).abs().sum() < 0.03  # total variation
+        freq = torch.bincount(tokens[r], minlength=40).float() / n
+        sigma = (probs[r] * (1 - probs[r]) / n).sqrt()
+        assert ((freq - probs[r]).abs() <= 4.5 * sigma + 1e-3).all()  # every token within 4.5σ
 
 
 def test_kept_set_semantics_by_hand():
