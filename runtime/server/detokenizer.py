@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -25,6 +26,36 @@ logger = logging.getLogger(__name__)
 
 PENDING_TIMEOUT_S = 60.0
 FORGET_ABORTED = 10_000  # how many aborted rids to remember, to drop their late outputs
+
+
+class TokenizerJsonDecoder:
+    """`decode` of a tokenizer.json through the `tokenizers` library.
+
+    Decoding is all this process needs, and skipping the transformers import saves seconds
+    of start-up CPU that the scheduler, loading the model at the same time, can use.
+    (Equal to the transformers fast tokenizer's decode without clean-up, which is what
+    IncrementalDetokenizer asks for.)
+    """
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool = False) -> str:
+        if clean_up_tokenization_spaces:
+            raise ValueError("TokenizerJsonDecoder does not clean up tokenization spaces")
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def load_decoder(tokenizer_path: str) -> Any:
+    path = Path(tokenizer_path) / "tokenizer.json"
+    if path.is_file():
+        return TokenizerJsonDecoder(path)
+    from .tokenizer_manager import load_tokenizer
+
+    return load_tokenizer(tokenizer_path)
 
 
 class Detokenizer:
@@ -80,9 +111,7 @@ class Detokenizer:
 
 def run_detokenizer(tokenizer_path: str, in_addr: str, out_addr: str, ready: Any) -> None:
     """Process entry point. `ready` is a multiprocessing Connection; it gets True once bound."""
-    from .tokenizer_manager import load_tokenizer
-
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_decoder(tokenizer_path)
     ctx = zmq.Context()
     pull = PullSocket(ctx, in_addr, bind=True)
     push = PushSocket(ctx, out_addr)

@@ -1,0 +1,122 @@
+"""Start and inspect a real `radixflow serve` subprocess in tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from radixflow.runtime.server.runtime import free_port
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below pid (Linux /proc)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for k in map(int, kids):
+                if k not in found:
+                    found.add(k)
+                    todo.append(k)
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
+    """The pids still alive after waiting up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = {p for p in pids if is_alive(p)}
+        if not alive:
+            return alive
+        time.sleep(0.1)
+    return {p for p in pids if is_alive(p)}
+
+
+class LiveServer:
+    """`radixflow serve <flags>` on a free port; `stop()` sends SIGTERM and returns the code."""
+
+    def __init__(self, *flags: str, log_path: Path, timeout: float = 300.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [sys.executable, "-m", "radixflow.runtime.cli", "serve", "--port", str(self.port),
+               *flags]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        self.proc.kill()
+        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def children(self) -> set[int]:
+        return descendants(self.proc.pid)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def kill_all(pids: set[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def server_info(server) -> dict:
+    return requests.get(server.url + "/get_server_info", timeout=30).json()
+
+
+def wait_idle(server, timeout: float = 60.0) -> dict:
+    """Server info once the scheduler reports (in fresh stats) nothing running and no KV held
+    by requests; fails the test if that does not happen within timeout."""
+    t0 = time.time()
+    deadline = time.monotonic() + timeout
+    info: dict = {}
+    while time.monotonic() < deadline:
+        info = server_info(server)
+        fresh = info.get("stats_time", 0) > t0
+        if (fresh and info["num_running"] == 0 and info["num_waiting"] == 0
+                and info["kv_used_tokens"] == 0 and info["num_pending_requests"] == 0):
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"server not idle after {timeout} s: {info}")

@@ -1,0 +1,160 @@
+"""The OpenAI-compatible API, driven by the official openai client against a live server."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+from helpers.live_server import wait_idle
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_models(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+
+
+def test_chat_greedy_usage_and_length(client, tokenizer):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=7,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    (choice,) = r.choices
+    assert choice.finish_reason == "length" and choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str)
+    assert r.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert r.usage.completion_tokens == 7
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+    again = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=7,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert again.choices[0].message.content == choice.message.content
+    # The second request found the whole prompt (but its last token) in the radix cache.
+    assert again.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
+
+
+def test_chat_stream_matches_non_stream(client):
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0]
+    chunks = list(client.chat.completions.create(
+        **kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == full.finish_reason and all(f is None for f in finishes[:-1])
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_seed_reproducible_and_n_choices_differ(client):
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=1.0, seed=1234, n=3,
+              extra_body={"ignore_eos": True})
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    texts = [c.message.content for c in a.choices]
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert texts == [c.message.content for c in b.choices]
+    assert len(set(texts)) > 1  # each choice has its own random stream
+    assert a.usage.completion_tokens == 48
+
+
+def test_stop_string_cuts_output(client):
+    kw = dict(model="tiny", prompt="The quick brown fox", max_tokens=16, temperature=0,
+              extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    cut = next(i for i in range(2, len(full)) if not full[i].isspace())
+    stop = full[cut:cut + 2]
+    prefix = full[:full.index(stop)]
+    r = client.completions.create(**kw, stop=[stop])
+    assert r.choices[0].text == prefix and r.choices[0].finish_reason == "stop"
+
+
+def test_completions_batch_prompts_and_n(client):
+    r = client.completions.create(model="tiny", prompt=["Once upon", "Numbers: 1 2"], n=2,
+                                  max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text == r.choices[1].text  # greedy: both samples of a prompt agree
+    assert r.choices[0].text != r.choices[2].text
+    assert r.usage.completion_tokens == 12
+
+
+def test_completions_token_prompt_and_echo_logprobs(client, tokenizer):
+    ids = tokenizer.encode("Hello world")
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=3, temperature=0,
+                                  echo=True, logprobs=2, extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    assert c.text.startswith(tokenizer.decode(ids))
+    lp = c.logprobs
+    assert len(lp.tokens) == len(ids) + 3 and lp.token_logprobs[0] is None
+    assert all(isinstance(x, float) for x in lp.token_logprobs[1:])
+    assert all(len(t) <= 2 for t in lp.top_logprobs[1:])
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5,
+                                       temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        best = max(t.logprob for t in entry.top_logprobs)
+        assert entry.logprob == pytest.approx(best, abs=1e-3)  # greedy picks the top token
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+
+
+def test_json_schema_response_format(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+              "required": ["ok"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop"
+    value = json.loads(choice.message.content)
+    assert set(value) == {"ok"} and isinstance(value["ok"], bool)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(temperature=5), "temperature"),
+    (dict(n=0), "n"),
+    (dict(top_logprobs=50, logprobs=True), "top_logprobs"),
+    (dict(max_tokens=10**9), "max_tokens"),
+    (dict(max_tokens=100_000), "max_tokens"),
+    (dict(messages=[]), "messages"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages.0.role"),
+    (dict(extra_body={"not_a_field": 1}), "not_a_field"),
+    (dict(stop=[""]), "stop"),
+])
+def test_bad_chat_requests(client, kwargs, param):
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=4)
+    kw.update(kwargs)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**kw)
+    err = info.value.body
+    assert err["type"] == "invalid_request_error" and err["message"]
+    assert err["param"] == param
+
+
+def test_context_overflow_has_openai_code(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="a b " * 400, max_tokens=200)
+    assert info.value.body["code"] == "context_length_exceeded"
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=2)
+    assert "gpt-9" in info.value.body["message"]
+
+
+def test_bad_json_is_400(server):
+    r = requests.post(server.url + "/v1/chat/completions", data=b"{not json",
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400
+    assert "JSON" in r.json()["error"]["message"]
+    wait_idle(server)
