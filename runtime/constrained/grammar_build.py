@@ -1,14 +1,18 @@
-"""Turns a validated constraint (kind, spec) into an xgrammar CompiledGrammar."""
+"""Turns a validated constraint (kind, spec) into an xgrammar grammar, then compiles it."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import xgrammar as xgr
 
 from ..errors import GrammarError
 from .limits import GrammarLimits, parse_choices
 from .regex_check import normalize_regex
+from .unicode_fix import fix_printed_grammar
+
+logger = logging.getLogger(__name__)
 
 # NOTE: JSON is compiled without free whitespace: a small model given any_whitespace tends to
 # emit endless newlines, and fixed separators make keys and punctuation jump-forward-able.
@@ -19,29 +23,48 @@ def compile_constraint(compiler: xgr.GrammarCompiler, kind: str, spec: str,
                        limits: GrammarLimits) -> xgr.CompiledGrammar:
     """Compile; xgrammar's own errors become GrammarError carrying its message."""
     try:
-        if kind == "regex":
-            return compiler.compile_regex(normalize_regex(spec))
-        if kind == "json_schema":
-            return compiler.compile_json_schema(
-                spec, any_whitespace=False, separators=JSON_SEPARATORS, strict_mode=True)
-        if kind == "json_object":
-            return compiler.compile_json_schema(
-                '{"type": "object"}', any_whitespace=False, separators=JSON_SEPARATORS)
-        if kind == "ebnf":
-            return compiler.compile_grammar(spec)
-        if kind == "choices":
-            return compiler.compile_grammar(choices_to_ebnf(parse_choices(spec, limits)))
+        return compiler.compile_grammar(build_grammar(kind, spec, limits))
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarError(f"cannot compile {kind}: {_xgrammar_message(exc)}",
                            param=_param(kind)) from None
-    raise GrammarError(f"unknown constraint kind {kind!r}")
+
+
+def build_grammar(kind: str, spec: str, limits: GrammarLimits) -> xgr.Grammar:
+    """The grammar for a constraint, before tokenizer-specific compilation."""
+    if kind == "regex":
+        grammar = xgr.Grammar.from_regex(normalize_regex(spec))
+    elif kind == "json_schema":
+        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
+                                               separators=JSON_SEPARATORS, strict_mode=True)
+    elif kind == "json_object":
+        grammar = xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False,
+                                               separators=JSON_SEPARATORS)
+    elif kind == "ebnf":
+        grammar = xgr.Grammar.from_ebnf(spec)
+    elif kind == "choices":
+        return xgr.Grammar.from_ebnf(choices_to_ebnf(parse_choices(spec, limits)))
+    else:
+        raise GrammarError(f"unknown constraint kind {kind!r}")
+    return _well_formed(grammar)
 
 
 def choices_to_ebnf(choices: list[str]) -> str:
     """A grammar matching exactly one of `choices` (EBNF literals use JSON string escapes)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def _well_formed(grammar: xgr.Grammar) -> xgr.Grammar:
+    text = str(grammar)
+    fixed = fix_printed_grammar(text)
+    if fixed == text:
+        return grammar
+    try:
+        return xgr.Grammar.from_ebnf(fixed)
+    except RuntimeError as exc:
+        logger.warning("grammar rewrite failed (%s); compiling it unchanged", exc)
+        return grammar
 
 
 def _param(kind: str) -> str:

@@ -13,7 +13,7 @@ from .regex_check import RegexLimits, check_regex
 # Keywords whose value is a map of name -> subschema.
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 # Keywords whose value is one subschema (or, for draft-7 `items`, a list of them).
-_SCHEMA_VALUES = ("items", "additionalProperties", "contains", "propertyNames",
+_SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames",
                   "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 # Keywords xgrammar accepts but does not enforce; outputs could then fail validation.
@@ -27,6 +27,9 @@ _UNENFORCED = {
     "dependencies": "dependencies",
     "$dynamicRef": "$dynamicRef",
     "$recursiveRef": "$recursiveRef",
+    "contains": "contains",  # dropped by xgrammar when items are also given
+    "minContains": "contains",
+    "maxContains": "contains",
 }
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated",
                           "readOnly", "writeOnly", "$schema", "$id"})
@@ -116,8 +119,12 @@ class _SchemaWalker:
                 raise _unsupported(f"{what} ('{key}' at {path})")
         if node.get("uniqueItems") is True:
             raise _unsupported(f"uniqueItems ('uniqueItems' at {path})")
-        if "multipleOf" in node and node.get("type") != "integer":
-            raise _unsupported(f"multipleOf on a non-integer type ('multipleOf' at {path})")
+        if "multipleOf" in node:
+            _check_multiple_of(node, path)
+        if ("pattern" in node or "format" in node) and (
+                "minLength" in node or "maxLength" in node):
+            raise _unsupported(f"minLength/maxLength together with pattern or format (at {path});"
+                               " put the length bound into the pattern")
         if "allOf" in node and isinstance(node["allOf"], list):
             siblings = set(node) - _ANNOTATIONS - {"allOf"}
             if len(node["allOf"]) > 1 or siblings:
@@ -131,6 +138,39 @@ class _SchemaWalker:
         if pattern is not None:
             check_regex(pattern, self.regex_limits, param="json_schema",
                         what=f"pattern at {path}")
+
+
+# xgrammar's limits for integer multipleOf (larger values are silently dropped).
+_MAX_MULTIPLE_OF = 1024
+_MAX_MULTIPLE_OF_RANGE = 10_000
+
+
+def _check_multiple_of(node: dict, path: str) -> None:
+    step = node["multipleOf"]
+    where = f"('multipleOf' at {path})"
+    if node.get("type") != "integer":
+        raise _unsupported(f"multipleOf without type integer {where}")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= _MAX_MULTIPLE_OF:
+        raise _unsupported(f"multipleOf other than an integer in 1..{_MAX_MULTIPLE_OF} {where}")
+    low = _bound(node, "minimum", "exclusiveMinimum", +1)
+    high = _bound(node, "maximum", "exclusiveMaximum", -1)
+    if low is None and high is None:
+        return
+    if low is None or high is None or high - low + 1 > _MAX_MULTIPLE_OF_RANGE:
+        raise _unsupported(f"multipleOf with a range that is one-sided or spans more than "
+                           f"{_MAX_MULTIPLE_OF_RANGE} integers {where}")
+
+
+def _bound(node: dict, inclusive: str, exclusive: str, step: int) -> float | None:
+    """The tightest inclusive integer bound on one side, or None."""
+    candidates = []
+    if isinstance(node.get(inclusive), (int, float)):
+        candidates.append(node[inclusive])
+    if isinstance(node.get(exclusive), (int, float)):
+        candidates.append(node[exclusive] + step)
+    if not candidates:
+        return None
+    return max(candidates) if step > 0 else min(candidates)
 
 
 def _unsupported(what: str) -> GrammarError:
