@@ -13,7 +13,8 @@ Rows not in `row_indices` (requests without a constraint) are untouched.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 

@@ -66,7 +66,7 @@ def sample_from_logits(
     ------
     ValueError: shapes or devices that do not fit together.
     """
-    bs, vocab = _check(logits, temperatures, top_ks, top_ps, min_ps)
+    bs, _ = _check(logits, temperatures, top_ks, top_ps, min_ps)
     if uniforms is None:
         device = generator.device if generator is not None else logits.device
         uniforms = torch.rand((bs, num_rounds), generator=generator, device=device)
@@ -128,7 +128,7 @@ def kept_probs_torch(logits, temperatures, top_ks, top_ps, min_ps) -> torch.Tens
     """The distribution sample_from_logits draws from, by sorting: [bs, vocab] float32 rows
     summing to 1 (one-hot on greedy rows). For tests and for checking the semantics."""
     x = logits.float()
-    bs, vocab = x.shape
+    vocab = x.shape[1]
     greedy = (temperatures < GREEDY_EPS) | (top_ks == 1)
     inv_t = 1.0 / torch.where(greedy, torch.ones_like(temperatures), temperatures)
     m = x.amax(dim=1, keepdim=True)

@@ -7,7 +7,6 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
 from .attention import decode_attention, extend_attention

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-
 from radixflow.kernels.attention import (
     decode_attention,
     decode_attention_torch,
@@ -19,7 +18,7 @@ from radixflow.kernels.attention import (
     extend_attention_torch,
 )
 
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
 def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, *, seed=0):
@@ -42,10 +41,11 @@ def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtyp
     num_tokens = sum(extend_lens)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=g).to(dtype)
     starts = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
-    return dict(q=q, k=k_cache[out_slots].clone(), v=v_cache[out_slots].clone(), k_cache=k_cache,
-                v_cache=v_cache, req_to_token=req_to_token, req_pool_indices=rows,
-                prefix_lens=torch.tensor(prefix_lens), extend_lens=torch.tensor(extend_lens),
-                extend_starts=starts, seq_lens=torch.tensor(seq_lens))
+    return {"q": q, "k": k_cache[out_slots].clone(), "v": v_cache[out_slots].clone(),
+            "k_cache": k_cache, "v_cache": v_cache, "req_to_token": req_to_token,
+            "req_pool_indices": rows, "prefix_lens": torch.tensor(prefix_lens),
+            "extend_lens": torch.tensor(extend_lens), "extend_starts": starts,
+            "seq_lens": torch.tensor(seq_lens)}
 
 
 def run_extend(case, backend, scale):

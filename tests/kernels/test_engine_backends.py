@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from helpers.tiny_models import make_tiny_model
-
 from radixflow.runtime.engine import Engine
 
 PROMPTS = ["The quick brown fox", "The quick brown fox jumps over the lazy dog. A small",

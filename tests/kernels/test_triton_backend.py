@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from radixflow.kernels.triton_backend import TritonAttnBackend
 from radixflow.runtime.attention.torch_native import TorchNativeAttnBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.memory_pool import KVPool, ReqToTokenPool
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 64
-TOL = dict(atol=1e-4, rtol=1e-4)
+TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 def make_batch(mode, pools, rows, prefix_lens, extend_lens):
