@@ -24,9 +24,9 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB_128K = 128256  # Llama 3's vocab
@@ -79,14 +79,12 @@ def measure_ceilings(s: Setup) -> tuple[float, float]:
     a = torch.randn(n, n, dtype=dtype, device=s.device)
     b = torch.randn(n, n, dtype=dtype, device=s.device)
     matmul_rate = 2 * n**3 / s.timer(lambda: torch.matmul(a, b))
-    del src, dst, a, b
     return copy_bw, matmul_rate
 
 
 def bench_decode(s: Setup, copy_bw: float, *, bs: int, ctx: int, num_heads: int,
                  num_kv_heads: int, head_dim: int, scattered: bool, target: float | None):
     import torch
-
     from radixflow.kernels.attention import decode_attention, decode_attention_torch
 
     dtype = torch.float32 if s.smoke else torch.bfloat16
@@ -129,7 +127,6 @@ def bench_decode(s: Setup, copy_bw: float, *, bs: int, ctx: int, num_heads: int,
 def bench_extend(s: Setup, matmul_rate: float, *, bs: int, prefix_len: int, extend_len: int,
                  num_heads: int, num_kv_heads: int, head_dim: int, target: float | None):
     import torch
-
     from radixflow.kernels.attention import extend_attention, extend_attention_torch
 
     dtype = torch.float32 if s.smoke else torch.bfloat16
@@ -142,10 +139,10 @@ def bench_extend(s: Setup, matmul_rate: float, *, bs: int, prefix_len: int, exte
     new_slots = req_to_token[:, prefix_len:].reshape(-1).long()
     q = torch.randn(bs * extend_len, num_heads, head_dim, dtype=dtype, device=dev)
     k, v = k_cache[new_slots], v_cache[new_slots]
-    lens = dict(req_pool_indices=torch.arange(bs, device=dev),
-                prefix_lens=torch.full((bs,), prefix_len, device=dev),
-                extend_lens=torch.full((bs,), extend_len, device=dev),
-                extend_starts=torch.arange(bs, device=dev) * extend_len)
+    lens = {"req_pool_indices": torch.arange(bs, device=dev),
+            "prefix_lens": torch.full((bs,), prefix_len, device=dev),
+            "extend_lens": torch.full((bs,), extend_len, device=dev),
+            "extend_starts": torch.arange(bs, device=dev) * extend_len}
     scale = head_dim**-0.5
 
     def run():
@@ -173,7 +170,6 @@ def bench_extend(s: Setup, matmul_rate: float, *, bs: int, prefix_len: int, exte
 
 def bench_bitmask(s: Setup, copy_bw: float, *, bs: int, vocab: int, constrained: str):
     import torch
-
     from radixflow.kernels.bitmask import apply_bitmask_, apply_bitmask_torch_
 
     dev = s.device
@@ -196,7 +192,6 @@ def bench_bitmask(s: Setup, copy_bw: float, *, bs: int, vocab: int, constrained:
 
 def bench_sampling(s: Setup, copy_bw: float, *, bs: int, vocab: int, mode: str):
     import torch
-
     from radixflow.kernels.sampling import sample_from_logits, sample_from_logits_torch
 
     dev = s.device
@@ -232,8 +227,8 @@ def _small_kernel_row(kernel, shape, t, t_ref, nbytes, copy_bw, check, correct) 
 
 
 def render(rows: list[Row], header: list[str]) -> str:
-    lines = header + ["", "| kernel | shape | triton (us) | torch ref (us) | speedup | achieved "
-                      "| % of ceiling | target | met | check |",
+    lines = header + ["", ("| kernel | shape | triton (us) | torch ref (us) | speedup | achieved "
+                      "| % of ceiling | target | met | check |"),
                       "|---|---|---:|---:|---:|---|---:|---|---|---|"]
     for r in rows:
         pct = "" if r.pct_of_ceiling is None else f"{r.pct_of_ceiling:.0f}%"
@@ -266,13 +261,13 @@ def main() -> int:
     started = time.perf_counter()
     copy_bw, matmul_rate = measure_ceilings(s)
     if args.smoke:
-        dec = dict(bs=2, ctx=64, num_heads=4, num_kv_heads=2, head_dim=64)
-        ext = dict(bs=2, num_heads=4, num_kv_heads=2, head_dim=64)
+        dec = {"bs": 2, "ctx": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64}
+        ext = {"bs": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64}
         ext_shapes = [(0, 32), (16, 16)]
         bs, vocab = 4, 1000
     else:
-        dec = dict(bs=64, ctx=4096, num_heads=32, num_kv_heads=4, head_dim=128)
-        ext = dict(bs=4, num_heads=32, num_kv_heads=4, head_dim=128)
+        dec = {"bs": 64, "ctx": 4096, "num_heads": 32, "num_kv_heads": 4, "head_dim": 128}
+        ext = {"bs": 4, "num_heads": 32, "num_kv_heads": 4, "head_dim": 128}
         ext_shapes = [(0, 4096), (2048, 2048)]
         bs, vocab = 64, VOCAB_128K
     rows = [
@@ -294,15 +289,15 @@ def main() -> int:
     header = [
         f"# radixflow kernels on {name}",
         "",
-        f"{datetime.datetime.now():%Y-%m-%d %H:%M}; torch {torch.__version__}, "
+        (f"{datetime.datetime.now():%Y-%m-%d %H:%M}; torch {torch.__version__}, "
         f"triton {triton.__version__}; bench/kernels.py{' --smoke' if args.smoke else ''} "
-        f"took {time.perf_counter() - started:.0f} s.",
+        f"took {time.perf_counter() - started:.0f} s."),
         "",
-        f"Ceilings measured in this run: copy bandwidth {copy_bw / 1e9:.0f} GB/s "
+        (f"Ceilings measured in this run: copy bandwidth {copy_bw / 1e9:.0f} GB/s "
         f"(read + write), {'fp32' if args.smoke else 'bf16'} matmul "
-        f"{matmul_rate / 1e12:.1f} TFLOP/s.",
-        "% of ceiling: decode and the small kernels against copy bandwidth (bytes that must "
-        "move once), extend against the matmul rate (causal FLOPs).",
+        f"{matmul_rate / 1e12:.1f} TFLOP/s."),
+        ("% of ceiling: decode and the small kernels against copy bandwidth (bytes that must "
+        "move once), extend against the matmul rate (causal FLOPs)."),
     ]
     table = render(rows, header)
     print(table)
