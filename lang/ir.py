@@ -85,7 +85,7 @@ class GenParams:
         if p.repetition_penalty is not None:
             out["repetition_penalty"] = p.repetition_penalty
         if p.seed is not None:
-            out["sampling_seed"] = p.seed
+            out["seed"] = p.seed  # radixflow's name; SGLang calls it sampling_seed
         return out
 
 

@@ -72,8 +72,8 @@ class OpenAI:
                 request[key] = sp[key]
         if sp.get("stop"):
             request["stop"] = sp["stop"] if isinstance(sp["stop"], list) else [sp["stop"]]
-        if sp.get("sampling_seed") is not None:
-            request["seed"] = sp["sampling_seed"]
+        if sp.get("seed") is not None:
+            request["seed"] = sp["seed"]
         for key, default in _DEFAULTS.items():  # extensions, only when they matter
             if sp.get(key) not in (None, default):
                 request[key] = sp[key]

@@ -29,8 +29,8 @@ def test_gen_params_merge_and_wire_shape():
     assert (params.max_tokens, params.top_p, params.stop) == (7, 0.5, ("\n",))
     sp = params.to_sampling_params()
     assert sp["max_new_tokens"] == 7 and sp["stop"] == ["\n"] and sp["temperature"] == 0
-    assert sp["top_k"] == -1 and "sampling_seed" not in sp
-    assert rf.gen(seed=3).params.to_sampling_params()["sampling_seed"] == 3
+    assert sp["top_k"] == -1 and "seed" not in sp
+    assert rf.gen(seed=3).params.to_sampling_params()["seed"] == 3
     assert DEFAULT_PARAMS.to_sampling_params()["max_new_tokens"] == 128
     with pytest.raises(rf.InvalidRequest, match="unknown sampling option"):
         GenParams.make(max_tokenz=3)
