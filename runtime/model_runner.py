@@ -12,6 +12,7 @@ from .attention import create_attention_backend
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.config import ModelArgs
+from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
 from .server_args import ServerArgs
 
@@ -93,6 +94,8 @@ class ModelRunner:
         model.load_weights(iter_weights(folder))
         model.to(self.dtype)
         model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
+        if can_pack(self.device, self.dtype):
+            pack_linears_(model)
         return model.eval()
 
     @property
