@@ -4,6 +4,7 @@ GrammarState per request, and fills / applies the batch's token bitmask."""
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +23,9 @@ CompiledGrammar = xgr.CompiledGrammar
 
 
 class GrammarBackend:
-    """Parameters
+    """Constrained decoding for one tokenizer.
+
+    Parameters
     ----------
     tokenizer : a Hugging Face tokenizer.
     vocab_size : the model's logits width (may exceed len(tokenizer)); the bitmask width.
@@ -41,6 +44,8 @@ class GrammarBackend:
         self.tokenizer_info = build_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
         self.table = TokenTable(self.tokenizer_info)
+        # The token table takes ~0.5 s for a 50k vocab; build it before the first jump needs it.
+        threading.Thread(target=self.table.warm, name="grammar-token-table", daemon=True).start()
         # Our cache below replaces xgrammar's, so a hit is visible and the memory bounded.
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
                                              cache_enabled=False)
@@ -59,8 +64,7 @@ class GrammarBackend:
     def submit(self, kind: str, spec: str) -> PendingGrammar:
         """Validate now, compile in the background (or hit the cache). Raises GrammarError for
         an invalid spec; the PendingGrammar's result() raises it for compile errors/timeouts."""
-        self.validate(kind, spec)
-        return self._cache.submit((kind, spec))
+        return self._cache.submit((kind, spec), check=lambda: self.validate(kind, spec))
 
     def compile(self, kind: str, spec: str) -> CompiledGrammar:
         """The compiled grammar, cached by (kind, spec). Raises GrammarError."""

@@ -59,20 +59,34 @@ class CompileCache:
         self.num_compiles = 0  # compiles started (a cache hit adds none)
         self.num_hits = 0
 
-    def submit(self, key: Hashable) -> PendingGrammar:
+    def submit(self, key: Hashable,
+               check: Callable[[], None] | None = None) -> PendingGrammar:
+        """The compile for `key`, started unless cached. `check` runs before a new compile
+        only: a key is cached once it has passed it, so a hit costs neither."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self.num_hits += 1
-                future, deadline = entry
-            else:
-                future = self._executor.submit(self._run, key)
-                deadline = time.monotonic() + self.timeout
-                self._entries[key] = (future, deadline)
-                self.num_compiles += 1
-                self._evict()
+            hit = self._hit(key)
+        if hit is not None:
+            return hit
+        if check is not None:
+            check()
+        with self._lock:
+            hit = self._hit(key)
+            if hit is not None:
+                return hit
+            future = self._executor.submit(self._run, key)
+            deadline = time.monotonic() + self.timeout
+            self._entries[key] = (future, deadline)
+            self.num_compiles += 1
+            self._evict()
         return PendingGrammar(key, future, deadline, self.timeout)
+
+    def _hit(self, key: Hashable) -> PendingGrammar | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        self.num_hits += 1
+        return PendingGrammar(key, entry[0], entry[1], self.timeout)
 
     def get(self, key: Hashable):
         return self.submit(key).result()

@@ -33,6 +33,10 @@ class TokenTable:
         return frozenset(i for i, raw in enumerate(self.token_bytes)
                          if raw in prefixes and i not in special)
 
+    def warm(self) -> None:
+        """Compute the cached tables now (they are otherwise built on first use)."""
+        _ = self.prefix_ids
+
     def bytes_of(self, token_ids: list[int]) -> bytes:
         table = self.token_bytes
         return b"".join(table[t] for t in token_ids)

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 from helpers.grammar_walk import allowed_ids
-
 from radixflow.runtime.constrained import GrammarBackend
 from radixflow.runtime.errors import GrammarError
 
@@ -46,6 +45,16 @@ def test_cache_hit_costs_no_compile(fresh):
     assert fresh.num_compiles == 1
     fresh.compile("regex", r"\d+")
     assert fresh.num_compiles == 2
+
+
+def test_cache_hit_skips_validation(fresh, monkeypatch):
+    fresh.compile("json_schema", PERSON)
+    calls = []
+    monkeypatch.setattr(fresh, "validate", lambda kind, spec: calls.append(kind))
+    fresh.compile("json_schema", PERSON)
+    assert calls == []
+    fresh.compile("regex", "[a-c]")
+    assert calls == ["regex"]
 
 
 def test_compile_errors_are_grammar_errors_and_cached(fresh):

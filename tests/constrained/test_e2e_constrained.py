@@ -11,7 +11,6 @@ import re
 import pytest
 from helpers.constraint_corpus import load_grammars, load_regexes, load_schemas
 from helpers.constraint_validators import grammar_ok, schema_errors
-
 from radixflow.runtime.errors import GrammarError
 
 try:
