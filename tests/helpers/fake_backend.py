@@ -53,9 +53,10 @@ class FakeBackend:
             self.calls.append(body)
         if self.fail_on is not None and self.fail_on(body):
             raise RuntimeError(f"scripted failure for {str(body.get('text'))[-30:]!r}")
-        prompts = body.get("text", body.get("input_ids"))
+        key = "text" if body.get("text") is not None else "input_ids"
+        prompts = body[key]
         if isinstance(prompts, list) and (not prompts or not isinstance(prompts[0], int)):
-            return [self._one({**body, "text": p, "input_ids": None}) for p in prompts]
+            return [self._one({**body, key: p}) for p in prompts]
         if body.get("stream"):
             return self._stream(body)
         return self._one(body)
