@@ -20,8 +20,7 @@ class RegexLimits:
 
 def strip_anchors(pattern: str) -> str:
     """The output must match the pattern whole, so outer ^ and $ add nothing."""
-    body = pattern
-    body = body.removeprefix("^")
+    body = pattern.removeprefix("^")
     if body.endswith("$") and not _is_escaped(body, len(body) - 1):
         body = body[:-1]
     return body

@@ -231,3 +231,30 @@ def test_custom_stop_tokens(tokenizer):
         assert _mask(backend, state) == [0, 2]
     finally:
         backend.shutdown()
+
+
+def test_stop_token_in_the_sign_bit(tokenizer):
+    from radixflow.runtime.constrained.token_table import int32_bit
+
+    assert int32_bit(31) == -(2**31) and int32_bit(0) == 1
+    backend = GrammarBackend(tokenizer, 544, stop_token_ids=[2, 63])
+    try:
+        state = backend.new_state(backend.compile("choices", '["x"]'))
+        _feed(state, _ids(tokenizer, "x") + [63])
+        assert state.is_terminated()
+        assert _mask(backend, state) == [2, 63]
+    finally:
+        backend.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_apply_bitmask_on_gpu_matches_cpu(backend):
+    state = backend.new_state(backend.compile("json_schema", PERSON))
+    bitmask = backend.allocate_bitmask(3)
+    backend.fill_bitmasks([state, None, state], bitmask)
+    logits = torch.randn(3, 544)
+    on_gpu = logits.cuda()
+    backend.apply_bitmask(logits, bitmask, rows=[0, 2])
+    backend.apply_bitmask(on_gpu, bitmask, rows=[0, 2])
+    assert torch.equal(on_gpu.cpu(), logits)
