@@ -11,7 +11,8 @@ Requests, all on the native /generate API:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Generate = Callable[[dict], Any]
 

@@ -11,9 +11,21 @@ from radixflow.runtime.errors import (
 )
 
 __all__ = [
-    "RadixflowError", "InvalidRequest", "ContextTooLong", "GrammarError", "ServerUnavailable",
-    "VariableNotFound", "BackendError", "UnsupportedFeature", "ProgramError", "BranchError",
-    "ForkError", "TraceError", "NoBackendError", "error_from_wire", "error_to_wire",
+    "BackendError",
+    "BranchError",
+    "ContextTooLong",
+    "ForkError",
+    "GrammarError",
+    "InvalidRequest",
+    "NoBackendError",
+    "ProgramError",
+    "RadixflowError",
+    "ServerUnavailable",
+    "TraceError",
+    "UnsupportedFeature",
+    "VariableNotFound",
+    "error_from_wire",
+    "error_to_wire",
 ]
 
 

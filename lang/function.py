@@ -7,8 +7,9 @@ import inspect
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable
+from typing import Any
 
 from .backends.base import as_backend, get_default_backend
 from .errors import InvalidRequest, ProgramError, TraceError

@@ -33,8 +33,9 @@ InvalidRequest. A failed branch reports its own "error"; the other branches go o
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from .choices import select_choice
 from .errors import ForkError, InvalidRequest, error_to_wire

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import BranchError, ForkError, InvalidRequest, VariableNotFound, error_from_wire
 from .ir import DEFAULT_PARAMS, Gen, GenParams, NodeLike, RoleBegin, RoleEnd, Select, Text, flatten

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import InvalidRequest, TraceError
 from .graph import Graph

@@ -8,7 +8,8 @@ knows the model's chat template. Endpoint (HTTP), Runtime (a local server), Engi
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
 from ..chat_template import ChatTemplate
 from ..errors import NoBackendError

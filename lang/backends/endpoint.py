@@ -6,7 +6,8 @@ import json
 import logging
 import re
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..chat_template import CHATML_TEMPLATE, LLAMA3_TEMPLATE, ChatTemplate
 from ..errors import BackendError, ContextTooLong, InvalidRequest, ServerUnavailable
@@ -16,8 +17,8 @@ logger = logging.getLogger(__name__)
 
 # When a server does not report its chat template: SGLang's rules on model_path, abridged.
 _TEMPLATE_BY_PATH = (
-    (re.compile(r"llama-3.*instruct", re.I), LLAMA3_TEMPLATE),
-    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.I), CHATML_TEMPLATE),
+    (re.compile(r"llama-3.*instruct", re.IGNORECASE), LLAMA3_TEMPLATE),
+    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.IGNORECASE), CHATML_TEMPLATE),
 )
 
 

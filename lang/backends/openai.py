@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError, InvalidRequest, ServerUnavailable, UnsupportedFeature

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from radixflow.backends.base import run_locally
 from radixflow.chat_template import ChatTemplate

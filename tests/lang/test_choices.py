@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.fake_backend import FakeBackend
 from radixflow.choices import choice_token_entries, select_choice
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import radixflow as rf
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-
-import radixflow as rf
 from helpers.fake_backend import CHATML, FakeBackend
 from helpers.http_stub import ServedApp, free_port
 from radixflow.program import execute_program

@@ -4,9 +4,18 @@ import json
 
 import pydantic
 import pytest
-
 import radixflow as rf
-from radixflow.ir import DEFAULT_PARAMS, Gen, GenParams, RoleBegin, RoleEnd, Select, Seq, Text, flatten
+from radixflow.ir import (
+    DEFAULT_PARAMS,
+    Gen,
+    GenParams,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Seq,
+    Text,
+    flatten,
+)
 
 
 def test_plus_builds_a_flat_sequence():

@@ -6,10 +6,9 @@ import json
 import re
 
 import pytest
+import radixflow as rf
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-
-import radixflow as rf
 from helpers.http_stub import ServedApp
 
 

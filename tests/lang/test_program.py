@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.fake_backend import FakeBackend
 from radixflow.errors import InvalidRequest
 from radixflow.program import ProgramExecutor, execute_program

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 import radixflow as rf
 from helpers.fake_backend import FakeBackend
 

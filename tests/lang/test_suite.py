@@ -12,7 +12,6 @@ import re
 
 import jsonschema
 import pytest
-
 import radixflow as rf
 
 GREEDY = {"temperature": 0}

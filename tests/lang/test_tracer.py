@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import radixflow as rf
 from helpers.fake_backend import FakeBackend
 
