@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
             args = ServerArgs.from_cli_args(ns)
         except ValueError as exc:
             parser.error(str(exc))
-        from .server.launch import serve
+        from .server.launch import fast_exit, serve
 
-        return serve(args)
+        # serve() has stopped the children and cleaned up by the time it returns.
+        fast_exit(serve(args))
     parser.error(f"unknown command {ns.command!r}")
     return 2
 

@@ -189,11 +189,11 @@ def validation_error_response(errors: list[dict]) -> OrjsonResponse:
     return error_response(400, message, param=param)
 
 
-def server_info(args: ServerArgs, tm: TokenizerManager) -> dict:
+def server_info(args: ServerArgs, tm: TokenizerManager, processes: dict[str, int]) -> dict:
     info = {k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"}
     info["api_key_set"] = args.api_key is not None
     info.update(model_info=tm.model_info, version=VERSION, healthy=tm.is_healthy,
-                failure=tm.failure)
+                failure=tm.failure, processes=processes)
     s = tm.stats
     if s is not None:
         info.update(num_running=s.num_running, num_waiting=s.num_waiting,
@@ -205,8 +205,11 @@ def server_info(args: ServerArgs, tm: TokenizerManager) -> dict:
 
 
 def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None = None,
-               *, served_model_name: str) -> FastAPI:
-    """The whole HTTP surface; `tm` must be started on the loop that serves the app."""
+               *, served_model_name: str, processes: dict[str, int] | None = None) -> FastAPI:
+    """The whole HTTP surface; `tm` must be started on the loop that serves the app.
+
+    `processes` (name -> pid of the server's processes) is shown in /get_server_info.
+    """
     from .openai_api import create_openai_router
 
     app = FastAPI(title="radixflow", version=VERSION, docs_url=None, redoc_url=None)
@@ -269,7 +272,7 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> Response:
-        return OrjsonResponse(server_info(args, tm))
+        return OrjsonResponse(server_info(args, tm, processes or {}))
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
