@@ -148,3 +148,23 @@ def test_metrics(server):
                  "radixflow:e2e_request_latency_seconds_bucket"):
         assert name in text, name
     assert server_info(server)["generation_tokens"] > 0
+
+
+def test_program_runs_gens_through_the_server(server):
+    prompt = "Q: What is 2+2?\nA:"
+    sampling = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    program = {"text": "", "nodes": [
+        {"type": "text", "text": prompt},
+        {"type": "gen", "name": "answer", "sampling_params": sampling},
+        {"type": "select", "name": "pick", "choices": [" yes", " no"]},
+    ]}
+    r = post(server, "/program", program)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["error"] is None
+    direct = post(server, "/generate", {"text": prompt, "sampling_params": sampling}).json()
+    assert out["variables"]["answer"] == direct["text"]
+    assert out["variables"]["pick"] in {" yes", " no"}
+    assert out["text"].startswith(prompt + direct["text"])
+    bad = post(server, "/program", {"nodes": [{"type": "teleport"}]})
+    assert bad.status_code == 400 and "nodes[0]" in bad.json()["error"]["message"]
