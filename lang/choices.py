@@ -62,14 +62,15 @@ def select_choice(generate: Generate, prompt: str, choices: list[str],
     if method == "sum":
         scores = [sum(lp) if lp else None for lp in cond]
     elif method == "unconditional_likelihood_normalized":
-        uncond_resp = _as_list(generate({
-            "input_ids": [[e[1] for e in entries] for entries in token_entries],
+        scored = [i for i, entries in enumerate(token_entries) if entries]
+        uncond_resp = iter(_as_list(generate({
+            "input_ids": [[e[1] for e in token_entries[i]] for i in scored],
             "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
             "logprob_start_len": 0,
-        }))
-        num_requests += 1
-        uncond = [[e[0] or 0.0 for e in r["meta_info"]["input_token_logprobs"]]
-                  for r in uncond_resp]
+        }))) if scored else iter(())
+        num_requests += 1 if scored else 0
+        uncond = [[e[0] or 0.0 for e in next(uncond_resp)["meta_info"]["input_token_logprobs"]]
+                  if i in scored else [] for i in range(len(choices))]
         meta["unconditional_token_logprobs"] = uncond
         scores = [_mean([c - u for c, u in zip(c_lp, u_lp)]) for c_lp, u_lp in zip(cond, uncond)]
     else:

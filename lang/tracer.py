@@ -30,8 +30,9 @@ class Placeholder(str):
         return obj
 
 
-class StopTrace(Exception):
-    """Raised inside a stop-at-model trace when the first model node is reached."""
+class StopTrace(BaseException):
+    """Ends a stop-at-model trace at the first model node (BaseException: user code that
+    catches Exception around `s += ...` must not swallow it)."""
 
 
 class TraceState:

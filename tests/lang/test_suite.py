@@ -166,3 +166,12 @@ def test_a_runtime_engine_can_be_the_default_backend(engine_backend):
         assert two_step.run(topic="cats")["a"] == two_step.run(topic="cats", backend=engine_backend)["a"]
     finally:
         rf.set_default_backend(None)
+
+
+def test_server_reports_the_model_chat_template(server_backend, engine_backend):
+    if "chat_template" not in server_backend.model_info:
+        pytest.skip("the server does not report chat_template in /get_model_info yet")
+    assert server_backend.chat_template.source == engine_backend.chat_template.source
+    for role, history in [("user", []), ("assistant", ["user"]), ("user", ["system"])]:
+        assert (server_backend.chat_template.role_texts(role, history)
+                == engine_backend.chat_template.role_texts(role, history))
