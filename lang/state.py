@@ -389,6 +389,9 @@ class ProgramState:
             branch._fork_owner = None
             branch._error = BranchError(f"fork branch {branch._branch_index} did not run: {why}",
                                         index=branch._branch_index)
+            for node in branch._fork_nodes:  # forks nested in what the stretch took along
+                if isinstance(node, _PendingFork):
+                    branch._fail_fork(node, why)
 
     def _fail_nodes(self, nodes: list[Any], exc: BaseException) -> None:
         self._error = exc

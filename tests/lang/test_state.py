@@ -266,3 +266,43 @@ def test_programs_compose_and_default_backend_is_used():
         rf.set_default_backend(None)
     with pytest.raises(rf.errors.NoBackendError, match="set_default_backend"):
         outer.run()
+
+
+def test_nested_forks_fail_cleanly_when_the_server_is_gone():
+    class Gone(FakeBackend):
+        def run_program(self, program, **kw):
+            raise rf.ServerUnavailable("cannot reach the radixflow server at http://x")
+
+    captured = {}
+
+    @rf.function
+    def nested(s):
+        outer = s.fork(2)
+        inner = outer[0].fork(2)
+        inner += rf.gen("leaf", max_tokens=2)
+        captured["inner"] = inner
+
+    with pytest.raises(rf.ServerUnavailable, match="http://x"):
+        nested.run(backend=Gone())
+    with pytest.raises(rf.BranchError, match="did not run: ServerUnavailable"):
+        captured["inner"][1]["leaf"]
+
+
+def test_nested_forks_run_in_one_stretch():
+    fake = FakeBackend(respond=lambda p, sp: p[-2:])
+
+    @rf.function
+    def nested(s):
+        s += "R"
+        outer = s.fork(2)
+        for i, branch in enumerate(outer):
+            branch += f"o{i}"
+            inner = branch.fork(2)
+            for j, leaf in enumerate(inner):
+                leaf += f"i{j}" + rf.gen("leaf", max_tokens=2)
+            inner.join("concat")
+        outer.join("concat")
+
+    state = nested.run(backend=fake)
+    assert len(fake.programs) == 1
+    assert state.text() == "Ro0i0i0i1i1o1i0i0i1i1"
