@@ -175,3 +175,18 @@ def test_server_reports_the_model_chat_template(server_backend, engine_backend):
     for role, history in [("user", []), ("assistant", ["user"]), ("user", ["system"])]:
         assert (server_backend.chat_template.role_texts(role, history)
                 == engine_backend.chat_template.role_texts(role, history))
+
+
+def test_openai_backend_against_the_server_s_v1_api(server_backend):
+    backend = rf.OpenAI(server_backend.model_info["served_model_name"],
+                        base_url=server_backend.url + "/v1", api_key="unused")
+
+    @rf.function
+    def prog(s):
+        s += "Topic: tea\nA:" + rf.gen("a", max_tokens=6, **GREEDY)
+        s += "\nDigits:" + rf.gen("d", regex=r"[0-9]{4}", max_tokens=8)
+        s += "\nPick: " + rf.select("p", choices=["left", "right"])
+
+    state = prog.run(backend=backend)
+    assert state["a"] == raw(server_backend, "Topic: tea\nA:", max_new_tokens=6, **GREEDY)
+    assert re.fullmatch(r"[0-9]{4}", state["d"]) and state["p"] in ("left", "right")
