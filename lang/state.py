@@ -28,6 +28,7 @@ class _PendingFork:
 
     def __init__(self, branches: list[ProgramState]):
         self.branches = branches
+        self.frozen: list[list[Any]] | None = None  # branch nodes fixed by a lazy join
 
 
 class _PendingJoin:
@@ -339,11 +340,13 @@ class ProgramState:
             return node
         if isinstance(node, _PendingFork):
             branches = []
-            for branch in node.branches:
-                with branch._lock:
-                    pending, branch._pending = branch._pending, []
-                branch._fork_nodes = pending
-                branch._fork_wire = [branch._to_wire(n) for n in pending]
+            frozen = node.frozen or [None] * len(node.branches)
+            for branch, nodes in zip(node.branches, frozen):
+                if nodes is None:
+                    with branch._lock:
+                        nodes, branch._pending = branch._pending, []
+                branch._fork_nodes = nodes
+                branch._fork_wire = [branch._to_wire(n) for n in nodes]
                 branches.append(branch._fork_wire)
             return {"type": "fork", "branches": branches}
         return {"type": "join", "mode": node.mode}
@@ -464,6 +467,13 @@ class ForkGroup:
             lazy = self._fork in parent._pending
             if lazy:
                 parent._pending.append(_PendingJoin(self._fork, mode))
+                # What branches get after the join is not part of it: fix their nodes now.
+                frozen = []
+                for branch in self.branches:
+                    with branch._lock:
+                        frozen.append(branch._pending)
+                        branch._pending = []
+                self._fork.frozen = frozen
         if lazy:
             if parent._stream:
                 parent._sync()

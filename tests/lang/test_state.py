@@ -306,3 +306,27 @@ def test_nested_forks_run_in_one_stretch():
     state = nested.run(backend=fake)
     assert len(fake.programs) == 1
     assert state.text() == "Ro0i0i0i1i1o1i0i0i1i1"
+
+
+def test_what_a_branch_gets_after_a_lazy_join_is_not_joined():
+    fake = FakeBackend(respond=lambda p, sp: "!")
+
+    @rf.function
+    def prog(s):
+        s += "S"
+        forks = s.fork(2)
+        forks += "a" + rf.gen("x", max_tokens=1)
+        forks.join("concat")
+        forks += "b" + rf.gen("y", max_tokens=1)
+        s += "."
+        return forks
+
+    captured = {}
+
+    @rf.function
+    def outer(s):
+        captured["forks"] = prog(s)
+
+    state = outer.run(backend=fake)
+    assert state.text() == "Sa!a!."
+    assert [f.text() for f in captured["forks"]] == ["Sa!b!", "Sa!b!"]
