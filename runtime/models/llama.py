@@ -14,7 +14,7 @@ from torch import nn
 
 from ..forward_batch import AttentionBackend, ForwardBatch
 from .config import ModelArgs
-from .rope import RotaryEmbedding
+from .rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -45,17 +45,18 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [num_tokens, hidden]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(batch.positions, q, k)
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
+                            self.k_norm(qk[:, self.num_heads:])], dim=1)
+        qk = apply_rope(qk, *rope)  # q and k heads rotated together
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = attn.forward(q, k, v, self.layer_id, batch)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -80,7 +81,7 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), batch, rope, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -101,8 +102,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab]."""
         x = self.embed_tokens(batch.input_ids)
+        rope = self.rope.tables(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, batch, self.rope, attn)
+            x = layer(x, batch, rope, attn)
         x = x[batch.logits_indices]
         return self.lm_head(self.norm(x)).float()
 

@@ -51,14 +51,16 @@ class RotaryEmbedding(torch.nn.Module):
         self.cos = emb.cos().float().to(device)
         self.sin = emb.sin().float().to(device)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor,
-                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin for these positions, [num_tokens, 1, head_dim], once per forward."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)
+        sin = self.sin[positions]
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]
+        signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).unsqueeze(1).to(dtype)
+        return cos, signed_sin
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, heads, head_dim]
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
