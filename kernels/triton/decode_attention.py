@@ -63,6 +63,8 @@ def _decode_split_kernel(
     mask_d = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
     req_row = tl.load(Req_pool_indices + req).to(tl.int64)
+    K_cache += kv_head * stride_kc_h
+    V_cache += kv_head * stride_vc_h
 
     q = tl.load(Q + req * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                 mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
@@ -73,13 +75,14 @@ def _decode_split_kernel(
         cols = start_n + offs_n
         mask_n = cols < split_end
         slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
+        # NOTE: int64 offsets here compile to fewer registers than int32 ones (sm_90, ptxas).
         slots = slots.to(tl.int64)
-        k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
-                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
-                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, dot_options
+from .common import dot, dot_options, needs_int64
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -44,6 +44,7 @@ def _extend_attention_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    INT64: tl.constexpr,  # element offsets that may pass 2**31
 ):
     # Largest M blocks first: under causal masking they are the slowest.
     block_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -55,8 +56,11 @@ def _extend_attention_kernel(
         return
     kv_head = head // GROUP
     prefix_len = tl.load(Prefix_lens + req).to(tl.int32)
-    first_row = tl.load(Extend_starts + req).to(tl.int64)
-    req_row = tl.load(Req_pool_indices + req).to(tl.int64)
+    first_row = tl.load(Extend_starts + req).to(tl.int32)
+    req_row = tl.load(Req_pool_indices + req).to(tl.int32)
+    if INT64:
+        first_row = first_row.to(tl.int64)
+        req_row = req_row.to(tl.int64)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -64,8 +68,12 @@ def _extend_attention_kernel(
     mask_m = offs_m < extend_len
     mask_d = offs_d < HEAD_DIM
     rows_m = first_row + offs_m
-    q = tl.load(Q + rows_m[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
+    q = tl.load(Q + head * stride_q_h + (rows_m[:, None] * stride_q_t + offs_d[None, :]),
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    K_cache += kv_head * stride_kc_h
+    V_cache += kv_head * stride_vc_h
+    K += kv_head * stride_k_h
+    V += kv_head * stride_v_h
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -76,23 +84,24 @@ def _extend_attention_kernel(
         cols = start_n + offs_n
         mask_n = cols < prefix_len
         slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
-        slots = slots.to(tl.int64)
-        k = tl.load(K_cache + slots[None, :] * stride_kc_s + kv_head * stride_kc_h
-                    + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        if INT64:
+            slots = slots.to(tl.int64)
+        k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V_cache + slots[:, None] * stride_vc_s + kv_head * stride_vc_h
-                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # New tokens strictly before this tile: every query row sees all of them.
     for start_n in range(0, start_m, BLOCK_N):
         rows_n = first_row + start_n + offs_n
-        k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
-                    mask=mask_d[:, None], other=0.0)
+        k = tl.load(K + (rows_n[None, :] * stride_k_t + offs_d[:, None]), mask=mask_d[:, None],
+                    other=0.0)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale
-        v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
-                    mask=mask_d[None, :], other=0.0)
+        v = tl.load(V + (rows_n[:, None] * stride_v_t + offs_d[None, :]), mask=mask_d[None, :],
+                    other=0.0)
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # The diagonal tile: causal mask.
@@ -101,17 +110,17 @@ def _extend_attention_kernel(
         cols = start_n + offs_n
         mask_n = cols < extend_len
         rows_n = first_row + cols
-        k = tl.load(K + rows_n[None, :] * stride_k_t + kv_head * stride_k_h + offs_d[:, None],
+        k = tl.load(K + (rows_n[None, :] * stride_k_t + offs_d[:, None]),
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale
         visible = mask_n[None, :] & (cols[None, :] <= offs_m[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-        v = tl.load(V + rows_n[:, None] * stride_v_t + kv_head * stride_v_h + offs_d[None, :],
+        v = tl.load(V + (rows_n[:, None] * stride_v_t + offs_d[None, :]),
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     out = acc / l_i[:, None]
-    tl.store(O + rows_m[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+    tl.store(O + head * stride_o_h + (rows_m[:, None] * stride_o_t + offs_d[None, :]),
              out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
@@ -142,6 +151,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         **dot_options(q),
+        INT64=needs_int64(q, k, v, out, k_cache, v_cache, req_to_token),
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -149,17 +159,15 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
 
 
 def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M must be a multiple of BLOCK_N."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M must be a multiple of BLOCK_N.
+
+    Picked so that ptxas reports no register spills for sm_90 (bf16/fp16; sm_80 spills a
+    little at head_dim 128), checked by compiling for the target without a GPU."""
     if not q.is_cuda:  # the interpreter: big tiles mean fewer Python-level steps
         return 32, 32, 4, 1
-    if q.dtype == torch.float32:  # fp32 tiles use twice the shared memory
-        return 64, 32, 4, 2
+    if q.dtype == torch.float32:  # tf32x3 products need more registers
+        return (64, 32, 4, 1) if block_d <= 64 else (64, 16, 4, 1)
     if block_d <= 64:
-        return 128, 64, 4, 3
+        return 128, 64, 8, 2
     major, _ = torch.cuda.get_device_capability(q.device)
-    if major >= 9:
-        return 128, 64, 8, 3
-    if major == 8:
-        return 128, 32, 8, 2
-    return 64, 32, 4, 2
-
+    return (128, 32, 8, 2) if major >= 8 else (64, 32, 4, 2)

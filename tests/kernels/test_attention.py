@@ -105,6 +105,14 @@ def test_extend_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtyp
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
+def test_extend_kernel_int64_offsets(monkeypatch):
+    # pools past 2**31 elements switch to 64-bit offsets; too big to allocate here, so force it
+    monkeypatch.setattr("radixflow.kernels.triton.extend_attention.needs_int64", lambda *_: True)
+    case = make_paged([0, 5], [3, 4], 4, 2, 64, torch.float32, seed=3)
+    want = run_extend(case, "torch", 0.125)
+    torch.testing.assert_close(run_extend(case, "triton", 0.125), want, **TOL[torch.float32])
+
+
 def test_extend_kernel_lengths_one_to_n():
     n = 9
     prefix_lens, extend_lens = list(range(n)), list(range(1, n + 1))
