@@ -1,5 +1,12 @@
 """Attention with torch ops only: gather each request's K/V through the token table, pad the
-batch to its longest request, and run one scaled_dot_product_attention for the whole batch."""
+batch to its longest request, and run one attention call for the whole batch.
+
+Decode lays the query heads that share a KV head along the query axis ([bs, kv_heads, group,
+head_dim]), so grouped-query attention needs no copy of K/V. When every request of a decode
+batch shares a prefix of KV slots (a shared system prompt, forked branches), that prefix is
+gathered and attended once for the whole batch ("cascade"), and merged with each request's own
+suffix by log-sum-exp.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,13 @@ import torch.nn.functional as F
 
 from ..forward_batch import ForwardBatch, ForwardMode
 
+# Shared prefixes shorter than this are not worth a second attention call.
+CASCADE_MIN_PREFIX = 64
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
 
 @dataclass
-class _Plan:
+class _ExtendPlan:
     kv_slots: torch.Tensor  # [bs, max_seq_len] int64 (padding -> slot 0)
     mask: torch.Tensor | None  # [bs, 1, max_q_len, max_seq_len] bool, None when not needed
     is_causal: bool  # a single request with no prefix: SDPA's own causal mask
@@ -21,12 +32,49 @@ class _Plan:
     max_q_len: int
 
 
+@dataclass
+class _DecodePlan:
+    kv_slots: torch.Tensor  # [bs, suffix_len] int64: keys after the shared prefix (pad -> 0)
+    mask: torch.Tensor | None  # [bs, 1, 1, suffix_len] additive, None when no padding
+    prefix_slots: torch.Tensor | None  # [prefix_len] slots every request shares, or None
+
+
 class TorchNativeAttnBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
         self.scale = scale
 
+    # ---- planning (once per forward) ----
+
     def prepare(self, batch: ForwardBatch) -> None:
+        if batch.mode == ForwardMode.DECODE:
+            batch.attn_metadata = self._plan_decode(batch)
+        else:
+            batch.attn_metadata = self._plan_extend(batch)
+
+    def _plan_decode(self, batch: ForwardBatch) -> _DecodePlan:
+        seq_lens = batch.seq_lens_cpu
+        max_seq, min_seq = max(seq_lens), min(seq_lens)
+        rows = batch.req_to_token[batch.req_pool_indices, :max_seq].long()  # [bs, max_seq]
+        prefix_len = 0
+        if batch.batch_size > 1 and min_seq > CASCADE_MIN_PREFIX:
+            same = (rows[:, :min_seq - 1] == rows[:1, :min_seq - 1]).all(dim=0)
+            prefix_len = int(same.int().cumprod(0).sum())
+        if prefix_len < CASCADE_MIN_PREFIX:
+            prefix_len = 0
+        suffix = rows[:, prefix_len:]
+        mask = None
+        if min_seq != max_seq:
+            key_pos = torch.arange(prefix_len, max_seq, device=rows.device)
+            valid = key_pos[None, :] < batch.seq_lens[:, None]
+            suffix = suffix.masked_fill(~valid, 0)
+            mask = torch.zeros(valid.shape, dtype=batch.kv_pool.k[0].dtype, device=rows.device)
+            mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
+        prefix = rows[0, :prefix_len] if prefix_len else None
+        return _DecodePlan(suffix, mask, prefix)
+
+    def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan:
         bs = batch.batch_size
         seq_lens, ext_lens = batch.seq_lens_cpu, batch.extend_lens_cpu
         max_seq, max_q = max(seq_lens), max(ext_lens)
@@ -39,7 +87,7 @@ class TorchNativeAttnBackend:
 
         is_causal = bs == 1 and batch.prefix_lens_cpu[0] == 0 and max_q > 1
         mask = None
-        if batch.mode == ForwardMode.DECODE or max_q == 1:
+        if max_q == 1:
             if not uniform:
                 mask = key_valid[:, None, None, :]
         elif not is_causal:
@@ -57,16 +105,42 @@ class TorchNativeAttnBackend:
             # padded query rows would see no key at all if masked out entirely; let them see key 0
             if mask is not None:
                 mask = mask | (~valid)[:, None, :, None] & (key_pos == 0)[None, None, None, :]
-        batch.attn_metadata = _Plan(kv_slots, mask, is_causal, q_rows, token_rows, max_q)
+        return _ExtendPlan(kv_slots, mask, is_causal, q_rows, token_rows, max_q)
+
+    # ---- attention (every layer) ----
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch) -> torch.Tensor:
-        plan: _Plan = batch.attn_metadata
         batch.kv_pool.write(layer_id, batch.out_slots, k, v)
-        bs = batch.batch_size
+        k_pool, v_pool = batch.kv_pool.k[layer_id], batch.kv_pool.v[layer_id]
+        if batch.mode == ForwardMode.DECODE:
+            return self._decode(q, k_pool, v_pool, batch.attn_metadata)
+        return self._extend(q, k_pool, v_pool, batch.attn_metadata, batch.batch_size)
+
+    def _decode(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                plan: _DecodePlan) -> torch.Tensor:
+        bs = q.shape[0]
+        kvh, g, d = self.num_kv_heads, self.group, self.head_dim
+        queries = q.view(bs, kvh, g, d)  # the heads of a group ride the query axis
+        keys = k_pool[plan.kv_slots].transpose(1, 2)  # [bs, kv_heads, suffix_len, head_dim]
+        values = v_pool[plan.kv_slots].transpose(1, 2)
+        out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=plan.mask, scale=self.scale)
+        if plan.prefix_slots is not None:
+            # all requests' queries against the shared prefix, gathered once
+            shared_q = queries.transpose(0, 1).reshape(1, kvh, bs * g, d)
+            shared_k = k_pool[plan.prefix_slots].transpose(0, 1).unsqueeze(0)
+            shared_v = v_pool[plan.prefix_slots].transpose(0, 1).unsqueeze(0)
+            out_p, lse_p = _flash(shared_q, shared_k, shared_v, 0.0, False, scale=self.scale)
+            out_p = out_p.view(kvh, bs, g, d).transpose(0, 1)
+            lse_p = lse_p.view(kvh, bs, g).transpose(0, 1)
+            out = _merge(out, lse, out_p, lse_p)
+        return out.reshape(bs, self.num_heads, d)
+
+    def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                plan: _ExtendPlan, bs: int) -> torch.Tensor:
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
-        keys = batch.kv_pool.k[layer_id][plan.kv_slots].transpose(1, 2)
-        values = batch.kv_pool.v[layer_id][plan.kv_slots].transpose(1, 2)
+        keys = k_pool[plan.kv_slots].transpose(1, 2)
+        values = v_pool[plan.kv_slots].transpose(1, 2)
         if plan.q_rows is not None:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
@@ -80,3 +154,12 @@ class TorchNativeAttnBackend:
         if plan.token_rows is not None:
             out = out[plan.token_rows]
         return out
+
+
+def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+           lse_b: torch.Tensor) -> torch.Tensor:
+    """Combine two attention results over disjoint key sets by their log-sum-exps."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a = torch.exp(lse_a - lse).unsqueeze(-1)
+    w_b = torch.exp(lse_b - lse).unsqueeze(-1)
+    return (out_a.float() * w_a + out_b.float() * w_b).to(out_a.dtype)
