@@ -67,5 +67,5 @@ class KVPool:
         self._num_free += n
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer_id][slots] = k
-        self.v[layer_id][slots] = v
+        self.k[layer_id].index_copy_(0, slots, k)
+        self.v[layer_id].index_copy_(0, slots, v)

@@ -122,14 +122,14 @@ class TorchNativeAttnBackend:
         bs = q.shape[0]
         kvh, g, d = self.num_kv_heads, self.group, self.head_dim
         queries = q.view(bs, kvh, g, d)  # the heads of a group ride the query axis
-        keys = k_pool[plan.kv_slots].transpose(1, 2)  # [bs, kv_heads, suffix_len, head_dim]
-        values = v_pool[plan.kv_slots].transpose(1, 2)
+        keys = _gather(k_pool, plan.kv_slots).transpose(1, 2)  # [bs, kv_heads, suffix, head_dim]
+        values = _gather(v_pool, plan.kv_slots).transpose(1, 2)
         out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=plan.mask, scale=self.scale)
         if plan.prefix_slots is not None:
             # all requests' queries against the shared prefix, gathered once
             shared_q = queries.transpose(0, 1).reshape(1, kvh, bs * g, d)
-            shared_k = k_pool[plan.prefix_slots].transpose(0, 1).unsqueeze(0)
-            shared_v = v_pool[plan.prefix_slots].transpose(0, 1).unsqueeze(0)
+            shared_k = _gather(k_pool, plan.prefix_slots).transpose(0, 1).unsqueeze(0)
+            shared_v = _gather(v_pool, plan.prefix_slots).transpose(0, 1).unsqueeze(0)
             out_p, lse_p = _flash(shared_q, shared_k, shared_v, 0.0, False, scale=self.scale)
             out_p = out_p.view(kvh, bs, g, d).transpose(0, 1)
             lse_p = lse_p.view(kvh, bs, g).transpose(0, 1)
@@ -139,8 +139,8 @@ class TorchNativeAttnBackend:
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 plan: _ExtendPlan, bs: int) -> torch.Tensor:
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
-        keys = k_pool[plan.kv_slots].transpose(1, 2)
-        values = v_pool[plan.kv_slots].transpose(1, 2)
+        keys = _gather(k_pool, plan.kv_slots).transpose(1, 2)
+        values = _gather(v_pool, plan.kv_slots).transpose(1, 2)
         if plan.q_rows is not None:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
@@ -154,6 +154,11 @@ class TorchNativeAttnBackend:
         if plan.token_rows is not None:
             out = out[plan.token_rows]
         return out
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool[slots] for [num_slots, heads, dim] pools; index_select is several times faster."""
+    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
 
 
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
