@@ -22,7 +22,7 @@ _TINY = torch.finfo(torch.float32).tiny
 @dataclass
 class SampleOutput:
     next_ids: torch.Tensor  # [bs] int64
-    logprobs: torch.Tensor  # [bs] float32: raw log_softmax at next_ids
+    logprobs: torch.Tensor | None  # [bs] float32: raw log_softmax at next_ids (None: not asked)
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # ([bs, k] float32, [bs, k] int64)
 
 
@@ -32,6 +32,7 @@ def sample(
     *,
     top_logprobs_num: int = 0,
     vocab_mask: torch.Tensor | None = None,
+    need_logprobs: bool = True,
 ) -> SampleOutput:
     """Choose one token per row.
 
@@ -61,6 +62,8 @@ def sample(
         sampled = _sample_from_logits(work, batch)
         next_ids = torch.where(batch.is_greedy, next_ids, sampled)
 
+    if not need_logprobs:  # nobody asked: skip a full pass over the logits
+        return SampleOutput(next_ids=next_ids, logprobs=None, top_logprobs=None)
     log_norm = torch.logsumexp(raw, dim=-1)  # [bs]
     logprobs = raw.gather(1, next_ids.view(-1, 1)).squeeze(1) - log_norm
     top = _top_logprobs(raw, top_logprobs_num) if top_logprobs_num > 0 else None
