@@ -87,6 +87,28 @@ async def until_disconnect(work: Awaitable[Any], request: Request) -> Any:
     raise ClientGone()
 
 
+async def open_stream(tm: TokenizerManager, group: RequestGroup, request: Request,
+                      content: AsyncIterator[bytes]) -> Response:
+    """The SSE response for `group`, once its first outputs are in.
+
+    Status 200 cannot be taken back once sent, so a request the scheduler rejects at once
+    (an invalid grammar) still gets its 400 here rather than an aborted stream.
+    """
+    try:
+        first = await until_disconnect(group.peek(), request)
+        for _, out in first:
+            finish = out.token.finish
+            if finish is not None and finish.type == "abort":
+                raise InvalidRequest(finish.message or "the request was rejected")
+    except ClientGone:
+        tm.release(group)
+        return Response(status_code=499)
+    except BaseException:
+        tm.release(group)
+        raise
+    return GroupStreamingResponse(content, tm, group)
+
+
 class GroupStreamingResponse(StreamingResponse):
     """A stream that releases (aborts) its request group however the response ends."""
 
@@ -219,17 +241,14 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
     app.include_router(create_openai_router(tm, served_model_name))
     app.state.tm = tm
 
-    async def generate_native(body: Any, request: Request | None) -> Response:
+    async def generate_native(body: Any, request: Request) -> Response:
         parsed = parse_generate(body, tm.tokenizer, tm.context_length, vocab_size=tm.vocab_size)
         group = tm.submit(parsed.reqs)
         builders = parsed.builders(tm.tokenizer)
         if parsed.stream:
-            return GroupStreamingResponse(native_stream(group, builders), tm, group)
+            return await open_stream(tm, group, request, native_stream(group, builders))
         try:
-            if request is None:
-                await collect(group, builders)
-            else:
-                await until_disconnect(collect(group, builders), request)
+            await until_disconnect(collect(group, builders), request)
         except ClientGone:
             return Response(status_code=499)
         finally:

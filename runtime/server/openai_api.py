@@ -17,7 +17,7 @@ from ..messages import GenerateReq
 from ..native_api import ResponseBuilder, fit_to_context, new_rid, tokenize_prompt
 from ..sampling_params import SamplingParams
 from .http_server import (
-    SSE_DONE, ClientGone, GroupStreamingResponse, OrjsonResponse, collect, error_body,
+    SSE_DONE, ClientGone, OrjsonResponse, collect, error_body, open_stream,
     raise_if_rejected, read_json, sse, until_disconnect, validation_error_response,
 )
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -155,7 +155,7 @@ def create_openai_router(tm: TokenizerManager, served_model_name: str) -> APIRou
         builders = [ResponseBuilder(r, tm.tokenizer, return_text_in_logprobs=return_text)
                     for r in job.reqs]
         if job.reqs[0].stream:
-            return GroupStreamingResponse(stream_fn(group, builders), tm, group)
+            return await open_stream(tm, group, request, stream_fn(group, builders))
         try:
             await until_disconnect(collect(group, builders), request)
         except ClientGone:

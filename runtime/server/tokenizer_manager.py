@@ -55,18 +55,28 @@ class RequestGroup:
         self.reqs = reqs
         self.queue: asyncio.Queue[tuple[int, ReqTextOut] | None] = asyncio.Queue()
         self.unfinished = {r.rid for r in reqs}
+        self._held: list[tuple[int, ReqTextOut] | None] = []
 
     @property
     def done(self) -> bool:
         return not self.unfinished
 
-    async def next(self) -> list[tuple[int, ReqTextOut]]:
-        """Every output that has arrived (at least one), as (index in reqs, output)."""
-        items = [await self.queue.get()]
+    async def _take(self) -> list[tuple[int, ReqTextOut] | None]:
+        items, self._held = self._held or [await self.queue.get()], []
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
         if any(item is None for item in items):
             raise ServerUnavailable(self.tm.failure or "the server is shutting down")
+        return items
+
+    async def peek(self) -> list[tuple[int, ReqTextOut]]:
+        """Wait for the first outputs without consuming them: `next` returns them again."""
+        self._held = await self._take()
+        return self._held  # type: ignore[return-value]
+
+    async def next(self) -> list[tuple[int, ReqTextOut]]:
+        """Every output that has arrived (at least one), as (index in reqs, output)."""
+        items = await self._take()
         for _, out in items:  # type: ignore[misc]
             if out.token.finish is not None:
                 self.unfinished.discard(out.token.rid)

@@ -9,11 +9,14 @@ from helpers.tiny_models import make_tiny_model
 from radixflow.runtime.server.runtime import Runtime
 
 KV_POOL_TOKENS = 4096
+# Long enough that a 4000-token request is still running when its client hangs up.
+CONTEXT = 4096
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("server-tiny"), "llama")
+    return make_tiny_model(tmp_path_factory.mktemp("server-tiny"), "llama",
+                           max_position_embeddings=CONTEXT)
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,7 @@ bad_generate = st.one_of(
     st.builds(lambda v: {**BASE_GENERATE, "return_logprob": True, "top_logprobs_num": v},
               st.integers(max_value=-1) | st.integers(min_value=101) | NOT_INT),
     st.builds(lambda n: {"text": "a " * n, "sampling_params": {"max_new_tokens": 1}},
-              st.integers(min_value=1100, max_value=2000)),
+              st.integers(min_value=4200, max_value=6000)),
     json_values.filter(lambda v: not isinstance(v, dict)),
 )
 
@@ -98,7 +98,7 @@ bad_chat = st.one_of(
               st.sampled_from(["max_tokens", "max_completion_tokens", "n", "top_logprobs",
                                "seed"]), NOT_INT),
     st.builds(lambda v: {**BASE_CHAT, "max_tokens": v},
-              st.integers(max_value=0) | st.integers(min_value=1000)),
+              st.integers(max_value=0) | st.integers(min_value=4100)),
     st.builds(lambda k, v: {**BASE_CHAT, k: v},
               st.sampled_from(["temperature", "top_p", "presence_penalty",
                                "frequency_penalty"]), NOT_NUMBER | st.floats(min_value=2.5)),
@@ -133,7 +133,7 @@ bad_completion = st.one_of(
     st.builds(lambda v: {"model": "tiny", "prompt": "Hi", "logprobs": v},
               st.integers(min_value=6) | st.integers(max_value=-1) | NOT_INT),
     st.builds(lambda v: {"model": "tiny", "prompt": "Hi", "max_tokens": v},
-              st.integers(max_value=-1) | st.integers(min_value=1000) | NOT_INT),
+              st.integers(max_value=-1) | st.integers(min_value=4100) | NOT_INT),
     st.builds(lambda v: {"model": "tiny", "prompt": "Hi", "echo": True, "stream": True,
                          "max_tokens": v}, st.integers(1, 3)),
 )

@@ -114,9 +114,11 @@ def test_regex_constraint(server):
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-def test_bad_regex_is_400(server):
-    r = post(server, "/generate", {"text": "x", "sampling_params": {"regex": "(unclosed"}})
-    assert r.status_code == 400 and r.json()["error"]["message"]
+def test_bad_regex_is_400_even_when_streaming(server):
+    for stream in (False, True):
+        r = post(server, "/generate", {"text": "x", "stream": stream,
+                                       "sampling_params": {"regex": "(unclosed"}})
+        assert r.status_code == 400 and r.json()["error"]["message"]
 
 
 def test_flush_and_noop_routes(server):
