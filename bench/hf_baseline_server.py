@@ -15,7 +15,8 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -38,8 +39,8 @@ class Generator:
         """New token ids for one request (blocking)."""
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         temperature = float(body.get("temperature", 1.0) or 0.0)
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_new, streamer=streamer,
-                                      pad_token_id=self.tokenizer.eos_token_id)
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new, "streamer": streamer,
+                                      "pad_token_id": self.tokenizer.eos_token_id}
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature,
                           top_p=float(body.get("top_p", 1.0) or 1.0))
@@ -138,7 +139,7 @@ def create_app(gen: Generator) -> FastAPI:
                     piece = await loop.run_in_executor(None, next, streamer, None)
                     if piece is None:
                         break
-                    text, stopped = _cut_at_stop(sent + piece, body.get("stop"))
+                    text, _ = _cut_at_stop(sent + piece, body.get("stop"))
                     if len(text) > len(sent):
                         yield chunk(text[len(sent):])
                         sent = text

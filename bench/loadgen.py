@@ -51,7 +51,7 @@ class RequestResult:
 
 def normalize_base_url(url: str) -> str:
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.removesuffix("/v1")
 
 
 async def discover_model(client: httpx.AsyncClient, base_url: str) -> str:
@@ -240,10 +240,10 @@ def fmt(value: Any) -> str:
 
 def markdown(run: dict, name: str) -> str:
     cfg, s = run["config"], run["summary"]
-    lines = [f"# {run['workload']} on {name}", "",
-             f"{run['base_url']}, model `{run['model']}`, {cfg['requests']} requests "
-             f"({cfg['sessions']} sessions), concurrency {cfg['concurrency']}, seed {cfg['seed']}, "
-             f"scale {cfg['scale']}; {run['time']}", "", "| metric | value |", "|---|---|"]
+    about = (f"{run['base_url']}, model `{run['model']}`, {cfg['requests']} requests "
+             f"({cfg['sessions']} sessions), concurrency {cfg['concurrency']}, "
+             f"seed {cfg['seed']}, scale {cfg['scale']}; {run['time']}")
+    lines = [f"# {run['workload']} on {name}", "", about, "", "| metric | value |", "|---|---|"]
     lines += [f"| {label} | {fmt(s[key])} |" for label, key in SUMMARY_ROWS]
     if s["error_examples"]:
         lines += ["", "Errors (first few):", *[f"- {e}" for e in s["error_examples"]]]

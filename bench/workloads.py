@@ -18,20 +18,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 TOKENS_PER_WORD = 1.3
 
-WORDS = """time person year way day thing man world life hand part child eye woman place work
-week case point government company number group problem fact river mountain city music science
-history garden window market winter summer friend teacher student doctor engine planet ocean
-forest animal bridge castle paper water light sound color letter table house road story question
-answer system program memory model cache token prefix language value string travel follow begin
-bring write stand learn change lead watch speak read grow open walk offer remember consider appear
-buy wait serve send build stay fall reach remain suggest raise pass sell require report decide
-pull happy small large early young important public private social national local certain able
-clear simple strong recent free human whole special real best better""".split()
+WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem", "fact", "river", "mountain", "city", "music", "science", "history", "garden", "window", "market", "winter", "summer", "friend", "teacher", "student", "doctor", "engine", "planet", "ocean", "forest", "animal", "bridge", "castle", "paper", "water", "light", "sound", "color", "letter", "table", "house", "road", "story", "question", "answer", "system", "program", "memory", "model", "cache", "token", "prefix", "language", "value", "string", "travel", "follow", "begin", "bring", "write", "stand", "learn", "change", "lead", "watch", "speak", "read", "grow", "open", "walk", "offer", "remember", "consider", "appear", "buy", "wait", "serve", "send", "build", "stay", "fall", "reach", "remain", "suggest", "raise", "pass", "sell", "require", "report", "decide", "pull", "happy", "small", "large", "early", "young", "important", "public", "private", "social", "national", "local", "certain", "able", "clear", "simple", "strong", "recent", "free", "human", "whole", "special", "real", "best", "better"]
 
 NAMES = ["Alice", "Bob", "Carmen", "Dmitri", "Emeka", "Fatima", "Goran", "Hana", "Ivan", "Jia",
          "Kofi", "Lena", "Mateo", "Noor", "Olga", "Pablo", "Quinn", "Rosa", "Sven", "Tariq"]

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .constrained import validate_constraint
 from .errors import ContextTooLong, InvalidRequest
 from .messages import GenerateReq, ReqTextOut
 from .sampling_params import SamplingParams
@@ -87,6 +88,14 @@ def fit_to_context(
             f"{sampling.max_new_tokens} for the completion)", param="max_tokens")
     return dataclasses.replace(
         sampling, max_new_tokens=room, min_new_tokens=min(sampling.min_new_tokens, room))
+
+
+def check_constraint(sampling: SamplingParams) -> None:
+    """Raise GrammarError (a 400) for an invalid or too big regex / JSON Schema / EBNF /
+    choices / structural tag, before the request reaches the scheduler. (Compile errors that
+    only xgrammar finds come back as an abort with status_code 400.)"""
+    if sampling.constraint is not None:
+        validate_constraint(*sampling.constraint)
 
 
 def _is_int(x: Any) -> bool:
@@ -182,6 +191,8 @@ def parse_generate(
         vocab_size = len(tokenizer)
     prompts, is_batch = _prompts(body, tokenizer, vocab_size)
     samplings = _sampling_list(body, len(prompts))
+    for sampling in samplings:
+        check_constraint(sampling)
     rids = _rids(body, len(prompts), is_batch)
     stream = _opt_bool(body, "stream")
     return_logprob = _opt_bool(body, "return_logprob")

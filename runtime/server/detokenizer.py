@@ -17,7 +17,13 @@ import zmq
 
 from ..detokenize import IncrementalDetokenizer
 from ..messages import (
-    AbortReq, GenerateReq, Message, ProcessFailed, ReqTextOut, ReqTokenOut, TextBatchOut,
+    AbortReq,
+    GenerateReq,
+    Message,
+    ProcessFailed,
+    ReqTextOut,
+    ReqTokenOut,
+    TextBatchOut,
     TokenBatchOut,
 )
 from .ipc import PullSocket, PushSocket

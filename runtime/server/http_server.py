@@ -7,7 +7,8 @@ import dataclasses
 import hmac
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request

@@ -16,8 +16,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
 from ..server_args import ServerArgs

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Union
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
@@ -17,8 +18,17 @@ from ..messages import GenerateReq
 from ..native_api import ResponseBuilder, fit_to_context, new_rid, tokenize_prompt
 from ..sampling_params import SamplingParams
 from .http_server import (
-    SSE_DONE, ClientGone, OrjsonResponse, collect, error_body, open_stream,
-    raise_if_rejected, read_json, sse, until_disconnect, validation_error_response,
+    SSE_DONE,
+    ClientGone,
+    OrjsonResponse,
+    collect,
+    error_body,
+    open_stream,
+    raise_if_rejected,
+    read_json,
+    sse,
+    until_disconnect,
+    validation_error_response,
 )
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .tokenizer_manager import RequestGroup, TokenizerManager
@@ -36,7 +46,7 @@ class _Job:
     n: int
 
 
-def _sampling(body: Union[CompletionRequest, ChatCompletionRequest], max_tokens: int | None,
+def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
               choice: int) -> SamplingParams:
     d: dict[str, Any] = {
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
@@ -67,7 +77,7 @@ def _sampling(body: Union[CompletionRequest, ChatCompletionRequest], max_tokens:
     return SamplingParams.from_dict(d)
 
 
-def _build_job(tm: TokenizerManager, body: Union[CompletionRequest, ChatCompletionRequest],
+def _build_job(tm: TokenizerManager, body: CompletionRequest | ChatCompletionRequest,
                prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
                logprobs: int | None, echo: bool = False) -> _Job:
     if body.logit_bias:
@@ -361,6 +371,6 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> str:
             continue_final_message=continue_final, **(body.chat_template_kwargs or {}))
     except InvalidRequest:
         raise
-    except Exception as exc:  # jinja errors: roles out of order, missing fields, raise_exception
+    except Exception as exc:  # noqa: BLE001 -- any template error (jinja, raise_exception)
         raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                              param="messages") from None

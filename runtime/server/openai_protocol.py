@@ -6,7 +6,7 @@ well-known extensions of vLLM/SGLang (top_k, min_p, ignore_eos, regex, ...) are 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,51 +26,51 @@ class StreamOptions(_Strict):
 
 class JsonSchemaFormat(_Strict):
     name: str = Field("response", max_length=256)
-    description: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
-    strict: Optional[bool] = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _SamplingRequest(_Strict):
     model: str = Field(min_length=1)
     n: int = Field(1, ge=1, le=128)
-    stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
-    logit_bias: Optional[dict[str, float]] = None
-    response_format: Optional[ResponseFormat] = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     # Extensions (vLLM / SGLang names).
-    top_k: Optional[int] = Field(None, ge=-1)
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS_LIMIT)
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    regex: Optional[str] = None
-    ebnf: Optional[str] = None
-    json_schema: Optional[Union[str, dict[str, Any]]] = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = Field(16, ge=0, le=MAX_NEW_TOKENS_LIMIT)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0, le=MAX_NEW_TOKENS_LIMIT)
     echo: bool = False
-    logprobs: Optional[int] = Field(None, ge=0, le=5)
-    suffix: Optional[str] = None
-    best_of: Optional[int] = Field(None, ge=1, le=128)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=128)
 
 
 class TextPart(_Strict):
@@ -84,10 +84,10 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[str, list[TextPart]]] = None
-    name: Optional[str] = None
-    tool_call_id: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -99,14 +99,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
-    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     # Extensions.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template_kwargs: dict[str, Any] | None = None

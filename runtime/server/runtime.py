@@ -59,8 +59,9 @@ class Runtime:
         host = kwargs.pop("host", "127.0.0.1")
         self.args = ServerArgs(model=model, host=host, port=port or free_port(host), **kwargs)
         self.url = f"http://{self.args.host}:{self.args.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="radixflow-serve-", suffix=".log",
-                                                delete=False)
+        # Open for the server's whole life; closed in shutdown().
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="radixflow-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "radixflow.runtime.cli", "serve", *cli_flags(self.args)]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         self.proc: subprocess.Popen | None = subprocess.Popen(
@@ -137,5 +138,5 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()

@@ -20,8 +20,14 @@ import zmq.asyncio
 from .. import messages
 from ..errors import InvalidRequest, ServerUnavailable
 from ..messages import (
-    AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, ProcessFailed, ReqTextOut,
-    SchedulerStats, TextBatchOut,
+    AbortReq,
+    FlushCacheDone,
+    FlushCacheReq,
+    GenerateReq,
+    ProcessFailed,
+    ReqTextOut,
+    SchedulerStats,
+    TextBatchOut,
 )
 
 logger = logging.getLogger(__name__)
@@ -85,7 +91,7 @@ class RequestGroup:
     async def __aenter__(self) -> RequestGroup:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.tm.release(self)
 
 

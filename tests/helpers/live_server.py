@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import requests
-
 from radixflow.runtime.server.runtime import free_port
 
 
@@ -58,7 +57,7 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in stop()
         cmd = [sys.executable, "-m", "radixflow.runtime.cli", "serve", "--port", str(self.port),
                *flags]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,

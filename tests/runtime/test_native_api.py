@@ -6,12 +6,14 @@ import json
 import math
 
 import pytest
-
 from helpers.tiny_models import make_tiny_tokenizer
 from radixflow.runtime.errors import ContextTooLong, InvalidRequest
 from radixflow.runtime.messages import Finish, ReqTextOut, ReqTokenOut
 from radixflow.runtime.native_api import (
-    LOGPROB_FLOOR, ParsedGenerate, ResponseBuilder, parse_generate, tokenize_prompt,
+    LOGPROB_FLOOR,
+    ParsedGenerate,
+    parse_generate,
+    tokenize_prompt,
 )
 
 

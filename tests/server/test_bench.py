@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds bench/
 
-from bench import loadgen, workloads  # noqa: E402
-from bench.compare import write_comparison  # noqa: E402
+from bench import loadgen, workloads
+from bench.compare import write_comparison
 
 
 def test_workloads_are_seeded_and_sized():

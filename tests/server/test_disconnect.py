@@ -34,18 +34,18 @@ def check_aborted(server, before: dict, aborted_before: float) -> None:
 
 def test_stream_disconnect(server):
     before, aborted = wait_idle(server), aborted_count(server)
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", server.url + "/generate", json=long_body(True)) as r:
-            # NOTE: keep a reference: a dropped line iterator closes the connection itself.
-            lines = r.iter_lines()
-            events = 0
-            for line in lines:
-                if line.startswith("data: {"):
-                    events += 1
-                    if events == 2:
-                        break
-            info = requests.get(server.url + "/get_server_info", timeout=30).json()
-            assert info["num_pending_requests"] == 1  # still running while the client waits
+    with httpx.Client(timeout=60) as http, http.stream(
+            "POST", server.url + "/generate", json=long_body(True)) as r:
+        # NOTE: keep a reference: a dropped line iterator closes the connection itself.
+        lines = r.iter_lines()
+        events = 0
+        for line in lines:
+            if line.startswith("data: {"):
+                events += 1
+                if events == 2:
+                    break
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        assert info["num_pending_requests"] == 1  # still running while the client waits
     check_aborted(server, before, aborted)
 
 

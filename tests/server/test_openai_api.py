@@ -36,7 +36,7 @@ def test_chat_greedy_usage_and_length(client, tokenizer):
 
 
 def test_chat_stream_matches_non_stream(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
     full = client.chat.completions.create(**kw).choices[0]
     chunks = list(client.chat.completions.create(
         **kw, stream=True, stream_options={"include_usage": True}))
@@ -51,8 +51,8 @@ def test_chat_stream_matches_non_stream(client):
 
 
 def test_seed_reproducible_and_n_choices_differ(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=1.0, seed=1234, n=3,
-              extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0, "seed": 1234, "n": 3,
+              "extra_body": {"ignore_eos": True}}
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     texts = [c.message.content for c in a.choices]
@@ -63,8 +63,8 @@ def test_seed_reproducible_and_n_choices_differ(client):
 
 
 def test_stop_string_cuts_output(client):
-    kw = dict(model="tiny", prompt="The quick brown fox", max_tokens=16, temperature=0,
-              extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0,
+              "extra_body": {"ignore_eos": True}}
     full = client.completions.create(**kw).choices[0].text
     cut = next(i for i in range(2, len(full)) if not full[i].isspace())
     stop = full[cut:cut + 2]
@@ -120,18 +120,18 @@ def test_json_schema_response_format(client):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(temperature=5), "temperature"),
-    (dict(n=0), "n"),
-    (dict(top_logprobs=50, logprobs=True), "top_logprobs"),
-    (dict(max_tokens=10**9), "max_tokens"),
-    (dict(max_tokens=100_000), "max_tokens"),  # over the context
-    (dict(messages=[]), "messages"),
-    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages.0.role"),
-    (dict(extra_body={"not_a_field": 1}), "not_a_field"),
-    (dict(stop=[""]), "stop"),
+    ({"temperature": 5}, "temperature"),
+    ({"n": 0}, "n"),
+    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ({"max_tokens": 10**9}, "max_tokens"),
+    ({"max_tokens": 100_000}, "max_tokens"),  # over the context
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"extra_body": {"not_a_field": 1}}, "not_a_field"),
+    ({"stop": [""]}, "stop"),
 ])
 def test_bad_chat_requests(client, kwargs, param):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=4)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
     kw.update(kwargs)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**kw)
