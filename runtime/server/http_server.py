@@ -99,8 +99,9 @@ async def open_stream(tm: TokenizerManager, group: RequestGroup, request: Reques
         first = await until_disconnect(group.peek(), request)
         for _, out in first:
             finish = out.token.finish
-            if finish is not None and finish.type == "abort":
-                raise InvalidRequest(finish.message or "the request was rejected")
+            error = rejection(finish.to_json() if finish is not None else None)
+            if error is not None:
+                raise error
     except ClientGone:
         tm.release(group)
         return Response(status_code=499)
@@ -131,14 +132,23 @@ async def collect(group: RequestGroup, builders: list[ResponseBuilder]) -> None:
             builders[index].add(out)
 
 
-def raise_if_rejected(builders: list[ResponseBuilder]) -> None:
-    """A request the scheduler aborted (bad grammar, too long) is the client's error: a 400.
+def rejection(finish_reason: dict | None) -> RadixflowError | None:
+    """The error for a request the scheduler aborted: a 400 for a bad request (grammar, too
+    long), a 500 for a failure inside. Client-initiated aborts never get here: their
+    response is gone."""
+    if finish_reason is None or finish_reason["type"] != "abort":
+        return None
+    message = finish_reason.get("message") or "the request was aborted"
+    if (finish_reason.get("status_code") or 400) >= 500:
+        return RadixflowError(message)
+    return InvalidRequest(message)
 
-    Client-initiated aborts never get here: their response is gone.
-    """
+
+def raise_if_rejected(builders: list[ResponseBuilder]) -> None:
     for b in builders:
-        if b.finish_reason is not None and b.finish_reason["type"] == "abort":
-            raise InvalidRequest(b.finish_reason.get("message") or "the request was rejected")
+        error = rejection(b.finish_reason)
+        if error is not None:
+            raise error
 
 
 async def native_stream(group: RequestGroup, builders: list[ResponseBuilder]
