@@ -93,6 +93,8 @@ class Engine:
                     self._next_output(builder)
         finally:
             self._forget(parsed.reqs)
+        for builder in builders:
+            _raise_if_rejected(builder)
         return parsed.response([b.result() for b in builders])
 
     def abort(self, rid: str) -> None:
@@ -158,6 +160,7 @@ class Engine:
                 self._next_output(builder)
                 while self._next_output(builder, block=False):  # merge queued steps
                     pass
+                _raise_if_rejected(builder)
                 yield builder.event()
             finished = True
         finally:
@@ -212,3 +215,11 @@ class Engine:
                 detok.append(tok.new_ids)
                 text = detok.finish() if tok.finish is not None else detok.text
                 pending.outputs.put(ReqTextOut(token=tok, text=text))
+
+
+def _raise_if_rejected(builder: ResponseBuilder) -> None:
+    """A request the scheduler refused (e.g. a grammar that fails to compile) raises the
+    400 an HTTP client would get; client aborts and internal failures stay results."""
+    reason = builder.finish_reason
+    if reason is not None and reason["type"] == "abort" and reason.get("status_code") == 400:
+        raise InvalidRequest(reason.get("message") or "the request was rejected")

@@ -44,6 +44,9 @@ class Finish(_Msg):
     matched: str | int | None = None  # the stop string or token id
     length: int | None = None
     message: str | None = None
+    # An abort the client caused (400: bad grammar, prompt too long) or that failed inside
+    # (500); None for client-initiated aborts. Shown as SGLang shows it.
+    status_code: int | None = None
 
     def to_json(self) -> dict:
         out: dict = {"type": self.type}
@@ -53,6 +56,8 @@ class Finish(_Msg):
             out["length"] = self.length
         elif self.type == "abort":
             out["message"] = self.message
+            if self.status_code is not None:
+                out["status_code"] = self.status_code
         return out
 
 

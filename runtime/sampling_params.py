@@ -10,8 +10,8 @@ from .errors import InvalidRequest
 
 # Keys SGLang's native API accepts that we accept and ignore (they change nothing here).
 _IGNORED_KEYS = frozenset(
-    {"spaces_between_special_tokens", "stream_interval", "custom_params", "structural_tag",
-     "logit_bias", "stop_regex", "lora_path"}
+    {"spaces_between_special_tokens", "stream_interval", "custom_params", "logit_bias",
+     "stop_regex", "lora_path"}
 )
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 
@@ -39,6 +39,7 @@ class SamplingParams:
     json_schema: str | None = None  # a JSON document (a dict is serialised on the way in)
     ebnf: str | None = None
     choices: list[str] | None = None
+    structural_tag: str | None = None  # JSON: xgrammar's or SGLang's structural tag
 
     @property
     def is_greedy(self) -> bool:
@@ -57,6 +58,8 @@ class SamplingParams:
             return ("ebnf", self.ebnf)
         if self.choices is not None:
             return ("choices", json.dumps(self.choices))
+        if self.structural_tag is not None:
+            return ("structural_tag", self.structural_tag)
         return None
 
     @classmethod
@@ -82,8 +85,9 @@ class SamplingParams:
             kwargs["stop"] = [kwargs["stop"]]
         if "sampling_seed" in d and d["sampling_seed"] is not None:
             kwargs.setdefault("seed", d["sampling_seed"])
-        if isinstance(kwargs.get("json_schema"), dict):
-            kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
+        for key in ("json_schema", "structural_tag"):
+            if isinstance(kwargs.get(key), dict):
+                kwargs[key] = json.dumps(kwargs[key])
         params = cls(**kwargs)
         params.validate()
         return params
@@ -143,12 +147,12 @@ class SamplingParams:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             raise bad("stop_token_ids", "must be a list of non-negative ints")
-        constraints = [k for k in ("regex", "json_schema", "ebnf", "choices")
+        constraints = [k for k in ("regex", "json_schema", "ebnf", "choices", "structural_tag")
                        if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise InvalidRequest(f"at most one constraint may be given, got {constraints}",
                                  param=constraints[1])
-        for name in ("regex", "json_schema", "ebnf"):
+        for name in ("regex", "json_schema", "ebnf", "structural_tag"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise bad(name, "must be a string")

@@ -1,4 +1,5 @@
-"""Structured generation: regex, JSON Schema, EBNF and choices constraints over xgrammar.
+"""Structured generation: regex, JSON Schema, EBNF, choices and structural-tag constraints
+over xgrammar.
 
     backend = GrammarBackend(tokenizer, vocab_size)      # one per tokenizer
     state = backend.new_state(backend.compile("regex", r"\\d{4}-\\d{2}-\\d{2}"))
@@ -6,17 +7,31 @@
     backend.fill_bitmasks([state, None, ...], bitmask)    # may overlap the forward pass
     backend.apply_bitmask(logits, bitmask, rows=[0])      # in place, -inf where disallowed
     state.accept_token(token_id); state.is_terminated()
+
+Validation (`validate_constraint`, the limits) is pure Python + interegular; the rest needs
+torch and xgrammar and is imported on first use, so the HTTP process can validate cheaply.
 """
 
 from __future__ import annotations
 
-from .backend import CompiledGrammar, GrammarBackend, build_tokenizer_info
-from .compile_cache import PendingGrammar
-from .jump_forward import JumpForward
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .limits import KINDS, GrammarLimits, validate_constraint
 from .regex_check import RegexLimits
 from .schema_check import SchemaLimits
-from .state import GrammarState
+
+if TYPE_CHECKING:
+    from .backend import CompiledGrammar, GrammarBackend, build_tokenizer_info
+    from .compile_cache import PendingGrammar, wait_any
+    from .jump_forward import JumpForward
+    from .state import GrammarState
+
+_LAZY = {
+    "CompiledGrammar": "backend", "GrammarBackend": "backend", "build_tokenizer_info": "backend",
+    "PendingGrammar": "compile_cache", "wait_any": "compile_cache",
+    "JumpForward": "jump_forward", "GrammarState": "state",
+}
 
 __all__ = [
     "KINDS",
@@ -30,4 +45,11 @@ __all__ = [
     "SchemaLimits",
     "build_tokenizer_info",
     "validate_constraint",
+    "wait_any",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

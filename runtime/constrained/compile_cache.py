@@ -12,8 +12,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 
 from ..errors import GrammarError
 
@@ -40,6 +41,16 @@ class PendingGrammar:
             raise GrammarError(
                 f"grammar compilation took longer than {self._timeout:g}s; simplify the "
                 "constraint") from None
+
+
+def wait_any(pending: list[PendingGrammar], timeout: float) -> None:
+    """Block until one of `pending` is done (compiled, failed, or past its deadline), or for
+    `timeout` seconds at most."""
+    if not pending:
+        return
+    now = time.monotonic()
+    timeout = min([timeout] + [max(0.0, p._deadline - now) for p in pending])
+    wait_futures([p._future for p in pending], timeout=timeout, return_when=FIRST_COMPLETED)
 
 
 class CompileCache:

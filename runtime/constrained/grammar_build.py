@@ -8,7 +8,7 @@ import logging
 import xgrammar as xgr
 
 from ..errors import GrammarError
-from .limits import GrammarLimits, parse_choices
+from .limits import GrammarLimits, parse_choices, parse_structural_tag
 from .regex_check import normalize_regex
 from .unicode_fix import fix_printed_grammar
 
@@ -45,6 +45,8 @@ def build_grammar(kind: str, spec: str, limits: GrammarLimits) -> xgr.Grammar:
         grammar = xgr.Grammar.from_ebnf(spec)
     elif kind == "choices":
         return xgr.Grammar.from_ebnf(choices_to_ebnf(parse_choices(spec, limits)))
+    elif kind == "structural_tag":
+        grammar = xgr.Grammar.from_structural_tag(json.dumps(parse_structural_tag(spec, limits)))
     else:
         raise GrammarError(f"unknown constraint kind {kind!r}")
     return _well_formed(grammar)

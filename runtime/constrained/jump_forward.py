@@ -31,17 +31,17 @@ class JumpForward:
 
 
 def find_jump_forward(matcher: xgr.GrammarMatcher, table: TokenTable, tokenizer: Any,
-                      output_ids: list[int], *,
-                      max_new_tokens: int | None = None) -> JumpForward | None:
+                      output_ids: list[int], *, max_new_tokens: int | None = None,
+                      max_replaced: int | None = None) -> JumpForward | None:
     """The jump for `matcher` (which has accepted exactly `output_ids`), or None.
 
-    max_new_tokens caps how much the output may grow (len after - len before); the matcher is
-    not changed.
+    max_new_tokens caps how much the output may grow (len after - len before); max_replaced
+    caps num_replaced (e.g. to tokens not yet streamed); the matcher is not changed.
     """
     forced = matcher.find_jump_forward_string()
     if not forced:
         return None
-    for window in _windows(table, output_ids):
+    for window in _windows(table, output_ids, max_replaced):
         jump = _retokenized(matcher, table, tokenizer, output_ids, window, forced, max_new_tokens)
         if jump is not None:
             return jump
@@ -53,11 +53,12 @@ def find_jump_forward(matcher: xgr.GrammarMatcher, table: TokenTable, tokenizer:
     return JumpForward(0, tokens, table.bytes_of(tokens).decode("utf-8", errors="replace"))
 
 
-def _windows(table: TokenTable, output_ids: list[int]) -> list[int]:
+def _windows(table: TokenTable, output_ids: list[int], max_replaced: int | None) -> list[int]:
     """Candidate numbers of trailing tokens to re-read: the boundary window, widened until its
-    bytes are whole UTF-8, then none at all."""
+    bytes are whole UTF-8 (at most max_replaced), then none at all."""
+    limit = len(output_ids) if max_replaced is None else min(len(output_ids), max_replaced)
     candidates = []
-    for window in range(min(BOUNDARY_TOKENS, len(output_ids)), len(output_ids) + 1):
+    for window in range(min(BOUNDARY_TOKENS, max(limit, 0)), limit + 1):
         tail = output_ids[len(output_ids) - window:]
         if not table.is_text(tail):
             break

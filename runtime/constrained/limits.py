@@ -11,7 +11,7 @@ from ..errors import GrammarError
 from .regex_check import RegexLimits, check_regex
 from .schema_check import SchemaLimits, parse_json_schema
 
-KINDS = ("regex", "json_schema", "json_object", "ebnf", "choices")
+KINDS = ("regex", "json_schema", "json_object", "ebnf", "choices", "structural_tag")
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,9 @@ class GrammarLimits:
 def validate_constraint(kind: str, spec: str, limits: GrammarLimits | None = None) -> None:
     """Raise GrammarError (a 400) if the constraint is invalid, unsupported or too big.
 
-    kind is one of KINDS; spec is the regex, the schema as a JSON string, the EBNF grammar, or
-    the choices as a JSON list of strings (spec is ignored for "json_object").
+    kind is one of KINDS; spec is the regex, the schema as a JSON string, the EBNF grammar, the
+    choices as a JSON list of strings, or an xgrammar / SGLang structural tag as a JSON string
+    (spec is ignored for "json_object").
     """
     limits = limits or GrammarLimits()
     if kind == "regex":
@@ -40,6 +41,8 @@ def validate_constraint(kind: str, spec: str, limits: GrammarLimits | None = Non
         check_ebnf(spec, limits.max_ebnf_length)
     elif kind == "choices":
         parse_choices(spec, limits)
+    elif kind == "structural_tag":
+        parse_structural_tag(spec, limits)
     else:
         raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}")
 
@@ -70,3 +73,60 @@ def parse_choices(spec: str, limits: GrammarLimits) -> list[str]:
         raise GrammarError(f"the choices hold {total} characters; the limit is "
                            f"{limits.max_choices_chars}", param="choices")
     return choices
+
+
+def parse_structural_tag(spec: str, limits: GrammarLimits) -> dict:
+    """A structural tag in xgrammar's format ({"type": "structural_tag", "format": ...}) or
+    SGLang's legacy one ({"structures": [{"begin", "schema", "end"}], "triggers": [...]}),
+    returned in xgrammar's format. Its JSON Schemas get the json_schema checks; the rest of
+    the structure is checked by xgrammar when it compiles."""
+    if not isinstance(spec, str) or len(spec) > limits.schema.max_bytes:
+        raise GrammarError(f"structural_tag must be a JSON string of at most "
+                           f"{limits.schema.max_bytes} characters", param="structural_tag")
+    try:
+        tag = json.loads(spec)
+    except (ValueError, RecursionError) as exc:
+        raise GrammarError(f"structural_tag is not valid JSON: {exc}",
+                           param="structural_tag") from None
+    if not isinstance(tag, dict):
+        raise GrammarError("structural_tag must be a JSON object", param="structural_tag")
+    if "structures" in tag:
+        tag = _from_legacy_structural_tag(tag)
+    if tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
+        raise GrammarError('structural_tag needs "type": "structural_tag" and a "format" object',
+                           param="structural_tag")
+    for schema in _tag_schemas(tag["format"], depth=0, max_depth=limits.schema.max_depth):
+        parse_json_schema(json.dumps(schema), limits.schema, limits.regex)
+    return tag
+
+
+def _from_legacy_structural_tag(tag: dict) -> dict:
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if (not isinstance(structures, list) or not isinstance(triggers, list)
+            or not all(isinstance(s, dict) and {"begin", "schema", "end"} <= s.keys()
+                       for s in structures)):
+        raise GrammarError('structural_tag "structures" must be a list of {"begin", "schema", '
+                           '"end"} objects, with a "triggers" list', param="structural_tag")
+    tags = [{"type": "tag", "begin": s["begin"], "end": s["end"],
+             "content": {"type": "json_schema", "json_schema": s["schema"]}} for s in structures]
+    return {"type": "structural_tag",
+            "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
+
+
+def _tag_schemas(node: object, depth: int, max_depth: int) -> list:
+    """The JSON Schemas of every {"type": "json_schema"} format inside a structural tag."""
+    if depth > max_depth:
+        raise GrammarError(f"structural_tag nests deeper than {max_depth} levels",
+                           param="structural_tag")
+    found = []
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+            found.append(node["json_schema"])
+        children = [v for k, v in node.items() if k != "json_schema"]
+    elif isinstance(node, list):
+        children = node
+    else:
+        return found
+    for child in children:
+        found.extend(_tag_schemas(child, depth + 1, max_depth))
+    return found

@@ -63,13 +63,15 @@ class GrammarState:
         return twin
 
     def jump_forward(self, tokenizer: Any, output_ids: list[int], *,
-                     max_new_tokens: int | None = None) -> JumpForward | None:
+                     max_new_tokens: int | None = None,
+                     max_replaced: int | None = None) -> JumpForward | None:
         """The forced continuation after `output_ids` (the tokens this state accepted), or
-        None. Does not change the state: apply it with `apply_jump_forward`."""
+        None. Does not change the state: apply it with `apply_jump_forward`. At most
+        `max_replaced` trailing tokens are retokenized."""
         if self.matcher.is_terminated():
             return None
         return find_jump_forward(self.matcher, self._table, tokenizer, output_ids,
-                                 max_new_tokens=max_new_tokens)
+                                 max_new_tokens=max_new_tokens, max_replaced=max_replaced)
 
     def apply_jump_forward(self, jump: JumpForward) -> None:
         """Roll back the replaced tokens and accept the appended ones."""

@@ -51,11 +51,12 @@ def order_waiting(waiting: list[Req], policy: str, match_len) -> list[Req]:
 
 
 def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk_size: int,
-                uncached_len) -> list[ExtendPlan]:
+                uncached_len, lock_cost=None) -> list[ExtendPlan]:
     """Continuing chunked requests first, then waiting ones in the order given.
 
     `uncached_len(req)` is how many fill tokens the request still has to compute once its
-    cached prefix is taken into account.
+    cached prefix is taken into account; `lock_cost(req)` how many evictable KV slots its
+    cached prefix holds (admission locks them, so they can no longer be evicted for it).
     """
     plans: list[ExtendPlan] = []
     for req in continuing:
@@ -72,11 +73,12 @@ def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk
         if _shares_uncached_prefix(req, todo, admitted):
             continue
         n = min(todo, chunk_size, budget.tokens)
+        cost = lock_cost(req) if lock_cost is not None else 0
         # Admit only when the whole rest of the prompt will fit in KV (chunks may follow).
-        if todo > budget.kv_slots:
+        if todo + cost > budget.kv_slots:
             break
         budget.take(n, new_row=True)
-        budget.kv_slots -= todo - n  # reserve the later chunks too
+        budget.kv_slots -= todo - n + cost  # reserve the later chunks too
         plans.append(ExtendPlan(req, n))
         admitted.append(req)
     return plans

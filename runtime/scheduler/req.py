@@ -45,6 +45,8 @@ class Req:
     generator: torch.Generator | None = None
     stop_checker: Any = None  # IncrementalDetokenizer when the request has stop strings
     grammar: Any = None  # GrammarState when the request has a constraint
+    pending_grammar: Any = None  # PendingGrammar while the constraint compiles (not admitted)
+    can_jump: bool = False  # may get tokens without sampling (jump-forward, forced EOS)
     # Pending output (delta since the last ReqTokenOut)
     sent_len: int = 0  # output tokens already reported
     pending_logprobs: list[float] = field(default_factory=list)
@@ -52,7 +54,6 @@ class Req:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     reported_input_logprobs: bool = False
-    forced_ids: list[int] = field(default_factory=list)  # jump-forward tokens to append next
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int) -> Req:

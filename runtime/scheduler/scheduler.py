@@ -7,20 +7,27 @@ one decode batch if requests are running, and report every request that got new 
 from __future__ import annotations
 
 import logging
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
-
 from radixflow.radix_cache import RadixTree
 
 from ..forward_batch import ForwardMode
-from ..messages import (AbortReq, Finish, FlushCacheDone, FlushCacheReq, GenerateReq, Message,
-                        ReqTokenOut, SchedulerStats, TokenBatchOut)
+from ..messages import (
+    AbortReq,
+    Finish,
+    FlushCacheDone,
+    FlushCacheReq,
+    GenerateReq,
+    Message,
+    ReqTokenOut,
+    SchedulerStats,
+    TokenBatchOut,
+)
 from ..model_runner import BatchRequest, ModelRunner
 from ..sampling import SamplingBatch, sample, top_logprobs
 from ..server_args import ServerArgs
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
+from .grammar import HOLD_BACK_TOKENS, MaskJob, SchedulerGrammar
 from .req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
@@ -46,10 +53,13 @@ class Scheduler:
         self.by_rid: dict[str, Req] = {}
         self._arrivals = 0
         self._touched: dict[str, Req] = {}  # requests to report this step
-        self._grammar = None  # GrammarBackend, created on the first constrained request
-        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self.grammars = SchedulerGrammar(
+            self.tokenizer, self.runner.vocab_size, stop_token_ids=sorted(self.eos_ids),
+            compile_timeout=args.grammar_compile_timeout,
+            jump_forward=not args.disable_jump_forward)
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
+        self.num_forward_passes = 0
 
     # ---- public ----
 
@@ -77,15 +87,19 @@ class Scheduler:
         out: list[Message] = []
         for msg in inbox:
             self._handle(msg, out)
-        if self.waiting or self.prefilling:
+        self._resolve_grammars()
+        if self.prefilling or any(r.pending_grammar is None for r in self.waiting):
             self._run_extend()
         if any(r.seq_len - r.computed_len == 1 for r in self.running):
             self._run_decode()
         if self.running:
             self._run_forced_extends()
         if self._touched:
-            out.append(TokenBatchOut(outputs=[self._make_output(r) for r in self._touched.values()]))
+            outputs = [self._make_output(r) for r in self._touched.values()]
             self._touched.clear()
+            outputs = [o for o in outputs if o is not None]
+            if outputs:
+                out.append(TokenBatchOut(outputs=outputs))
         return out
 
     def stats_message(self) -> SchedulerStats:
@@ -120,23 +134,34 @@ class Scheduler:
         req = Req.from_message(msg, self._arrivals)
         error = self._validate(req)
         if error is not None:
-            self._finish(req, Finish(type="abort", message=error))
+            self._finish(req, Finish(type="abort", message=error, status_code=400))
             return
         if msg.sampling.stop:
-            from ..detokenize import IncrementalDetokenizer
-
-            req.stop_checker = IncrementalDetokenizer(
-                self.tokenizer, stop=msg.sampling.stop,
-                skip_special_tokens=msg.sampling.skip_special_tokens)
+            req.stop_checker = self._new_stop_checker(req)
         if msg.sampling.constraint is not None:
-            try:
-                req.grammar = self._grammar_backend().new_state(
-                    self._grammar_backend().compile(*msg.sampling.constraint))
-            except ValueError as exc:  # GrammarError is a ValueError
-                self._finish(req, Finish(type="abort", message=str(exc)))
+            rejected = self.grammars.submit(req)  # compiles in the background
+            if rejected is not None:
+                self._finish(req, rejected)
                 return
         self.by_rid[req.rid] = req
         self.waiting.append(req)
+
+    def _new_stop_checker(self, req: Req):
+        from ..detokenize import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(self.tokenizer, stop=req.sampling.stop,
+                                      skip_special_tokens=req.sampling.skip_special_tokens)
+
+    def _resolve_grammars(self) -> None:
+        """Requests whose constraint compiled become admissible; failed compiles finish."""
+        has_work = self.prefilling or self.running or any(
+            r.pending_grammar is None for r in self.waiting)
+        ready, failed = self.grammars.resolve(self.waiting, block=not has_work)
+        for req, finish in failed:
+            self._finish(req, finish)
+        for req in ready:
+            if req.can_jump:  # a forced start ('{"name": "') is prefilled with the prompt
+                self._jump_forward(req)
 
     def _validate(self, req: Req) -> str | None:
         if not req.input_ids:
@@ -165,21 +190,28 @@ class Scheduler:
     # ---- prefill ----
 
     def _run_extend(self) -> None:
+        # Running requests need a slot each for decode, or one per forced token (jump-forward).
+        reserved = sum(max(1, r.seq_len - r.computed_len) for r in self.running)
         budget = Budget(
             tokens=self.args.max_prefill_tokens,
-            kv_slots=self.kv_pool.num_free + self.tree.evictable_size() - len(self.running),
+            kv_slots=self.kv_pool.num_free + self.tree.evictable_size() - reserved,
             rows=self.req_to_token.num_free,
             running=self.args.max_running_requests - len(self.running) - len(self.prefilling))
         matches = {}
 
-        def match_len(req: Req) -> int:
+        def match(req: Req):
             if req not in matches:
-                matches[req] = self._prefix_cap(req, self.tree.match_prefix(req.fill_ids).length)
+                matches[req] = self.tree.match_prefix(req.fill_ids)
             return matches[req]
 
-        waiting = order_waiting(self.waiting, self.args.schedule_policy, match_len)
+        def match_len(req: Req) -> int:
+            return self._prefix_cap(req, match(req).length)
+
+        ready = [r for r in self.waiting if r.pending_grammar is None]  # not compiling
+        waiting = order_waiting(ready, self.args.schedule_policy, match_len)
         plans = plan_extend(self.prefilling, waiting, budget, self.args.chunk_size,
-                            lambda r: r.seq_len - match_len(r))
+                            lambda r: r.seq_len - match_len(r),
+                            lambda r: _evictable_len(match(r).last_node))
         if not plans:
             return
         for plan in plans:
@@ -244,7 +276,8 @@ class Scheduler:
                 sample_rows.append(row + len(offsets) - 1)
             row += len(offsets)
             parts.append(BatchRequest(req.row, req.fill_ids[start:start + n], start, offsets))
-        logits = self.runner.forward(ForwardMode.EXTEND, parts, torch.cat(slot_chunks))
+        mask = self.grammars.start_fill(sample_reqs)  # overlaps the forward
+        logits = self._forward(ForwardMode.EXTEND, parts, torch.cat(slot_chunks))
         for plan in plans:
             plan.req.computed_len += plan.extend_len
         for req, lo, first_row, count in logprob_rows:
@@ -254,7 +287,8 @@ class Scheduler:
             if req.computed_len < req.seq_len:
                 self._cache_unfinished(req)  # chunked: later chunks (and peers) reuse it
                 continue
-            if req.status == ReqStatus.PREFILLING:
+            prefilled = req.status == ReqStatus.PREFILLING
+            if prefilled:
                 self.prefilling.remove(req)
                 req.status = ReqStatus.RUNNING
                 self.running.append(req)
@@ -262,10 +296,10 @@ class Scheduler:
                 self._touched[req.rid] = req
             if req.num_tokens_left <= 0:
                 self._finish(req, Finish(type="length", length=req.sampling.max_new_tokens))
-            elif req.num_retractions == 0 and len(req.output_ids) == 0:
+            elif prefilled and req.num_retractions == 0:
                 self._cache_unfinished(req)  # share the prompt with requests still waiting
         if sample_reqs:
-            self._sample(sample_reqs, logits[sample_rows])
+            self._sample(sample_reqs, logits[sample_rows], mask)
 
     def _record_input_logprobs(self, req: Req, lo: int, logits: torch.Tensor) -> None:
         if logits.shape[0] == 0:
@@ -293,10 +327,11 @@ class Scheduler:
             pos = req.seq_len - 1
             self.table[req.row, pos] = slot
             parts.append(BatchRequest(req.row, [req.fill_ids[-1]], pos, [0]))
-        logits = self.runner.forward(ForwardMode.DECODE, parts, slots)
+        mask = self.grammars.start_fill(reqs)  # overlaps the forward
+        logits = self._forward(ForwardMode.DECODE, parts, slots)
         for req in reqs:
             req.computed_len += 1
-        self._sample(reqs, logits)
+        self._sample(reqs, logits, mask)
 
     def _alloc_for_decode(self, reqs: list[Req]) -> torch.Tensor:
         """One slot per request; retract the requests with the most tokens left until it fits."""
@@ -311,21 +346,31 @@ class Scheduler:
             self._retract(victim)
 
     def _run_forced_extends(self) -> None:
-        """Requests that got several tokens without sampling (jump-forward) compute them now."""
+        """Requests that got several tokens without sampling (jump-forward) compute them now:
+        one extend instead of a decode step per token."""
         forced = [r for r in self.running if r.seq_len - r.computed_len > 1 and r.finish is None]
+        while forced and (sum(r.seq_len - r.computed_len for r in forced)
+                          > self.kv_pool.num_free + self.tree.evictable_size()):
+            self._retract(max(self.running, key=lambda r: (r.num_tokens_left, r.arrival)))
+            forced = [r for r in forced if r.status == ReqStatus.RUNNING]
         if forced:
             self._extend([ExtendPlan(r, r.seq_len - r.computed_len) for r in forced])
 
+    def _forward(self, mode: ForwardMode, parts: list[BatchRequest],
+                 slots: torch.Tensor) -> torch.Tensor:
+        self.num_forward_passes += 1
+        return self.runner.forward(mode, parts, slots)
+
     # ---- sampling and finishing ----
 
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
+    def _sample(self, reqs: list[Req], logits: torch.Tensor, mask: MaskJob | None) -> None:
         batch = SamplingBatch.build(
             [r.sampling for r in reqs], [r.output_ids for r in reqs],
             [r.input_ids for r in reqs], [r.generator for r in reqs], sorted(self.eos_ids),
             self.runner.vocab_size, logits.device)
-        bitmask = self._grammar_bitmask(reqs)
+        vocab_mask = self.grammars.apply(mask, logits, reqs) if mask is not None else None
         top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
-        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=bitmask)
+        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=vocab_mask)
         next_ids = result.next_ids.tolist()
         logprobs = result.logprobs.tolist()
         tops = None
@@ -335,16 +380,8 @@ class Scheduler:
         for i, (req, token) in enumerate(zip(reqs, next_ids)):
             self._append_token(req, token, logprobs[i],
                                tops[i][:req.top_logprobs_num] if tops else None)
-
-    def _grammar_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
-        states = [r.grammar for r in reqs]
-        if all(s is None for s in states):
-            return None
-        backend = self._grammar_backend()
-        bitmask = backend.allocate_bitmask(len(reqs))
-        bitmask.fill_(-1)  # rows without a grammar allow everything
-        backend.fill_bitmasks(states, bitmask)
-        return bitmask
+            if req.can_jump and req.finish is None:
+                self._jump_forward(req)
 
     def _append_token(self, req: Req, token: int, logprob: float,
                       top: list[tuple[float, int]] | None) -> None:
@@ -360,13 +397,17 @@ class Scheduler:
             self._finish(req, finish)
 
     def _check_finish(self, req: Req, token: int) -> Finish | None:
-        params = req.sampling
         if req.grammar is not None:
-            req.grammar.accept_token(token)
-            if req.grammar.is_terminated():
-                return Finish(type="stop", matched=token)
-        elif token in self.eos_ids and not params.ignore_eos:
+            finish = self.grammars.accept(req, token)
+            if finish is not None:
+                return finish
+        elif token in self.eos_ids and not req.sampling.ignore_eos:
             return Finish(type="stop", matched=token)
+        return self._check_stops(req, token)
+
+    def _check_stops(self, req: Req, token: int) -> Finish | None:
+        """Stop ids and strings, max_new_tokens and the context, after `token` was appended."""
+        params = req.sampling
         if token in params.stop_token_ids:
             return Finish(type="stop", matched=token)
         if req.stop_checker is not None:
@@ -378,6 +419,46 @@ class Scheduler:
         if req.seq_len >= self.context_len:
             return Finish(type="length", length=len(req.output_ids))
         return None
+
+    # ---- jump-forward (see grammar.py for why output is held back) ----
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the tokens the grammar forces, unsampled; end with EOS if nothing else may
+        follow. The forced tokens are computed by _run_forced_extends in one extend."""
+        jump = self.grammars.find_jump(req, max_replaced=self._num_replaceable(req))
+        if jump is not None:
+            self._touched[req.rid] = req
+            self._drop_output(req, jump.num_replaced)
+            for token in jump.token_ids:
+                req.output_ids.append(token)
+                self.stats["generation_tokens"] += 1
+                finish = self._check_stops(req, token)
+                if finish is not None:
+                    self._finish(req, finish)
+                    return
+        stop_id = self.grammars.forced_stop(req)
+        if stop_id is not None:  # the EOS a sampler would have been forced to pick
+            req.output_ids.append(stop_id)
+            self.stats["generation_tokens"] += 1
+            self._finish(req, Finish(type="stop", matched=stop_id))
+
+    def _num_replaceable(self, req: Req) -> int:
+        """Trailing output tokens a jump may rewrite: not streamed yet, slots not the tree's."""
+        in_tree = max(0, req.tree_len - len(req.input_ids))
+        return len(req.output_ids) - max(req.sent_len, in_tree)
+
+    def _drop_output(self, req: Req, num_tokens: int) -> None:
+        """Forget the last `num_tokens` output tokens, freeing the KV computed for them."""
+        if num_tokens <= 0:
+            return
+        del req.output_ids[-num_tokens:]
+        self.stats["generation_tokens"] -= num_tokens
+        if req.computed_len > req.seq_len:
+            self.kv_pool.free(self.table[req.row, req.seq_len:req.computed_len].long())
+            req.computed_len = req.seq_len
+        if req.stop_checker is not None:  # it cannot take tokens back: rebuild it
+            req.stop_checker = self._new_stop_checker(req)
+            req.stop_checker.append(req.output_ids)
 
     def _finish(self, req: Req, finish: Finish) -> None:
         req.finish = finish
@@ -446,16 +527,23 @@ class Scheduler:
 
     # ---- output ----
 
-    def _make_output(self, req: Req) -> ReqTokenOut:
-        new_ids = req.output_ids[req.sent_len:]
-        req.sent_len = len(req.output_ids)
+    def _make_output(self, req: Req) -> ReqTokenOut | None:
+        """The request's news since its last output, or None if there is none."""
+        end = len(req.output_ids)
+        if req.can_jump and req.finish is None:
+            end = max(req.sent_len, end - HOLD_BACK_TOKENS)
+        new_ids = req.output_ids[req.sent_len:end]
+        req.sent_len = end
+        input_logprobs = self._input_logprob_fields(req)
+        if not new_ids and req.finish is None and not input_logprobs:
+            return None
         out = ReqTokenOut(
             rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
             cached_tokens=req.cached_len, completion_tokens=len(req.output_ids),
             finish=req.finish,
             output_logprobs=req.pending_logprobs if req.return_logprob else None,
             output_top_logprobs=req.pending_top_logprobs if req.top_logprobs_num else None,
-            **self._input_logprob_fields(req))
+            **input_logprobs)
         req.pending_logprobs, req.pending_top_logprobs = [], []
         return out
 
@@ -474,13 +562,7 @@ class Scheduler:
     # ---- helpers ----
 
     def _grammar_backend(self):
-        if self._grammar is None:
-            from ..constrained import GrammarBackend
-
-            self._grammar = GrammarBackend(
-                self.tokenizer, self.runner.vocab_size,
-                compile_timeout=self.args.grammar_compile_timeout)
-        return self._grammar
+        return self.grammars.backend
 
     def _eos_ids(self, hf_config: dict) -> set[int]:
         ids = set(self.runner.model_args.eos_token_ids)
@@ -493,6 +575,17 @@ class Scheduler:
             eos = json.loads(gen_config.read_text()).get("eos_token_id")
             ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return ids
+
+
+def _evictable_len(node) -> int:
+    """Unlocked tokens on the tree path to `node`: locking it takes them out of the evictable
+    pool, so admitting a request that matched them costs that much KV budget."""
+    num_tokens = 0
+    while node.parent is not None:
+        if node.lock_ref == 0:
+            num_tokens += len(node.key)
+        node = node.parent
+    return num_tokens
 
 
 def _cat(values: list) -> torch.Tensor:

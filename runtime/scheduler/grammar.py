@@ -1,0 +1,192 @@
+"""The scheduler's grammar work: constraints compile in the background, the bitmask of a step is
+filled on a CPU thread while the model computes, and jump-forward appends forced tokens.
+
+Jump-forward and streaming. A jump may retokenize the last few output tokens (`num_replaced`):
+their bytes are a prefix of the new tokens' bytes, so the text only grows, but the token ids
+change, and outputs leave the scheduler as token-id deltas. So a request that can jump holds
+its last HOLD_BACK_TOKENS tokens back from the stream until it finishes, and a jump replaces
+only tokens not sent yet (and not in the radix tree). Downstream detokenizers never see a
+token taken back. Requests that report logprobs never jump: a token that was not sampled has
+no logprob.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import GrammarError
+from ..messages import Finish
+
+if TYPE_CHECKING:
+    from ..constrained import GrammarBackend, JumpForward
+    from .req import Req
+
+logger = logging.getLogger(__name__)
+
+# How long a step with nothing else to do waits for a compile before returning.
+COMPILE_POLL_S = 0.01
+# Output tokens a jumping request keeps out of the stream: the most a jump re-reads.
+HOLD_BACK_TOKENS = 4
+
+
+@dataclass
+class GrammarStats:
+    """Cumulative counters, for benchmarks and tests."""
+
+    num_masked_rows: int = 0  # sampled tokens whose logits a grammar masked
+    mask_fill_s: float = 0.0  # bitmask filling, on a CPU thread beside the forward
+    mask_wait_s: float = 0.0  # time sampling waited for a fill: the part on the critical path
+    num_jumps: int = 0
+    num_forced_tokens: int = 0  # tokens appended by jump-forward, without sampling
+    num_replaced_tokens: int = 0  # trailing tokens retokenized by a jump
+    num_forced_stops: int = 0  # requests ended with EOS without sampling it
+
+
+@dataclass
+class MaskJob:
+    """A bitmask being filled for one batch."""
+
+    bitmask: torch.Tensor  # [bs, ceil(vocab / 32)] int32, on CPU
+    rows: list[int]  # batch rows with a grammar
+    future: Future
+    started: float = field(default_factory=time.perf_counter)
+    finished: float = 0.0
+
+
+class SchedulerGrammar:
+    """Everything the scheduler asks of runtime/constrained, for all requests of one model."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int],
+                 compile_timeout: float, jump_forward: bool):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.compile_timeout = compile_timeout
+        self.jump_forward = jump_forward
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.stop_id = eos if eos in stop_token_ids else min(stop_token_ids)
+        self.stats = GrammarStats()
+        self._backend: GrammarBackend | None = None
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """Created on the first constrained request (it builds the tokenizer's tables)."""
+        if self._backend is None:
+            from ..constrained import GrammarBackend
+
+            self._backend = GrammarBackend(self.tokenizer, self.vocab_size,
+                                           compile_timeout=self.compile_timeout,
+                                           stop_token_ids=self.stop_token_ids)
+        return self._backend
+
+    # ---- compiling ----
+
+    def submit(self, req: Req) -> Finish | None:
+        """Start compiling the request's constraint; an abort (400) if it is invalid."""
+        try:
+            req.pending_grammar = self.backend.submit(*req.sampling.constraint)
+        except GrammarError as exc:
+            return rejected(exc)
+        req.can_jump = self.jump_forward and not req.return_logprob
+        return None
+
+    def resolve(self, waiting: list[Req], *,
+                block: bool) -> tuple[list[Req], list[tuple[Req, Finish]]]:
+        """Give finished compiles their GrammarState: (requests now ready, (request, abort)
+        for failed compiles). With `block`, first wait a little for a compile (the step has
+        nothing else to do)."""
+        pending = [r for r in waiting if r.pending_grammar is not None]
+        if not pending:
+            return [], []
+        if block:
+            from ..constrained import wait_any
+
+            wait_any([r.pending_grammar for r in pending], COMPILE_POLL_S)
+        ready, failed = [], []
+        for req in pending:
+            if not req.pending_grammar.done():
+                continue
+            try:
+                req.grammar = self.backend.new_state(req.pending_grammar.result())
+                ready.append(req)
+            except GrammarError as exc:
+                failed.append((req, rejected(exc)))
+            req.pending_grammar = None
+        return ready, failed
+
+    # ---- bitmasks ----
+
+    def start_fill(self, reqs: list[Req]) -> MaskJob | None:
+        """Fill the batch's bitmask on a CPU thread; None (no work) if no row has a grammar.
+        The requests' grammars must not change until `apply` has waited for it."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        bitmask = self.backend.allocate_bitmask(len(reqs))  # all allowed
+        future = self.backend.fill_bitmasks_async([r.grammar for r in reqs], bitmask)
+        job = MaskJob(bitmask, rows, future)
+        future.add_done_callback(lambda _: setattr(job, "finished", time.perf_counter()))
+        return job
+
+    def apply(self, job: MaskJob, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor | None:
+        """Wait for the fill and mask `logits` [bs, vocab] in place. If a constrained row
+        reports logprobs (of the raw logits) the logits are left alone and the packed mask is
+        returned for the sampler, which masks a copy."""
+        start = time.perf_counter()
+        job.future.result()
+        self.stats.mask_wait_s += time.perf_counter() - start
+        self.stats.mask_fill_s += max(job.finished, start) - job.started
+        self.stats.num_masked_rows += len(job.rows)
+        if any(reqs[i].return_logprob for i in job.rows):
+            return job.bitmask.to(logits.device, non_blocking=True)
+        self.backend.apply_bitmask(logits, job.bitmask, rows=job.rows)
+        return None
+
+    # ---- tokens ----
+
+    def accept(self, req: Req, token: int) -> Finish | None:
+        """Advance the request's grammar by a sampled token; a Finish if it ends here."""
+        if not req.grammar.accept_token(token):
+            # The mask allowed only grammar tokens, so this is our bug (or a banned EOS).
+            logger.error("request %s: the grammar rejected sampled token %d; aborting it",
+                         req.rid, token)
+            return Finish(type="abort", status_code=500,
+                          message=f"internal error: the grammar rejected token {token}")
+        if req.grammar.is_terminated():
+            return Finish(type="stop", matched=token)
+        return None
+
+    def find_jump(self, req: Req, max_replaced: int) -> JumpForward | None:
+        """The forced continuation of the request's output, already applied to its grammar
+        (the caller applies it to the output), or None."""
+        jump = req.grammar.jump_forward(self.tokenizer, req.output_ids,
+                                        max_new_tokens=req.num_tokens_left,
+                                        max_replaced=max_replaced)
+        if jump is None:
+            return None
+        req.grammar.apply_jump_forward(jump)
+        self.stats.num_jumps += 1
+        self.stats.num_forced_tokens += len(jump.token_ids)
+        self.stats.num_replaced_tokens += jump.num_replaced
+        return jump
+
+    def forced_stop(self, req: Req) -> int | None:
+        """The EOS id to end the request with, if its grammar allows nothing else."""
+        if not req.grammar.must_stop():
+            return None
+        self.stats.num_forced_stops += 1
+        return self.stop_id
+
+    def shutdown(self) -> None:
+        if self._backend is not None:
+            self._backend.shutdown()
+
+
+def rejected(exc: GrammarError) -> Finish:
+    return Finish(type="abort", message=str(exc), status_code=exc.status_code)

@@ -1,0 +1,277 @@
+"""The scheduler's grammar paths on a tiny random model: background compiles, bitmasks filled
+beside the forward, jump-forward (held-back streaming, KV rollback, cut at max_new_tokens),
+forced EOS, and the 400s / 500s of failed constraints."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import re
+import threading
+import time
+
+import jsonschema
+import pytest
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.errors import GrammarError, InvalidRequest
+from radixflow.runtime.messages import Finish
+
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "pet": {"enum": ["cat", "dog", "parrot"]},
+                         "ok": {"type": "boolean"}},
+          "required": ["name", "pet", "ok"], "additionalProperties": False}
+PROMPTS = ["The quick brown fox", "Please answer in JSON:", "Once upon a time", "a b c"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    with Engine(str(tiny_llama), dtype="float32", max_total_tokens=3000,
+                max_running_requests=8) as eng:
+        yield eng
+
+
+def settle(engine):
+    for _ in range(500):
+        if engine.scheduler.is_idle:
+            break
+        time.sleep(0.01)
+    engine.scheduler.check_slots()
+
+
+@contextlib.contextmanager
+def jump_forward(engine, enabled: bool):
+    """Requests submitted inside get (or not) jump-forward; the flag is read per request."""
+    grammars = engine.scheduler.grammars
+    before, grammars.jump_forward = grammars.jump_forward, enabled
+    try:
+        yield
+    finally:
+        grammars.jump_forward = before
+
+
+@contextlib.contextmanager
+def patched_compile(engine, compile_fn):
+    cache = engine.scheduler.grammars.backend._cache
+    before, cache._compile_fn = cache._compile_fn, compile_fn
+    try:
+        yield
+    finally:
+        cache._compile_fn = before
+
+
+def _schema_params(max_new_tokens=64, **extra) -> dict:
+    return {"json_schema": json.dumps(SCHEMA), "max_new_tokens": max_new_tokens,
+            "temperature": 0, **extra}
+
+
+def _prefix_ok(engine, kind: str, spec: str, text: str) -> bool:
+    backend = engine.scheduler.grammars.backend
+    return backend.new_state(backend.compile(kind, spec)).matcher.accept_string(text)
+
+
+def _check_schema_outputs(engine, outputs: list[dict]) -> None:
+    for out in outputs:
+        finish = out["meta_info"]["finish_reason"]
+        if finish["type"] == "stop":
+            assert finish["matched"] in engine.scheduler.eos_ids
+            jsonschema.validate(json.loads(out["text"]), SCHEMA)
+        else:
+            assert finish["type"] == "length", finish
+            assert _prefix_ok(engine, "json_schema", json.dumps(SCHEMA), out["text"])
+
+
+def _passes(engine, fn):
+    before = engine.scheduler.num_forward_passes
+    result = fn()
+    return result, engine.scheduler.num_forward_passes - before
+
+
+def test_jump_forward_keeps_outputs_valid_with_fewer_forward_passes(engine):
+    def run():
+        return engine.generate(PROMPTS, _schema_params())
+
+    with jump_forward(engine, False):
+        plain, plain_passes = _passes(engine, run)
+    stats = engine.scheduler.grammars.stats
+    jumps_before = stats.num_jumps
+    with jump_forward(engine, True):
+        jumped, jump_passes = _passes(engine, run)
+    _check_schema_outputs(engine, plain)
+    _check_schema_outputs(engine, jumped)
+    assert stats.num_jumps > jumps_before
+    assert jump_passes < plain_passes
+    settle(engine)
+
+
+def test_stream_only_appends_and_matches_the_full_output(engine):
+    """Held-back tokens are the only ones a jump may rewrite: what was streamed stays."""
+    with jump_forward(engine, True):
+        full = engine.generate(PROMPTS[1], _schema_params())
+        events = list(engine.generate(PROMPTS[1], _schema_params(), stream=True))
+    texts = [e["text"] for e in events]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
+    assert events[-1]["output_ids"] == full["output_ids"]
+    assert texts[-1] == full["text"]
+    settle(engine)
+
+
+def test_fully_forced_output_needs_no_forward(engine):
+    params = {"regex": "yes, sir", "max_new_tokens": 16, "temperature": 0}
+    with jump_forward(engine, True):
+        out, passes = _passes(engine, lambda: engine.generate("Answer:", params))
+    assert out["text"] == "yes, sir" and passes == 0
+    assert out["meta_info"]["finish_reason"] == {"type": "stop",
+                                                 "matched": engine.tokenizer.eos_token_id}
+    with jump_forward(engine, False):
+        sampled, passes = _passes(engine, lambda: engine.generate("Answer:", params))
+    assert sampled["text"] == "yes, sir" and passes > 0
+    settle(engine)
+
+
+def test_a_jump_is_cut_at_max_new_tokens(engine):
+    with jump_forward(engine, True):
+        out = engine.generate(PROMPTS[0], _schema_params(max_new_tokens=3))
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    assert len(out["output_ids"]) == 3
+    assert _prefix_ok(engine, "json_schema", json.dumps(SCHEMA), out["text"])
+    settle(engine)
+
+
+def test_stops_inside_forced_text(engine):
+    with jump_forward(engine, True):
+        out = engine.generate("x", {"regex": "abc, then more", "stop": ["then"],
+                                    "max_new_tokens": 20, "temperature": 0})
+        assert out["text"] == "abc, "
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "then"}
+        forced = engine.tokenizer.encode("abc, then more", add_special_tokens=False)
+        out = engine.generate("x", {"regex": "abc, then more", "stop_token_ids": [forced[1]],
+                                    "max_new_tokens": 20, "temperature": 0})
+        assert out["output_ids"][-1] == forced[1]
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": forced[1]}
+    settle(engine)
+
+
+def test_mask_work_only_for_constrained_rows(engine):
+    stats = engine.scheduler.grammars.stats
+    before = stats.num_masked_rows
+    engine.generate(PROMPTS, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    assert stats.num_masked_rows == before
+    alone = engine.generate(PROMPTS[2], {"max_new_tokens": 6, "temperature": 0,
+                                         "ignore_eos": True})
+    with jump_forward(engine, False):
+        mixed = engine.generate(PROMPTS[2:], [
+            {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            {"regex": r"[0-9]{3}", "max_new_tokens": 6, "temperature": 0}])
+    assert mixed[0]["output_ids"] == alone["output_ids"]
+    assert re.fullmatch(r"[0-9]{3}", mixed[1]["text"])
+    assert stats.num_masked_rows == before + len(mixed[1]["output_ids"])  # EOS included
+    assert stats.mask_fill_s > 0
+    settle(engine)
+
+
+def test_a_slow_compile_does_not_block_other_requests(engine):
+    release = threading.Event()
+    result: dict = {}
+    real = engine.scheduler.grammars.backend._cache._compile_fn
+
+    def slow(key):
+        release.wait(timeout=60)
+        return real(key)
+
+    schema = {**SCHEMA, "title": "never seen before"}
+    with patched_compile(engine, slow):
+        thread = threading.Thread(target=lambda: result.update(out=engine.generate(
+            PROMPTS[0], {"json_schema": json.dumps(schema), "max_new_tokens": 64,
+                         "temperature": 0})))
+        thread.start()
+        try:
+            for _ in range(500):
+                if any(r.pending_grammar is not None for r in engine.scheduler.waiting):
+                    break
+                time.sleep(0.01)
+            free = engine.generate(PROMPTS[1], {"max_new_tokens": 8, "temperature": 0,
+                                                "ignore_eos": True})
+            assert free["meta_info"]["completion_tokens"] == 8
+            assert thread.is_alive() and "out" not in result  # still compiling
+        finally:
+            release.set()
+            thread.join(timeout=60)
+    jsonschema.validate(json.loads(result["out"]["text"]), schema)
+    settle(engine)
+
+
+def test_compile_failure_and_timeout_are_400s(engine):
+    def broken(key):
+        raise GrammarError("cannot compile: broken on purpose")
+
+    with patched_compile(engine, broken), pytest.raises(InvalidRequest, match="broken on purpose"):
+        engine.generate("x", {"regex": "[a-z]{1,7}q", "max_new_tokens": 4})
+    release = threading.Event()
+    cache = engine.scheduler.grammars.backend._cache
+    timeout, cache.timeout = cache.timeout, 0.2
+    try:
+        with patched_compile(engine, lambda key: release.wait(timeout=60)):
+            with pytest.raises(InvalidRequest, match="longer than"):
+                engine.generate("x", {"regex": "[a-z]{1,7}z", "max_new_tokens": 4})
+            with pytest.raises(InvalidRequest, match="longer than"):
+                list(engine.generate("x", {"regex": "[a-z]{1,7}z", "max_new_tokens": 4},
+                                     stream=True))
+    finally:
+        cache.timeout = timeout
+        release.set()
+    assert engine.generate("x", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] <= 2
+    settle(engine)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"regex": "a(?=b)"}, "lookahead"),
+    ({"json_schema": '{"type": "object", "not": {}}'}, "negation"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"ebnf": "  "}, "ebnf"),
+    ({"structural_tag": '{"type": "structural_tag"}'}, "format"),
+])
+def test_invalid_constraints_never_reach_the_scheduler(engine, params, match):
+    compiles = engine.scheduler.grammars.backend.num_compiles
+    with pytest.raises(GrammarError, match=match):
+        engine.generate("x", {**params, "max_new_tokens": 4})
+    assert engine.scheduler.grammars.backend.num_compiles == compiles
+    assert not engine.scheduler.by_rid
+
+
+def test_a_token_the_grammar_rejects_aborts_with_500(engine, monkeypatch):
+    free = engine.generate("Answer:", {"max_new_tokens": 1, "temperature": 0})
+    letter = next(c for c in "xyzq" if not free["text"].startswith(c))
+    monkeypatch.setattr(engine.scheduler.grammars, "apply", lambda job, logits, reqs: None)
+    with jump_forward(engine, False):
+        out = engine.generate("Answer:", {"regex": letter * 3, "max_new_tokens": 4,
+                                          "temperature": 0})
+    finish = out["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort" and finish["status_code"] == 500
+    assert "rejected token" in finish["message"]
+    settle(engine)
+
+
+def test_finish_shows_its_status_code():
+    assert Finish(type="abort", message="bad", status_code=400).to_json() == {
+        "type": "abort", "message": "bad", "status_code": 400}
+    assert Finish(type="abort", message="gone").to_json() == {"type": "abort", "message": "gone"}
+
+
+def test_jumps_survive_retraction(tiny_llama):
+    """A pool too small for every request: forced extends retract requests when the pool is
+    full, and every output is still valid with no slot lost."""
+    schema = {"type": "object", "properties": {
+        "words": {"type": "array", "items": {"enum": ["alpha", "beta"]}, "minItems": 12}},
+        "required": ["words"], "additionalProperties": False}
+    params = {"json_schema": json.dumps(schema), "max_new_tokens": 80, "temperature": 0}
+    with Engine(str(tiny_llama), dtype="float32", max_total_tokens=300,
+                max_running_requests=6) as tight:
+        outs = tight.generate([f"Request number {i} says" for i in range(6)], params)
+        settle(tight)
+        assert tight.scheduler.num_retractions > 0
+        assert tight.scheduler.grammars.stats.num_jumps > 0
+    for out in outs:
+        if out["meta_info"]["finish_reason"]["type"] == "stop":
+            jsonschema.validate(json.loads(out["text"]), schema)
