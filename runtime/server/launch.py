@@ -177,7 +177,7 @@ class _LoadingBar:
     def close(self) -> None:
         if self.bar.total:
             self.bar.n = self.bar.total
-        self.bar.set_description_str(self.bar.desc + ": ready")
+        self.bar.set_description_str(self.bar.desc + ": ready", refresh=False)
         self.bar.close()
 
 
