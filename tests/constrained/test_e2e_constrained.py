@@ -5,13 +5,16 @@ requests, small max_new_tokens."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
+import time
 
 import pytest
 from helpers.constraint_corpus import load_grammars, load_regexes, load_schemas
 from helpers.constraint_validators import grammar_ok, schema_errors
-from radixflow.runtime.errors import GrammarError
+from radixflow.runtime.errors import GrammarError, InvalidRequest
 
 try:
     from radixflow.runtime.engine import Engine
@@ -148,12 +151,80 @@ def test_unconstrained_neighbours_are_unaffected(engine):
 
 def test_bad_constraint_is_rejected_and_engine_keeps_serving(engine):
     prompt = _chat(engine, "Hi")
-    try:
-        out = engine.generate(prompt, {"regex": "a(?=b)", "max_new_tokens": 4})
-    except GrammarError as exc:
-        assert "lookahead" in str(exc)
-    else:
-        finish = out["meta_info"]["finish_reason"]
-        assert finish["type"] == "abort" and "lookahead" in finish["message"], finish
+    with pytest.raises(GrammarError, match="lookahead"):  # checked before the scheduler
+        engine.generate(prompt, {"regex": "a(?=b)", "max_new_tokens": 4})
+    with pytest.raises(InvalidRequest, match="is not defined"):  # refused by the compiler
+        engine.generate(prompt, {"ebnf": "root ::= nowhere", "max_new_tokens": 4})
     out = engine.generate(prompt, {"regex": "(yes|no)", "max_new_tokens": 4, "temperature": 0})
     assert out["text"] in ("yes", "no")
+
+
+@contextlib.contextmanager
+def _jump_forward(engine, enabled: bool):
+    """Requests submitted inside get (or not) jump-forward; the flag is read per request."""
+    grammars = engine.scheduler.grammars
+    before, grammars.jump_forward = grammars.jump_forward, enabled
+    try:
+        yield
+    finally:
+        grammars.jump_forward = before
+
+
+def test_jump_forward_on_and_off(engine):
+    """Same validity either way; fewer forward passes with jump-forward; bitmasks are filled
+    (off the critical path) for every sampled constrained token."""
+    corpus = dict(load_schemas())
+    names = ["33_geo_point", "39_ref_defs", "48_tool_call"]
+    prompts = [_chat(engine, f"{corpus[n]['description']} Reply with JSON only.") for n in names]
+    params = [{"json_schema": json.dumps(corpus[n]), "max_new_tokens": MAX_NEW_TOKENS,
+               "temperature": 0} for n in names]
+    specs = [("json_schema", p["json_schema"]) for p in params]
+    scheduler, stats = engine.scheduler, engine.scheduler.grammars.stats
+
+    def valid(spec: str, text: str) -> bool:
+        return schema_errors(json.loads(spec), json.loads(text)) == []
+
+    passes = {}
+    for enabled in (False, True):
+        before, masked = scheduler.num_forward_passes, stats.num_masked_rows
+        with _jump_forward(engine, enabled):
+            outputs = _run(engine, prompts, params)
+        passes[enabled] = scheduler.num_forward_passes - before
+        _check(engine, outputs, specs, valid)
+        sampled = sum(len(o["output_ids"]) for o in outputs)
+        if enabled:
+            assert stats.num_masked_rows - masked < sampled  # forced tokens need no mask
+        else:
+            assert stats.num_masked_rows - masked == sampled
+    assert stats.num_jumps > 0 and stats.mask_fill_s > 0
+    assert passes[True] < passes[False]
+
+
+def test_a_slow_compile_does_not_block_an_unconstrained_request(engine):
+    cache = engine.scheduler.grammars.backend._cache
+    real, release, result = cache._compile_fn, threading.Event(), {}
+
+    def slow(key):
+        release.wait(timeout=60)
+        return real(key)
+
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"], "title": "never compiled before"})
+    cache._compile_fn = slow
+    try:
+        thread = threading.Thread(target=lambda: result.update(out=engine.generate(
+            _chat(engine, "Where is the Eiffel tower? JSON."),
+            {"json_schema": schema, "max_new_tokens": 32, "temperature": 0})))
+        thread.start()
+        for _ in range(500):
+            if any(r.pending_grammar is not None for r in engine.scheduler.waiting):
+                break
+            time.sleep(0.01)
+        free = engine.generate(_chat(engine, "Say hi."), {"max_new_tokens": 4, "temperature": 0})
+        assert free["meta_info"]["finish_reason"] is not None
+        assert thread.is_alive() and "out" not in result  # still compiling
+    finally:
+        cache._compile_fn = real
+        release.set()
+        thread.join(timeout=60)
+    assert result["out"]["meta_info"]["finish_reason"]["type"] in ("stop", "length")

@@ -203,6 +203,9 @@ def test_a_slow_compile_does_not_block_other_requests(engine):
 
 
 def test_compile_failure_and_timeout_are_400s(engine):
+    # Valid to the pre-checks, refused by xgrammar in the scheduler: still a 400.
+    with pytest.raises(InvalidRequest, match="is not defined"):
+        engine.generate("x", {"ebnf": "root ::= undefined_rule", "max_new_tokens": 4})
     def broken(key):
         raise GrammarError("cannot compile: broken on purpose")
 
