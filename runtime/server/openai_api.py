@@ -15,7 +15,13 @@ from starlette.responses import Response
 
 from ..errors import InvalidRequest, ModelNotFound, ServerUnavailable
 from ..messages import GenerateReq
-from ..native_api import ResponseBuilder, fit_to_context, new_rid, tokenize_prompt
+from ..native_api import (
+    ResponseBuilder,
+    check_constraint,
+    fit_to_context,
+    new_rid,
+    tokenize_prompt,
+)
 from ..sampling_params import SamplingParams
 from .http_server import (
     SSE_DONE,
@@ -31,6 +37,7 @@ from .http_server import (
     validation_error_response,
 )
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .openai_tools import ToolPlan, plan_tools, with_tools
 from .tokenizer_manager import RequestGroup, TokenizerManager
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -47,7 +54,7 @@ class _Job:
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
-              choice: int) -> SamplingParams:
+              choice: int, constraint: dict | None = None) -> SamplingParams:
     d: dict[str, Any] = {
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "min_p": body.min_p, "frequency_penalty": body.frequency_penalty,
@@ -63,6 +70,12 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int |
         # Every choice gets its own stream of randomness, reproducible from the seed.
         d["seed"] = (body.seed + choice) % (1 << 63)
     fmt = body.response_format
+    if constraint:  # from tools
+        if (fmt is not None and fmt.type != "text") or any(
+                d[k] is not None for k in ("regex", "ebnf", "json_schema")):
+            raise InvalidRequest("tools cannot be combined with response_format, regex, ebnf "
+                                 'or json_schema (unless tool_choice is "none")', param="tools")
+        d.update(constraint)
     if fmt is not None and fmt.type != "text":
         if body.regex is not None or body.ebnf is not None or body.json_schema is not None:
             raise InvalidRequest("response_format cannot be combined with regex, ebnf or "
@@ -74,12 +87,15 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int |
                 raise InvalidRequest("response_format of type json_schema needs "
                                      "json_schema.schema", param="response_format.json_schema")
             d["json_schema"] = json.dumps(fmt.json_schema.schema_)
-    return SamplingParams.from_dict(d)
+    sampling = SamplingParams.from_dict(d)
+    check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
+    return sampling
 
 
 def _build_job(tm: TokenizerManager, body: CompletionRequest | ChatCompletionRequest,
                prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
-               logprobs: int | None, echo: bool = False) -> _Job:
+               logprobs: int | None, echo: bool = False,
+               constraint: dict | None = None) -> _Job:
     if body.logit_bias:
         raise InvalidRequest("logit_bias is not supported", param="logit_bias")
     reqs = []
@@ -89,7 +105,8 @@ def _build_job(tm: TokenizerManager, body: CompletionRequest | ChatCompletionReq
         explicit = max_tokens is not None
         room = tm.context_length - len(ids)
         for j in range(body.n):
-            sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j)
+            sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j,
+                                 constraint)
             sampling = fit_to_context(sampling, len(ids), tm.context_length, strict=explicit)
             reqs.append(GenerateReq(
                 rid=new_rid(), input_ids=ids, sampling=sampling,
@@ -275,26 +292,29 @@ def create_openai_router(tm: TokenizerManager, served_model_name: str) -> APIRou
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
-        if body.tools and body.tool_choice != "none":
-            raise InvalidRequest("tools are not supported yet", param="tools")
+        tools = plan_tools(body.tools, body.tool_choice)
         if body.top_logprobs and not body.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-        text = render_chat(tm.tokenizer, body)
+        text = render_chat(tm.tokenizer, body, tools)
         ids = tm.tokenizer.encode(text, add_special_tokens=False)
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        job = _build_job(tm, body, [ids], [text], max_tokens, logprobs=logprobs)
+        job = _build_job(tm, body, [ids], [text], max_tokens, logprobs=logprobs,
+                         constraint=tools.sampling_fields() if tools else None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def result(builders: list[ResponseBuilder]) -> dict:
             choices = []
             for i, b in enumerate(builders):
+                message, finish = {"role": "assistant", "content": b.text}, _finish(b)
+                if tools is not None:
+                    message, finish = tools.message(b.text, finish)
                 choices.append({
-                    "index": i, "message": {"role": "assistant", "content": b.text},
+                    "index": i, "message": message,
                     "logprobs": (_chat_logprobs(b.output_logprobs, b.output_top_logprobs)
                                  if body.logprobs else None),
-                    "finish_reason": _finish(b)})
+                    "finish_reason": finish})
             return {"id": rid, "object": "chat.completion", "created": created,
                     "model": served_model_name, "choices": choices,
                     "usage": _usage(job, builders)}
@@ -312,6 +332,10 @@ def create_openai_router(tm: TokenizerManager, served_model_name: str) -> APIRou
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}
                              for i in range(len(builders))])
+                if tools is not None:
+                    await collect(group, builders)
+                    for i, b in enumerate(builders):
+                        yield chunk([_tool_chunk_choice(i, b, tools, body.logprobs)])
                 while not group.done:
                     items = await group.next()
                     touched = dict.fromkeys(i for i, _ in items)
@@ -349,8 +373,23 @@ class _Invalid(InvalidRequest):
         super().__init__(err["message"], param=err["param"])
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> str:
-    """The prompt text: the model's chat template applied to the messages."""
+def _tool_chunk_choice(i: int, b: ResponseBuilder, tools: ToolPlan, logprobs: bool) -> dict:
+    """A finished choice of a streamed request with tools, as one chunk."""
+    message, finish = tools.message(b.text, _finish(b))
+    delta: dict[str, Any] = {}
+    if message["content"]:
+        delta["content"] = message["content"]
+    if "tool_calls" in message:
+        delta["tool_calls"] = [{"index": k, **call}
+                               for k, call in enumerate(message["tool_calls"])]
+    return {"index": i, "delta": delta, "finish_reason": finish,
+            "logprobs": (_chat_logprobs(b.output_logprobs, b.output_top_logprobs)
+                         if logprobs else None)}
+
+
+def render_chat(tokenizer: Any, body: ChatCompletionRequest,
+                tools: ToolPlan | None = None) -> str:
+    """The prompt text: the model's chat template applied to the messages (and tools)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions",
                              param="messages")
@@ -360,6 +399,7 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> str:
         if m.name is not None:
             msg["name"] = m.name
         messages.append(msg)
+    messages, tool_kwargs = with_tools(tokenizer, messages, body.messages, tools)
     continue_final = body.continue_final_message
     if continue_final and body.messages[-1].role != "assistant":
         raise InvalidRequest("continue_final_message needs a final assistant message",
@@ -368,7 +408,8 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> str:
         return tokenizer.apply_chat_template(
             messages, tokenize=False,
             add_generation_prompt=body.add_generation_prompt and not continue_final,
-            continue_final_message=continue_final, **(body.chat_template_kwargs or {}))
+            continue_final_message=continue_final, **tool_kwargs,
+            **(body.chat_template_kwargs or {}))
     except InvalidRequest:
         raise
     except Exception as exc:  # noqa: BLE001 -- any template error (jinja, raise_exception)
