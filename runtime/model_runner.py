@@ -13,6 +13,7 @@ from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
+from .models.int4_linear import can_quantize_int4, quantize_linears_int4_
 from .models.llama import LlamaForCausalLM
 from .server_args import ServerArgs
 
@@ -94,6 +95,10 @@ class ModelRunner:
         model.load_weights(iter_weights(folder))
         model.to(self.dtype)
         model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
+        if self.args.quantization == "int4":
+            if not can_quantize_int4(self.device):
+                raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
+            quantize_linears_int4_(model)
         if can_pack(self.device, self.dtype):
             pack_linears_(model)
         return model.eval()

@@ -1,0 +1,67 @@
+"""Weight-only 4-bit linear layers for CPU decode (`--quantization int4`).
+
+Single-stream decode on a CPU is bound by reading the weights: 4-bit weights are a quarter of
+bf16's bytes. Each row is quantized in groups of 32 input features, asymmetric min-max (the
+Q4_1 scheme the default model's GGUF itself uses), and multiplied by torch's packed int4 CPU
+kernel, which dequantizes on the fly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP_SIZE = 32
+
+
+def can_quantize_int4(device: torch.device) -> bool:
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def quantize_groups(weight: torch.Tensor, group_size: int = GROUP_SIZE):
+    """weight [N, K] -> (q [N, K] int32 in 0..15, scale [N, K/g], low [N, K/g]) with
+    weight ~= low + q * scale."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-10)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return q.to(torch.int32).view(n, k), scale, low
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if self.in_features % group_size:
+            raise ValueError(f"int4 needs in_features divisible by {group_size}, "
+                             f"got {self.in_features}")
+        self.group_size = group_size
+        q, scale, low = quantize_groups(linear.weight.detach(), group_size)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        # the kernel computes (q - 8) * scale + zero
+        zero = low + 8 * scale
+        # [K/g, N, 2]
+        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous() \
+            .to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, self.group_size,
+            self.scales_and_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape[:-1], self.out_features).to(x.dtype)
+
+
+def quantize_linears_int4_(model: nn.Module) -> int:
+    """Replace every nn.Linear whose input size allows it by an Int4Linear; returns the count."""
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and child.in_features % GROUP_SIZE == 0:
+                setattr(module, name, Int4Linear(child))
+                count += 1
+    return count
