@@ -7,7 +7,8 @@ change, and outputs leave the scheduler as token-id deltas. So a request that ca
 its last HOLD_BACK_TOKENS tokens back from the stream until it finishes, and a jump replaces
 only tokens not sent yet (and not in the radix tree). Downstream detokenizers never see a
 token taken back. Requests that report logprobs never jump: a token that was not sampled has
-no logprob.
+no logprob. The next decode pass computes forced tokens, one query row each, with everyone
+else's tokens (Scheduler._run_decode), so a jump costs no forward pass of its own.
 """
 
 from __future__ import annotations

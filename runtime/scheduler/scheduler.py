@@ -60,6 +60,7 @@ class Scheduler:
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
         self.num_forward_passes = 0
+        self.num_request_forwards = 0  # requests taking part, summed over forward passes
 
     # ---- public ----
 
@@ -90,10 +91,8 @@ class Scheduler:
         self._resolve_grammars()
         if self.prefilling or any(r.pending_grammar is None for r in self.waiting):
             self._run_extend()
-        if any(r.seq_len - r.computed_len == 1 for r in self.running):
+        if any(r.seq_len > r.computed_len for r in self.running):
             self._run_decode()
-        if self.running:
-            self._run_forced_extends()
         if self._touched:
             outputs = [self._make_output(r) for r in self._touched.values()]
             self._touched.clear()
@@ -317,27 +316,37 @@ class Scheduler:
     # ---- decode ----
 
     def _run_decode(self) -> None:
-        reqs = [r for r in self.running if r.seq_len - r.computed_len == 1]
+        """One token per running request, plus the tokens jump-forward appended without
+        sampling: each is its own query row of the same decode pass, so a jump costs no
+        extra forward.
+
+        NOTE: rows of one request see each other's K/V because every layer writes the pass's
+        K/V into the pool before attention reads it; row i attends to positions < seq_len_i.
+        """
+        reqs = [r for r in self.running if r.seq_len > r.computed_len]
         slots = self._alloc_for_decode(reqs)
         reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
         if not reqs:
             return
-        parts = []
-        for req, slot in zip(reqs, slots.tolist()):
-            pos = req.seq_len - 1
-            self.table[req.row, pos] = slot
-            parts.append(BatchRequest(req.row, [req.fill_ids[-1]], pos, [0]))
+        parts, used = [], 0
+        for req in reqs:
+            start, end = req.computed_len, req.seq_len
+            self.table[req.row, start:end] = slots[used:used + end - start].to(torch.int32)
+            used += end - start
+            parts += [BatchRequest(req.row, [req.fill_ids[pos]], pos,
+                                   [0] if pos == end - 1 else []) for pos in range(start, end)]
         mask = self.grammars.start_fill(reqs)  # overlaps the forward
         logits = self._forward(ForwardMode.DECODE, parts, slots)
         for req in reqs:
-            req.computed_len += 1
+            req.computed_len = req.seq_len
         self._sample(reqs, logits, mask)
 
     def _alloc_for_decode(self, reqs: list[Req]) -> torch.Tensor:
-        """One slot per request; retract the requests with the most tokens left until it fits."""
+        """A slot per uncomputed token; retract the requests with the most tokens left until
+        it fits."""
         while True:
             live = [r for r in reqs if r.status == ReqStatus.RUNNING]
-            slots = self._try_alloc(len(live))
+            slots = self._try_alloc(sum(r.seq_len - r.computed_len for r in live))
             if slots is not None:
                 return slots
             if len(live) <= 1:
@@ -345,20 +354,10 @@ class Scheduler:
             victim = max(live, key=lambda r: (r.num_tokens_left, r.arrival))
             self._retract(victim)
 
-    def _run_forced_extends(self) -> None:
-        """Requests that got several tokens without sampling (jump-forward) compute them now:
-        one extend instead of a decode step per token."""
-        forced = [r for r in self.running if r.seq_len - r.computed_len > 1 and r.finish is None]
-        while forced and (sum(r.seq_len - r.computed_len for r in forced)
-                          > self.kv_pool.num_free + self.tree.evictable_size()):
-            self._retract(max(self.running, key=lambda r: (r.num_tokens_left, r.arrival)))
-            forced = [r for r in forced if r.status == ReqStatus.RUNNING]
-        if forced:
-            self._extend([ExtendPlan(r, r.seq_len - r.computed_len) for r in forced])
-
     def _forward(self, mode: ForwardMode, parts: list[BatchRequest],
                  slots: torch.Tensor) -> torch.Tensor:
         self.num_forward_passes += 1
+        self.num_request_forwards += len({part.row for part in parts})
         return self.runner.forward(mode, parts, slots)
 
     # ---- sampling and finishing ----
@@ -424,7 +423,7 @@ class Scheduler:
 
     def _jump_forward(self, req: Req) -> None:
         """Append the tokens the grammar forces, unsampled; end with EOS if nothing else may
-        follow. The forced tokens are computed by _run_forced_extends in one extend."""
+        follow. The next decode pass computes the forced tokens along with everyone's."""
         jump = self.grammars.find_jump(req, max_replaced=self._num_replaceable(req))
         if jump is not None:
             self._touched[req.rid] = req

@@ -278,3 +278,33 @@ def test_jumps_survive_retraction(tiny_llama):
     for out in outs:
         if out["meta_info"]["finish_reason"]["type"] == "stop":
             jsonschema.validate(json.loads(out["text"]), schema)
+
+
+def test_decode_rows_of_one_request_equal_an_extend(tiny_llama):
+    """Jump-forward tokens ride in the decode pass as one query row each: their logits equal
+    those of extending the same tokens."""
+    import torch
+    from radixflow.runtime.forward_batch import ForwardMode
+    from radixflow.runtime.model_runner import BatchRequest
+
+    engine = Engine(str(tiny_llama), dtype="float32", max_total_tokens=512)
+    engine.shutdown()  # drive the runner directly
+    runner = engine.scheduler.runner
+    prompt = engine.tokenizer.encode("The quick brown fox jumps")
+    forced = engine.tokenizer.encode(' over the lazy dog.')
+    logits = []
+    for decode_rows in (False, True):
+        row = runner.req_to_token.alloc()
+        slots = runner.kv_pool.alloc(len(prompt) + len(forced))
+        runner.req_to_token.table[row, :len(slots)] = slots.to(torch.int32)
+        runner.forward(ForwardMode.EXTEND, [BatchRequest(row, prompt, 0, [])],
+                       slots[:len(prompt)])
+        rest = slots[len(prompt):]
+        if decode_rows:
+            parts = [BatchRequest(row, [t], len(prompt) + i, [0])
+                     for i, t in enumerate(forced)]
+            logits.append(runner.forward(ForwardMode.DECODE, parts, rest))
+        else:
+            part = BatchRequest(row, forced, len(prompt), list(range(len(forced))))
+            logits.append(runner.forward(ForwardMode.EXTEND, [part], rest))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
