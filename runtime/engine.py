@@ -35,6 +35,8 @@ class _Failure:
 class _Pending:
     detokenizer: IncrementalDetokenizer
     outputs: queue.Queue  # ReqTextOut | _Failure, consumed by the caller's thread
+    stream: bool
+    held: list[ReqTextOut] = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -130,7 +132,8 @@ class Engine:
                 if req.rid in self._pending:
                     raise InvalidRequest(f"request id {req.rid!r} is already running", param="rid")
             for req in parsed.reqs:
-                self._pending[req.rid] = _Pending(self._detokenizer(req), queue.Queue())
+                self._pending[req.rid] = _Pending(self._detokenizer(req), queue.Queue(),
+                                                  stream=parsed.stream)
         for req in parsed.reqs:
             self._inbox.put(req)
         return builders
@@ -149,7 +152,8 @@ class Engine:
             return False
         if isinstance(item, _Failure):
             raise ServerUnavailable(f"the engine stopped: {item.message}")
-        builder.add(item)
+        for out in item if isinstance(item, list) else [item]:
+            builder.add(out)
         return True
 
     def _stream(self, parsed: ParsedGenerate) -> Iterator[dict]:
@@ -214,7 +218,15 @@ class Engine:
                 detok = pending.detokenizer
                 detok.append(tok.new_ids)
                 text = detok.finish() if tok.finish is not None else detok.text
-                pending.outputs.put(ReqTextOut(token=tok, text=text))
+                out = ReqTextOut(token=tok, text=text)
+                if pending.stream:
+                    pending.outputs.put(out)
+                    continue
+                # NOTE: a non-stream caller is woken once, at the end: waking its thread every
+                # step costs the decode loop several ms a step (it competes for the 2 cores).
+                pending.held.append(out)
+                if tok.finish is not None:
+                    pending.outputs.put(pending.held)
 
 
 def _raise_if_rejected(builder: ResponseBuilder) -> None:
