@@ -228,8 +228,10 @@ def parse_generate(
                 req_rid = new_rid()
             else:
                 req_rid = rid if n == 1 else f"{rid}-{k}"
+            # n samples with one seed must still differ: sample k draws from seed + k
+            seed = None if one.seed is None else one.seed + k
             reqs.append(GenerateReq(
-                rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one),
+                rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one, seed=seed),
                 return_logprob=return_logprob, logprob_start_len=start,
                 top_logprobs_num=top_n, stream=stream))
     return ParsedGenerate(reqs=reqs, is_batch=multi, stream=stream,

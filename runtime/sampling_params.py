@@ -76,6 +76,8 @@ class SamplingParams:
         for key, value in d.items():
             if key in _IGNORED_KEYS:
                 continue
+            if key == "sampling_seed":  # SGLang's name for `seed`
+                key = "seed"
             if key not in known:
                 raise InvalidRequest(f"unknown sampling parameter {key!r}", param=key)
             if value is None:
@@ -83,8 +85,6 @@ class SamplingParams:
             kwargs[key] = value
         if isinstance(kwargs.get("stop"), str):
             kwargs["stop"] = [kwargs["stop"]]
-        if "sampling_seed" in d and d["sampling_seed"] is not None:
-            kwargs.setdefault("seed", d["sampling_seed"])
         for key in ("json_schema", "structural_tag"):
             if isinstance(kwargs.get(key), dict):
                 kwargs[key] = json.dumps(kwargs[key])

@@ -296,7 +296,11 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
     async def model_info() -> Response:
         info = dict(tm.model_info)
         info.setdefault("tokenizer_path", args.tokenizer or info.get("model_path"))
-        info.update(is_generation=True, served_model_name=served_model_name)
+        tok = tm.tokenizer
+        info.update(is_generation=True, served_model_name=served_model_name,
+                    chat_template=getattr(tok, "chat_template", None),
+                    bos_token=getattr(tok, "bos_token", None),
+                    eos_token=getattr(tok, "eos_token", None))
         return OrjsonResponse(info)
 
     @app.get("/get_server_info")

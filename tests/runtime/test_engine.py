@@ -193,3 +193,12 @@ def test_retraction_keeps_every_request(tiny_llama):
         assert tight.scheduler.num_retractions > 0
     assert [r["output_ids"] for r in got] == expected
     assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in got)
+
+
+def test_n_samples_with_one_seed_differ_and_repeat(engine):
+    params = {"max_new_tokens": 12, "temperature": 1.0, "n": 3, "seed": 5}
+    first = [r["output_ids"] for r in engine.generate("Once upon a time", params)]
+    again = [r["output_ids"] for r in engine.generate("Once upon a time", params)]
+    assert first == again
+    assert len({tuple(ids) for ids in first}) == 3
+    settle(engine)
