@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 
 # How long a step with nothing else to do waits for a compile before returning.
 COMPILE_POLL_S = 0.01
-# Output tokens a jumping request keeps out of the stream: the most a jump re-reads.
+# Output tokens a jumping request keeps out of the stream, so that a jump can retokenize
+# them: jump_forward.BOUNDARY_TOKENS, the window it re-reads (a jump never replaces more
+# than the unsent tokens, so a smaller value only means fewer boundary merges).
 HOLD_BACK_TOKENS = 4
 
 
