@@ -117,10 +117,13 @@ def few_shot(num: int, seed: int, scale: float = 1.0) -> list[Session]:
 PROFILE_SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "city": {"type": "string"},
-        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+        # Bounded strings, as a real extraction schema has: a 135M model can loop inside an
+        # unbounded string until max_tokens and never close the JSON.
+        "name": {"type": "string", "maxLength": 32},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "maxLength": 24},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20},
+                    "maxItems": 4},
     },
     "required": ["name", "age", "city", "hobbies"],
     "additionalProperties": False,
@@ -154,7 +157,7 @@ def json_extract(num: int, seed: int, scale: float = 1.0) -> list[Session]:
                 f"they enjoy {hobbies[0]} and {hobbies[1]}.")
         sessions.append(Session(validate=validate_profile, turns=[Turn(
             user=f"Extract the person's name, age, city and hobbies as JSON.\n\n{text}",
-            max_tokens=128, ignore_eos=False, response_format=fmt)]))
+            max_tokens=192, ignore_eos=False, response_format=fmt)]))
     return sessions
 
 

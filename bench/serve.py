@@ -1,0 +1,132 @@
+"""Serving benchmark: radixflow vs the naive Hugging Face server, one server at a time.
+
+For each server: start it, run each workload through the streaming OpenAI-compatible load
+generator, stop it. Then a ratio table per workload (bench/compare.py), the cache hit rate
+radixflow's /metrics reports, and the HTTP + IPC overhead of a 1-token request (server vs the
+same request on the in-process Engine).
+
+    python -m bench.serve --workloads shared_prefix multi_turn --num-requests 64 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from . import workloads as wl
+from .compare import write_comparison
+from .loadgen import run_workload, write_run
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def wait_healthy(url: str, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not become healthy in {timeout:.0f} s")
+
+
+def metric(text: str, name: str) -> float:
+    """Sum of a Prometheus counter/gauge's samples."""
+    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+def one_token_latency(post, n: int = 30) -> float:
+    """Median seconds of a 1-token generation."""
+    times = []
+    for i in range(n + 3):
+        start = time.perf_counter()
+        post({"text": f"Say {i}", "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_server_workloads(name: str, url: str, args) -> dict[str, dict]:
+    runs = {}
+    for workload_name in args.workloads:
+        workload = wl.build(workload_name, num_sessions=args.num_requests,
+                            concurrency=args.concurrency, seed=args.seed)
+        print(f"{name}: {workload_name}, {workload.num_requests} requests ...", flush=True)
+        runs[workload_name] = asyncio.run(run_workload(url, workload))
+        write_run(runs[workload_name], name, args.out_dir)
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn"])
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS / "serve")
+    args = ap.parse_args()
+
+    from radixflow.runtime.server.runtime import Runtime
+
+    results: dict[str, dict[str, dict]] = {}
+    with Runtime(None, port=30123) as rt:
+        results["radixflow"] = run_server_workloads("radixflow", rt.url, args)
+        metrics = httpx.get(f"{rt.url}/metrics").text
+        overhead_server = one_token_latency(
+            lambda body: httpx.post(f"{rt.url}/generate", json=body, timeout=60).raise_for_status())
+    hit = metric(metrics, "radixflow:cached_prompt_tokens_total")
+    prompt = metric(metrics, "radixflow:prompt_tokens_total")
+
+    from radixflow.runtime.engine import Engine
+
+    with Engine(None) as engine:
+        overhead_engine = one_token_latency(lambda body: engine.generate_from_body(body))
+
+    if not args.no_baseline:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen([sys.executable, "-m", "bench.hf_baseline_server", "--port", "18070"],
+                                env=env, cwd=Path(__file__).parent.parent)
+        try:
+            wait_healthy("http://127.0.0.1:18070")
+            results["hf-naive"] = run_server_workloads("hf-naive", "http://127.0.0.1:18070", args)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+    date = datetime.date.today().isoformat()
+    lines = [f"# Serving benchmark, {date}", "",
+             f"Command: `python -m bench.serve --workloads {' '.join(args.workloads)} "
+             f"--num-requests {args.num_requests} --concurrency {args.concurrency}`", "",
+             "Default model (SmolLM2-135M-Instruct, bf16), 2-core CPU, streaming chat completions, "
+             "greedy, fixed output lengths (ignore_eos). One server running at a time.", ""]
+    for workload_name in args.workloads:
+        runs = {name: res[workload_name] for name, res in results.items()}
+        table, paths = write_comparison(runs, args.out_dir)
+        lines += [f"## {workload_name}", "", table, "",
+                  f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
+    lines += ["## radixflow cache and overhead", "",
+              f"- Cache hit rate over the whole run (/metrics): {hit / max(prompt, 1):.1%} "
+              f"({hit:.0f} of {prompt:.0f} prompt tokens).",
+              f"- 1-token request, median of 30: {overhead_server * 1e3:.1f} ms through HTTP + "
+              f"ZMQ vs {overhead_engine * 1e3:.1f} ms in-process: "
+              f"{(overhead_server - overhead_engine) * 1e3:.1f} ms added.", ""]
+    out = RESULTS / f"serve-{date}.md"
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
