@@ -19,7 +19,6 @@ from ..messages import (
     FlushCacheReq,
     GenerateReq,
     Message,
-    ReqTokenOut,
     SchedulerStats,
     TokenBatchOut,
 )
@@ -27,7 +26,9 @@ from ..model_runner import BatchRequest, ModelRunner
 from ..sampling import SamplingBatch, sample, top_logprobs
 from ..server_args import ServerArgs
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
-from .grammar import HOLD_BACK_TOKENS, MaskJob, SchedulerGrammar
+from .grammar import MaskJob, SchedulerGrammar
+from .kv_cache import KVCache, cat_slots, evictable_len
+from .output import make_output
 from .req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Scheduler:
         self.tree = RadixTree(disabled=args.disable_radix_cache)
         self.kv_pool, self.req_to_token = self.runner.kv_pool, self.runner.req_to_token
         self.table = self.req_to_token.table
+        self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token)
         self.eos_ids = self._eos_ids(hf_config)
         self.waiting: list[Req] = []
         self.prefilling: list[Req] = []  # hold a row; prompt computed in chunks
@@ -94,7 +96,7 @@ class Scheduler:
         if any(r.seq_len > r.computed_len for r in self.running):
             self._run_decode()
         if self._touched:
-            outputs = [self._make_output(r) for r in self._touched.values()]
+            outputs = [make_output(r) for r in self._touched.values()]
             self._touched.clear()
             outputs = [o for o in outputs if o is not None]
             if outputs:
@@ -109,12 +111,7 @@ class Scheduler:
 
     def check_slots(self) -> None:
         """Invariant: free + tree + held by live requests == total (call when consistent)."""
-        held = sum(r.computed_len - r.tree_len for r in self.prefilling + self.running)
-        total = self.kv_pool.num_free + self.tree.total_size() + held
-        assert total == self.kv_pool.num_slots, (
-            f"KV slot leak: free {self.kv_pool.num_free} + tree {self.tree.total_size()} + "
-            f"requests {held} != {self.kv_pool.num_slots}")
-        self.tree.check()
+        self.kv.check(self.prefilling + self.running)
 
     # ---- messages ----
 
@@ -183,7 +180,7 @@ class Scheduler:
     def _flush_cache(self) -> bool:
         if not self.is_idle:
             return False
-        self.kv_pool.free(_cat(self.tree.reset()))
+        self.kv.flush()
         return True
 
     # ---- prefill ----
@@ -210,7 +207,7 @@ class Scheduler:
         waiting = order_waiting(ready, self.args.schedule_policy, match_len)
         plans = plan_extend(self.prefilling, waiting, budget, self.args.chunk_size,
                             lambda r: r.seq_len - match_len(r),
-                            lambda r: _evictable_len(match(r).last_node))
+                            lambda r: evictable_len(match(r).last_node))
         if not plans:
             return
         for plan in plans:
@@ -236,7 +233,7 @@ class Scheduler:
         self.tree.lock(node)
         req.last_node, req.tree_len, req.computed_len = node, cached, cached
         if cached:
-            self.table[req.row, :cached] = _cat(match.values).to(torch.int32)
+            self.table[req.row, :cached] = cat_slots(match.values).to(torch.int32)
         if req.num_retractions == 0:
             req.cached_len = cached
             self.stats["cache_hit_tokens"] += cached
@@ -257,7 +254,7 @@ class Scheduler:
         for plan in plans:
             req, n = plan.req, plan.extend_len
             start = req.computed_len
-            slots = self._alloc(n)
+            slots = self.kv.alloc(n)
             self.table[req.row, start:start + n] = slots.to(torch.int32)
             slot_chunks.append(slots)
             completes = start + n == req.seq_len
@@ -284,7 +281,7 @@ class Scheduler:
         for plan in plans:
             req = plan.req
             if req.computed_len < req.seq_len:
-                self._cache_unfinished(req)  # chunked: later chunks (and peers) reuse it
+                self.kv.cache_unfinished(req)  # chunked: later chunks (and peers) reuse it
                 continue
             prefilled = req.status == ReqStatus.PREFILLING
             if prefilled:
@@ -296,7 +293,7 @@ class Scheduler:
             if req.num_tokens_left <= 0:
                 self._finish(req, Finish(type="length", length=req.sampling.max_new_tokens))
             elif prefilled and req.num_retractions == 0:
-                self._cache_unfinished(req)  # share the prompt with requests still waiting
+                self.kv.cache_unfinished(req)  # share the prompt with requests still waiting
         if sample_reqs:
             self._sample(sample_reqs, logits[sample_rows], mask)
 
@@ -346,7 +343,7 @@ class Scheduler:
         it fits."""
         while True:
             live = [r for r in reqs if r.status == ReqStatus.RUNNING]
-            slots = self._try_alloc(sum(r.seq_len - r.computed_len for r in live))
+            slots = self.kv.try_alloc(sum(r.seq_len - r.computed_len for r in live))
             if slots is not None:
                 return slots
             if len(live) <= 1:
@@ -463,100 +460,24 @@ class Scheduler:
         req.finish = finish
         self._touched[req.rid] = req
         if req.status in (ReqStatus.PREFILLING, ReqStatus.RUNNING):
-            self._release(req)
+            self.kv.release(req)
             (self.prefilling if req.status == ReqStatus.PREFILLING else self.running).remove(req)
         elif req.status == ReqStatus.WAITING and req in self.waiting:
             self.waiting.remove(req)
         req.status = ReqStatus.FINISHED
         self.by_rid.pop(req.rid, None)
 
-    # ---- KV bookkeeping ----
-
-    def _release(self, req: Req) -> None:
-        """Hand the request's computed tokens to the tree, unlock, give back the row."""
-        n = req.computed_len
-        slots = self.table[req.row, :n].long()
-        if self.tree.disabled:
-            self.kv_pool.free(slots)
-        else:
-            dup = self.tree.insert(req.fill_ids[:n], slots.clone())
-            if dup > req.tree_len:
-                self.kv_pool.free(slots[req.tree_len:dup])
-        self.tree.unlock(req.last_node)
-        self.req_to_token.free(req.row)
-        req.row, req.last_node, req.tree_len, req.computed_len = None, None, 0, 0
-
-    def _cache_unfinished(self, req: Req) -> None:
-        """Insert what the request has computed so far and re-point its row at the tree."""
-        if self.tree.disabled:
-            return
-        n = req.computed_len
-        key = req.fill_ids[:n]
-        slots = self.table[req.row, :n].long()
-        dup = self.tree.insert(key, slots.clone())
-        if dup > req.tree_len:
-            self.kv_pool.free(slots[req.tree_len:dup])
-        match = self.tree.match_prefix(key)
-        self.table[req.row, :match.length] = _cat(match.values).to(torch.int32)
-        self.tree.lock(match.last_node)
-        self.tree.unlock(req.last_node)
-        req.last_node, req.tree_len = match.last_node, match.length
+    # ---- retraction ----
 
     def _retract(self, req: Req) -> None:
         logger.info("KV pool full: retracting request %s (%d tokens left)", req.rid,
                     req.num_tokens_left)
-        self._release(req)
+        self.kv.release(req)
         self.running.remove(req)
         req.status = ReqStatus.WAITING
         req.num_retractions += 1
         self.num_retractions += 1
         self.waiting.insert(0, req)
-
-    def _try_alloc(self, n: int) -> torch.Tensor | None:
-        if n > self.kv_pool.num_free:
-            short = n - self.kv_pool.num_free
-            self.kv_pool.free(_cat(self.tree.evict(short)))
-        return self.kv_pool.alloc(n)
-
-    def _alloc(self, n: int) -> torch.Tensor:
-        slots = self._try_alloc(n)
-        if slots is None:
-            raise RuntimeError(f"KV pool exhausted: needed {n} slots, admission should prevent this")
-        return slots
-
-    # ---- output ----
-
-    def _make_output(self, req: Req) -> ReqTokenOut | None:
-        """The request's news since its last output, or None if there is none."""
-        end = len(req.output_ids)
-        if req.can_jump and req.finish is None:
-            end = max(req.sent_len, end - HOLD_BACK_TOKENS)
-        new_ids = req.output_ids[req.sent_len:end]
-        req.sent_len = end
-        input_logprobs = self._input_logprob_fields(req)
-        if not new_ids and req.finish is None and not input_logprobs:
-            return None
-        out = ReqTokenOut(
-            rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
-            cached_tokens=req.cached_len, completion_tokens=len(req.output_ids),
-            finish=req.finish,
-            output_logprobs=req.pending_logprobs if req.return_logprob else None,
-            output_top_logprobs=req.pending_top_logprobs if req.top_logprobs_num else None,
-            **input_logprobs)
-        req.pending_logprobs, req.pending_top_logprobs = [], []
-        return out
-
-    def _input_logprob_fields(self, req: Req) -> dict:
-        if not req.wants_input_logprobs or req.reported_input_logprobs:
-            return {}
-        if req.input_logprobs is None or req.computed_len < len(req.input_ids) and req.finish is None:
-            return {}
-        req.reported_input_logprobs = True
-        fields = {"input_logprobs": req.input_logprobs,
-                  "input_ids": req.input_ids[req.logprob_start_len:]}
-        if req.top_logprobs_num:
-            fields["input_top_logprobs"] = req.input_top_logprobs
-        return fields
 
     # ---- helpers ----
 
@@ -574,21 +495,3 @@ class Scheduler:
             eos = json.loads(gen_config.read_text()).get("eos_token_id")
             ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return ids
-
-
-def _evictable_len(node) -> int:
-    """Unlocked tokens on the tree path to `node`: locking it takes them out of the evictable
-    pool, so admitting a request that matched them costs that much KV budget."""
-    num_tokens = 0
-    while node.parent is not None:
-        if node.lock_ref == 0:
-            num_tokens += len(node.key)
-        node = node.parent
-    return num_tokens
-
-
-def _cat(values: list) -> torch.Tensor:
-    if not values:
-        return torch.empty(0, dtype=torch.int64)
-    return torch.cat([v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64)
-                      for v in values]).long()
