@@ -366,9 +366,11 @@ class Scheduler:
             self.runner.vocab_size, logits.device)
         vocab_mask = self.grammars.apply(mask, logits, reqs) if mask is not None else None
         top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
-        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=vocab_mask)
+        need_logprobs = any(r.return_logprob for r in reqs)
+        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=vocab_mask,
+                        need_logprobs=need_logprobs)
         next_ids = result.next_ids.tolist()
-        logprobs = result.logprobs.tolist()
+        logprobs = result.logprobs.tolist() if need_logprobs else [0.0] * len(reqs)
         tops = None
         if result.top_logprobs is not None:
             tops = [list(zip(v, i)) for v, i in
