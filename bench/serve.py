@@ -58,10 +58,10 @@ def one_token_latency(post, n: int = 30) -> float:
     return statistics.median(times)
 
 
-def run_server_workloads(name: str, url: str, args) -> dict[str, dict]:
+def run_server_workloads(name: str, url: str, args, num_sessions: int) -> dict[str, dict]:
     runs = {}
     for workload_name in args.workloads:
-        workload = wl.build(workload_name, num_sessions=args.num_requests,
+        workload = wl.build(workload_name, num_sessions=num_sessions,
                             concurrency=args.concurrency, seed=args.seed)
         print(f"{name}: {workload_name}, {workload.num_requests} requests ...", flush=True)
         runs[workload_name] = asyncio.run(run_workload(url, workload))
@@ -75,15 +75,18 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-requests", type=int, default=16,
+                    help="sessions the one-at-a-time HF server runs (its rates do not depend on it)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "serve")
+    ap.add_argument("--tag", default="", help="suffix of the summary file name")
     args = ap.parse_args()
 
     from radixflow.runtime.server.runtime import Runtime
 
     results: dict[str, dict[str, dict]] = {}
     with Runtime(None, port=30123) as rt:
-        results["radixflow"] = run_server_workloads("radixflow", rt.url, args)
+        results["radixflow"] = run_server_workloads("radixflow", rt.url, args, args.num_requests)
         metrics = httpx.get(f"{rt.url}/metrics").text
         overhead_server = one_token_latency(
             lambda body: httpx.post(f"{rt.url}/generate", json=body, timeout=60).raise_for_status())
@@ -101,7 +104,8 @@ def main() -> None:
                                 env=env, cwd=Path(__file__).parent.parent)
         try:
             wait_healthy("http://127.0.0.1:18070")
-            results["hf-naive"] = run_server_workloads("hf-naive", "http://127.0.0.1:18070", args)
+            results["hf-naive"] = run_server_workloads("hf-naive", "http://127.0.0.1:18070", args,
+                                                      args.baseline_requests)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -109,7 +113,13 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     lines = [f"# Serving benchmark, {date}", "",
              f"Command: `python -m bench.serve --workloads {' '.join(args.workloads)} "
-             f"--num-requests {args.num_requests} --concurrency {args.concurrency}`", "",
+             f"--num-requests {args.num_requests} --concurrency {args.concurrency} "
+             f"--baseline-requests {args.baseline_requests}"
+             f"{' --no-baseline' if args.no_baseline else ''}"
+             f"{' --tag ' + args.tag if args.tag else ''}`", "",
+             f"radixflow serves {args.num_requests} sessions at concurrency {args.concurrency}; the "
+             f"naive HF server (one request at a time) the first {args.baseline_requests} of the "
+             "same seeded sessions.", "",
              "Default model (SmolLM2-135M-Instruct, bf16), 2-core CPU, streaming chat completions, "
              "greedy, fixed output lengths (ignore_eos). One server running at a time.", ""]
     for workload_name in args.workloads:
@@ -123,7 +133,7 @@ def main() -> None:
               f"- 1-token request, median of 30: {overhead_server * 1e3:.1f} ms through HTTP + "
               f"ZMQ vs {overhead_engine * 1e3:.1f} ms in-process: "
               f"{(overhead_server - overhead_engine) * 1e3:.1f} ms added.", ""]
-    out = RESULTS / f"serve-{date}.md"
+    out = RESULTS / f"serve-{date}{'-' + args.tag if args.tag else ''}.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
 

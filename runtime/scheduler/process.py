@@ -33,6 +33,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> 
     outbox.connect(out_addr)
     ready.send({"ok": True, "model_info": sched.model_info()})
     last_stats = 0.0
+    checked = False
     try:
         while True:
             msgs = _drain(inbox, block=sched.is_idle)
@@ -42,8 +43,13 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> 
             if now - last_stats > STATS_INTERVAL_S:
                 outbox.send(encode(sched.stats_message()))
                 last_stats = now
-            if sched.is_idle:
+            if msgs or not sched.is_idle:
+                checked = False
+            elif not checked:
+                # NOTE: once per idle spell, after a poll interval with nothing to do: the full
+                # check walks the whole tree, and between back-to-back requests it adds tens of ms.
                 sched.check_slots()
+                checked = True
     except Exception as exc:
         logger.exception("scheduler loop failed")
         outbox.send(encode(ProcessFailed(process="scheduler", message=f"{type(exc).__name__}: {exc}")))

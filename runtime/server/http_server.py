@@ -8,6 +8,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -324,6 +325,11 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
     async def generate(request: Request) -> Response:
         return await generate_native(await read_json(request), request)
 
+    # NOTE: a program thread blocks while its generations run, so the pool must allow as many
+    # programs as the scheduler can batch (asyncio's default pool has cpu_count + 4 threads).
+    program_pool = ThreadPoolExecutor(max(args.max_running_requests, 8),
+                                      thread_name_prefix="program")
+
     @app.post("/program")
     async def program(request: Request) -> Response:
         body = await read_json(request)
@@ -338,7 +344,7 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
         def generate_sync(gen_body: dict) -> dict:
             return asyncio.run_coroutine_threadsafe(generate_json(gen_body), loop).result()
 
-        result = await asyncio.to_thread(execute_program, body, generate_sync)
+        result = await loop.run_in_executor(program_pool, execute_program, body, generate_sync)
         return OrjsonResponse(result)
 
     @app.get("/metrics")
