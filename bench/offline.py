@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import platform
-import random
 import statistics
 import time
 from pathlib import Path
@@ -128,14 +127,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", action="store_true", help="append a decode-step profile")
+    ap.add_argument("--quantization", default="none", choices=["none", "int4"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     from radixflow.runtime.engine import Engine
 
-    engine = Engine(None, max_total_tokens=100_000)
+    engine = Engine(None, max_total_tokens=100_000, quantization=args.quantization)
     tokenizer = engine.tokenizer
-    rows, raw = [], {"date": datetime.date.today().isoformat(), "machine": platform.processor(),
+    raw = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
                      "threads": torch.get_num_threads(), "results": {}}
     for name in args.workloads:
         if name == "single":
@@ -172,9 +172,12 @@ def main() -> None:
     lines = [f"# Offline throughput, {raw['date']}", "",
              f"Command: `python -m bench.offline --workloads {' '.join(args.workloads)} "
              f"--requests {args.requests} "
-             f"--baseline-requests {args.baseline_requests}{' --profile' if args.profile else ''}`",
+             f"--baseline-requests {args.baseline_requests}{' --profile' if args.profile else ''}"
+             f"{' --quantization ' + args.quantization if args.quantization != 'none' else ''}"
+             f"{' --no-baseline' if args.no_baseline else ''}`",
              "", f"Machine: {raw['machine']} ({raw['threads']} torch threads); default model "
-             "SmolLM2-135M-Instruct, bf16, greedy, ignore_eos (fixed output lengths).", "",
+             f"SmolLM2-135M-Instruct, bf16{' (int4 weights)' if args.quantization == 'int4' else ''}, "
+             "greedy, ignore_eos (fixed output lengths).", "",
              "| workload | radixflow tok/s | HF tok/s | ratio | cached prompt tokens |",
              "|---|---|---|---|---|"]
     for name, res in raw["results"].items():
