@@ -133,6 +133,23 @@ async def collect(group: RequestGroup, builders: list[ResponseBuilder]) -> None:
             builders[index].add(out)
 
 
+async def respond(tm: TokenizerManager, group: RequestGroup, builders: list[ResponseBuilder],
+                  request: Request, *, stream: bool, stream_body: Any,
+                  result: Any) -> Response:
+    """The response for a submitted group: SSE when `stream`, else the JSON from
+    `result(builders)` once every request finished (499 if the client left first)."""
+    if stream:
+        return await open_stream(tm, group, request, stream_body)
+    try:
+        await until_disconnect(collect(group, builders), request)
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        tm.release(group)
+    raise_if_rejected(builders)
+    return OrjsonResponse(result(builders))
+
+
 def rejection(finish_reason: dict | None) -> RadixflowError | None:
     """The error for a request the scheduler aborted: a 400 for a bad request (grammar, too
     long), a 500 for a failure inside. Client-initiated aborts never get here: their
@@ -257,16 +274,10 @@ def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None =
         parsed = parse_generate(body, tm.tokenizer, tm.context_length, vocab_size=tm.vocab_size)
         group = tm.submit(parsed.reqs)
         builders = parsed.builders(tm.tokenizer)
-        if parsed.stream:
-            return await open_stream(tm, group, request, native_stream(group, builders))
-        try:
-            await until_disconnect(collect(group, builders), request)
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            tm.release(group)
-        raise_if_rejected(builders)
-        return OrjsonResponse(parsed.response([b.result() for b in builders]))
+        return await respond(
+            tm, group, builders, request, stream=parsed.stream,
+            stream_body=native_stream(group, builders) if parsed.stream else None,
+            result=lambda bs: parsed.response([b.result() for b in bs]))
 
     async def generate_json(body: dict) -> Any:
         """/generate for in-process callers (the /program executor): the response object."""

@@ -25,15 +25,12 @@ from ..native_api import (
 from ..sampling_params import SamplingParams
 from .http_server import (
     SSE_DONE,
-    ClientGone,
     OrjsonResponse,
     collect,
     error_body,
-    open_stream,
-    raise_if_rejected,
     read_json,
+    respond,
     sse,
-    until_disconnect,
     validation_error_response,
 )
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -181,16 +178,10 @@ def create_openai_router(tm: TokenizerManager, served_model_name: str) -> APIRou
         group = tm.submit(job.reqs)
         builders = [ResponseBuilder(r, tm.tokenizer, return_text_in_logprobs=return_text)
                     for r in job.reqs]
-        if job.reqs[0].stream:
-            return await open_stream(tm, group, request, stream_fn(group, builders))
-        try:
-            await until_disconnect(collect(group, builders), request)
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            tm.release(group)
-        raise_if_rejected(builders)
-        return OrjsonResponse(result_fn(builders))
+        stream = job.reqs[0].stream
+        return await respond(tm, group, builders, request, stream=stream,
+                             stream_body=stream_fn(group, builders) if stream else None,
+                             result=result_fn)
 
     @router.get("/v1/models")
     async def models() -> Response:

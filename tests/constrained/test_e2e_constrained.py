@@ -5,7 +5,6 @@ requests, small max_new_tokens."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import threading
@@ -14,6 +13,8 @@ import time
 import pytest
 from helpers.constraint_corpus import load_grammars, load_regexes, load_schemas
 from helpers.constraint_validators import grammar_ok, schema_errors
+from helpers.engine_checks import jump_forward
+
 from radixflow.runtime.errors import GrammarError, InvalidRequest
 
 try:
@@ -159,17 +160,6 @@ def test_bad_constraint_is_rejected_and_engine_keeps_serving(engine):
     assert out["text"] in ("yes", "no")
 
 
-@contextlib.contextmanager
-def _jump_forward(engine, enabled: bool):
-    """Requests submitted inside get (or not) jump-forward; the flag is read per request."""
-    grammars = engine.scheduler.grammars
-    before, grammars.jump_forward = grammars.jump_forward, enabled
-    try:
-        yield
-    finally:
-        grammars.jump_forward = before
-
-
 def test_jump_forward_on_and_off(engine):
     """Same validity either way; fewer forward passes with jump-forward; bitmasks are filled
     (off the critical path) for every sampled constrained token."""
@@ -187,7 +177,7 @@ def test_jump_forward_on_and_off(engine):
     passes = {}
     for enabled in (False, True):
         before, masked = scheduler.num_forward_passes, stats.num_masked_rows
-        with _jump_forward(engine, enabled):
+        with jump_forward(engine, enabled):
             outputs = _run(engine, prompts, params)
         passes[enabled] = scheduler.num_forward_passes - before
         _check(engine, outputs, specs, valid)

@@ -10,6 +10,7 @@ import pytest
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import ContextTooLong, InvalidRequest
+from helpers.engine_checks import settle
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -19,15 +20,6 @@ def engine(tiny_llama):
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=3000,
                 max_running_requests=8, chunked_prefill_size=32) as eng:
         yield eng
-
-
-def settle(engine):
-    """Wait for the scheduler thread to go idle, then check the slot invariant."""
-    for _ in range(200):
-        if engine.scheduler.is_idle:
-            break
-        time.sleep(0.01)
-    engine.scheduler.check_slots()
 
 
 def test_greedy_is_deterministic_and_batch_independent(engine):

@@ -16,6 +16,7 @@ import pytest
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import GrammarError, InvalidRequest
 from radixflow.runtime.messages import Finish
+from helpers.engine_checks import jump_forward, settle
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 6},
@@ -30,25 +31,6 @@ def engine(tiny_llama):
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=3000,
                 max_running_requests=8) as eng:
         yield eng
-
-
-def settle(engine):
-    for _ in range(500):
-        if engine.scheduler.is_idle:
-            break
-        time.sleep(0.01)
-    engine.scheduler.check_slots()
-
-
-@contextlib.contextmanager
-def jump_forward(engine, enabled: bool):
-    """Requests submitted inside get (or not) jump-forward; the flag is read per request."""
-    grammars = engine.scheduler.grammars
-    before, grammars.jump_forward = grammars.jump_forward, enabled
-    try:
-        yield
-    finally:
-        grammars.jump_forward = before
 
 
 @contextlib.contextmanager
