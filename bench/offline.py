@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", action="store_true", help="append a decode-step profile")
-    ap.add_argument("--quantization", default="none", choices=["none", "int4"])
+    ap.add_argument("--quantization", default="auto", choices=["auto", "none", "int4"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -136,7 +136,8 @@ def main() -> None:
     engine = Engine(None, max_total_tokens=100_000, quantization=args.quantization)
     tokenizer = engine.tokenizer
     raw = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
-                     "threads": torch.get_num_threads(), "results": {}}
+           "threads": torch.get_num_threads(), "weights": engine.scheduler.runner.quantization,
+           "results": {}}
     for name in args.workloads:
         if name == "single":
             continue
@@ -173,10 +174,10 @@ def main() -> None:
              f"Command: `python -m bench.offline --workloads {' '.join(args.workloads)} "
              f"--requests {args.requests} "
              f"--baseline-requests {args.baseline_requests}{' --profile' if args.profile else ''}"
-             f"{' --quantization ' + args.quantization if args.quantization != 'none' else ''}"
+             f"{' --quantization ' + args.quantization if args.quantization != 'auto' else ''}"
              f"{' --no-baseline' if args.no_baseline else ''}`",
              "", f"Machine: {raw['machine']} ({raw['threads']} torch threads); default model "
-             f"SmolLM2-135M-Instruct, bf16{' (int4 weights)' if args.quantization == 'int4' else ''}, "
+             f"SmolLM2-135M-Instruct, bf16{' with int4 weights' if raw['weights'] == 'int4' else ''}, "
              "greedy, ignore_eos (fixed output lengths).", "",
              "| workload | radixflow tok/s | HF tok/s | ratio | cached prompt tokens |",
              "|---|---|---|---|---|"]

@@ -93,15 +93,34 @@ class ModelRunner:
             model = LlamaForCausalLM(self.model_args)
         model.to_empty(device=self.device)
         model.load_weights(iter_weights(folder))
+        self.quantization = self._quantize(model)  # from the checkpoint's own weights
         model.to(self.dtype)
         model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
-        if self.args.quantization == "int4":
-            if not can_quantize_int4(self.device):
-                raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
-            quantize_linears_int4_(model)
         if can_pack(self.device, self.dtype):
             pack_linears_(model)
         return model.eval()
+
+    def _quantize(self, model: LlamaForCausalLM) -> str:
+        """Apply --quantization; returns what was applied ("int4" or "none").
+
+        auto: int4 on a bf16 CPU when the checkpoint's weights are already 4-bit groups (a
+        Q4_0/Q4_1 GGUF such as the default model's), where it is lossless and halves a decode
+        step; otherwise none.
+        """
+        choice = self.args.quantization
+        if choice == "none":
+            return "none"
+        if not can_quantize_int4(self.device):
+            if choice == "auto":
+                return "none"
+            raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
+        if choice == "auto" and self.dtype != torch.bfloat16:
+            return "none"
+        count = quantize_linears_int4_(model, keep=(model.lm_head,),
+                                       only_if_exact=choice == "auto")
+        if count:
+            logger.info("int4 weights for %d linear layers (--quantization %s)", count, choice)
+        return "int4" if count else "none"
 
     @property
     def vocab_size(self) -> int:

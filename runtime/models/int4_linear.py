@@ -30,14 +30,16 @@ def quantize_groups(weight: torch.Tensor, group_size: int = GROUP_SIZE):
 
 
 class Int4Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE):
+    def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
+                 groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+        """`groups`: `quantize_groups(linear.weight)` when the caller already has it."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         if self.in_features % group_size:
             raise ValueError(f"int4 needs in_features divisible by {group_size}, "
                              f"got {self.in_features}")
         self.group_size = group_size
-        q, scale, low = quantize_groups(linear.weight.detach(), group_size)
+        q, scale, low = groups or quantize_groups(linear.weight.detach(), group_size)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero
         zero = low + 8 * scale
@@ -56,12 +58,43 @@ class Int4Linear(nn.Module):
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
-def quantize_linears_int4_(model: nn.Module) -> int:
-    """Replace every nn.Linear whose input size allows it by an Int4Linear; returns the count."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.in_features % GROUP_SIZE == 0:
-                setattr(module, name, Int4Linear(child))
-                count += 1
-    return count
+def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+             group_size: int = GROUP_SIZE) -> bool:
+    """Whether `groups` (from quantize_groups) rebuild `weight` exactly, as they do for weights
+    dequantized from a Q4_0/Q4_1 GGUF: then int4 loses nothing but the scales' bf16 rounding."""
+    q, scale, low = groups
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // group_size, group_size)
+    rebuilt = low[..., None] + q.view_as(w).float() * scale[..., None]
+    return bool(((rebuilt - w).abs() <= 1e-6 * w.abs().amax(-1, keepdim=True)).all())
+
+
+def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    return [(module, name, child) for module in model.modules()
+            for name, child in module.named_children()
+            if type(child) is nn.Linear and child.in_features % GROUP_SIZE == 0]
+
+
+def quantize_linears_int4_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
+                           only_if_exact: bool = False) -> int:
+    """Replace the model's nn.Linears (with in_features divisible by the group size) by
+    Int4Linears; returns how many were replaced. Quantize fp32 weights, before any bf16 cast.
+
+    - `keep`: linears that stay as they are unless their weights are already 4-bit. For the
+      output head: the default model's GGUF stores its (tied) embedding at 8 bits, and 4-bit
+      logits cost more quality than the head's bytes are worth.
+    - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
+      already 4-bit (see is_exact), i.e. int4 is lossless for this checkpoint.
+    """
+    plan = []
+    for module, name, linear in _quantizable(model):
+        groups = quantize_groups(linear.weight.detach())
+        exact = is_exact(linear.weight, groups)
+        if linear in keep and not exact:
+            continue
+        if only_if_exact and not exact:
+            return 0
+        plan.append((module, name, linear, groups))
+    for module, name, linear, groups in plan:
+        setattr(module, name, Int4Linear(linear, groups=groups))
+    return len(plan)

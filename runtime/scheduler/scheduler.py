@@ -83,6 +83,7 @@ class Scheduler:
             "vocab_size": self.runner.vocab_size,
             "eos_token_ids": sorted(self.eos_ids),
             "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "quantization": self.runner.quantization,
             "device": str(self.runner.device),
         }
 

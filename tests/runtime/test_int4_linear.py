@@ -4,7 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from radixflow.runtime.models.int4_linear import Int4Linear, can_quantize_int4, quantize_groups
+from radixflow.runtime.models.int4_linear import (
+    Int4Linear,
+    can_quantize_int4,
+    is_exact,
+    quantize_groups,
+    quantize_linears_int4_,
+)
 
 pytestmark = pytest.mark.skipif(not can_quantize_int4(torch.device("cpu")),
                                 reason="torch has no int4 CPU kernel")
@@ -38,3 +44,50 @@ def test_int4_linear_matches_dequantized_weights(rows, bias):
     torch.testing.assert_close(quant(x).float(), ref, atol=5e-2, rtol=3e-2)
     # and the quantization error itself is small
     assert (dequant - linear.weight).abs().max() <= scale.max() / 2 + 1e-6
+
+
+def _grid_linear(out_features: int, in_features: int) -> nn.Linear:
+    """A linear whose weights are 4-bit groups already, as a Q4_1 GGUF's dequantized ones are."""
+    groups = in_features // 32
+    q = torch.randint(0, 16, (out_features, in_features)).float()
+    q[:, ::32], q[:, 1::32] = 0, 15
+    scale = torch.rand(out_features, groups) * 0.05 + 0.01
+    low = -torch.rand(out_features, groups)
+    linear = nn.Linear(in_features, out_features, bias=False)
+    linear.weight.data = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
+    return linear
+
+
+def test_is_exact_tells_4bit_weights_from_others():
+    torch.manual_seed(2)
+    grid = _grid_linear(16, 64).weight.detach()
+    assert is_exact(grid, quantize_groups(grid))
+    dense = torch.randn(16, 64)
+    assert not is_exact(dense, quantize_groups(dense))
+
+
+def _model(grid: bool) -> nn.Module:
+    make = _grid_linear if grid else (lambda o, i: nn.Linear(i, o, bias=False))
+    model = nn.Module()
+    model.body = nn.Sequential(make(64, 64), make(32, 64))
+    model.lm_head = nn.Linear(32, 100, bias=False)  # never 4-bit here
+    return model
+
+
+def test_only_if_exact_quantizes_lossless_checkpoints_and_keeps_a_lossy_head():
+    torch.manual_seed(3)
+    model = _model(grid=True)
+    assert quantize_linears_int4_(model, keep=(model.lm_head,), only_if_exact=True) == 2
+    assert all(isinstance(m, Int4Linear) for m in model.body)
+    assert type(model.lm_head) is nn.Linear
+
+    dense = _model(grid=False)
+    assert quantize_linears_int4_(dense, keep=(dense.lm_head,), only_if_exact=True) == 0
+    assert not any(isinstance(m, Int4Linear) for m in dense.modules())
+
+
+def test_explicit_int4_quantizes_dense_weights_but_keeps_the_head():
+    torch.manual_seed(4)
+    model = _model(grid=False)
+    assert quantize_linears_int4_(model, keep=(model.lm_head,)) == 2
+    assert type(model.lm_head) is nn.Linear
