@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from radixflow.runtime.models.int4_linear import (
+    INT4_MAX_ROWS,
     Int4Linear,
     can_quantize_int4,
     is_exact,
@@ -31,7 +32,7 @@ def test_quantize_groups_round_trip_on_grid_values():
     assert torch.equal(q2, q.to(torch.int32))
 
 
-@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int4_linear_matches_dequantized_weights(rows, bias):
     torch.manual_seed(1)
@@ -44,6 +45,16 @@ def test_int4_linear_matches_dequantized_weights(rows, bias):
     torch.testing.assert_close(quant(x).float(), ref, atol=5e-2, rtol=3e-2)
     # and the quantization error itself is small
     assert (dequant - linear.weight).abs().max() <= scale.max() / 2 + 1e-6
+
+
+@pytest.mark.parametrize("rows", [INT4_MAX_ROWS + 1, 33])
+def test_int4_linear_uses_its_bf16_weights_for_many_rows(rows):
+    torch.manual_seed(5)
+    linear = nn.Linear(64, 48, bias=True)
+    quant = Int4Linear(linear)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    ref = nn.functional.linear(x, linear.weight.bfloat16(), linear.bias.bfloat16())
+    torch.testing.assert_close(quant(x), ref, atol=2e-2, rtol=2e-2)
 
 
 def _grid_linear(out_features: int, in_features: int) -> nn.Linear:
