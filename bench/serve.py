@@ -1,9 +1,8 @@
 """Serving benchmark: radixflow vs the naive Hugging Face server, one server at a time.
 
 For each server: start it, run each workload through the streaming OpenAI-compatible load
-generator, stop it. Then a ratio table per workload (bench/compare.py), the cache hit rate
-radixflow's /metrics reports, and the HTTP + IPC overhead of a 1-token request (server vs the
-same request on the in-process Engine).
+generator, stop it. Then a ratio table per workload (bench/compare.py) and the cache hit rate
+radixflow's /metrics reports. (The HTTP + IPC overhead of one request is bench/overhead.py.)
 
     python -m bench.serve --workloads shared_prefix multi_turn --num-requests 64 --concurrency 64
 """
@@ -15,7 +14,6 @@ import asyncio
 import datetime
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -45,17 +43,6 @@ def wait_healthy(url: str, timeout: float = 600.0) -> None:
 def metric(text: str, name: str) -> float:
     """Sum of a Prometheus counter/gauge's samples."""
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
-
-
-def one_token_latency(post, n: int = 30) -> float:
-    """Median seconds of a 1-token generation."""
-    times = []
-    for i in range(n + 3):
-        start = time.perf_counter()
-        post({"text": f"Say {i}", "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run_server_workloads(name: str, url: str, args, num_sessions: int) -> dict[str, dict]:
@@ -88,15 +75,8 @@ def main() -> None:
     with Runtime(None, port=30123) as rt:
         results["radixflow"] = run_server_workloads("radixflow", rt.url, args, args.num_requests)
         metrics = httpx.get(f"{rt.url}/metrics").text
-        overhead_server = one_token_latency(
-            lambda body: httpx.post(f"{rt.url}/generate", json=body, timeout=60).raise_for_status())
     hit = metric(metrics, "radixflow:cached_prompt_tokens_total")
     prompt = metric(metrics, "radixflow:prompt_tokens_total")
-
-    from radixflow.runtime.engine import Engine
-
-    with Engine(None) as engine:
-        overhead_engine = one_token_latency(lambda body: engine.generate_from_body(body))
 
     if not args.no_baseline:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -127,12 +107,9 @@ def main() -> None:
         table, paths = write_comparison(runs, args.out_dir)
         lines += [f"## {workload_name}", "", table, "",
                   f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
-    lines += ["## radixflow cache and overhead", "",
+    lines += ["## radixflow cache", "",
               f"- Cache hit rate over the whole run (/metrics): {hit / max(prompt, 1):.1%} "
-              f"({hit:.0f} of {prompt:.0f} prompt tokens).",
-              f"- 1-token request, median of 30: {overhead_server * 1e3:.1f} ms through HTTP + "
-              f"ZMQ vs {overhead_engine * 1e3:.1f} ms in-process: "
-              f"{(overhead_server - overhead_engine) * 1e3:.1f} ms added.", ""]
+              f"({hit:.0f} of {prompt:.0f} prompt tokens).", ""]
     out = RESULTS / f"serve-{date}{'-' + args.tag if args.tag else ''}.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
