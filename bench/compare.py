@@ -13,6 +13,7 @@ ROWS = [
     ("requests/s", "req_s", True),
     ("TTFT p50 (ms)", "ttft_ms_p50", False),
     ("TTFT p90 (ms)", "ttft_ms_p90", False),
+    ("TTFT p99 (ms)", "ttft_ms_p99", False),
     ("TPOT p50 (ms)", "tpot_ms_p50", False),
     ("e2e p50 (s)", "e2e_s_p50", False),
     ("cache hit rate", "cache_hit_rate", True),
@@ -28,16 +29,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratio_table(runs: dict[str, dict]) -> str:
-    """Markdown: each metric per server, and each server's value divided by the first's."""
+    """Markdown: each metric per server, and how many times better the first server is than
+    each other one (its value over theirs where higher is better, theirs over its otherwise)."""
     names = list(runs)
     base = names[0]
-    head = ["metric", *names, *[f"{n}/{base}" for n in names[1:]]]
+    head = ["metric", *names, *[f"{base} vs {n}" for n in names[1:]]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, key, _ in ROWS:
+    for label, key, higher_is_better in ROWS:
         values = [runs[n]["summary"].get(key) for n in names]
         if all(v is None for v in values):
             continue
-        ratios = [ratio(v, values[0]) for v in values[1:]]
+        ratios = [ratio(values[0], v) if higher_is_better else ratio(v, values[0])
+                  for v in values[1:]]
         cells = [label, *map(fmt, values), *[("-" if r is None else f"{r:.2f}x") for r in ratios]]
         lines.append("| " + " | ".join(cells) + " |")
     first = runs[base]

@@ -223,7 +223,7 @@ def summarize(results: list[RequestResult], wall: float, expected: int) -> dict:
 
 SUMMARY_ROWS = [
     ("output tok/s", "output_tok_s"), ("requests/s", "req_s"), ("TTFT p50 (ms)", "ttft_ms_p50"),
-    ("TTFT p90 (ms)", "ttft_ms_p90"), ("TPOT p50 (ms)", "tpot_ms_p50"),
+    ("TTFT p90 (ms)", "ttft_ms_p90"), ("TTFT p99 (ms)", "ttft_ms_p99"), ("TPOT p50 (ms)", "tpot_ms_p50"),
     ("TPOT p90 (ms)", "tpot_ms_p90"), ("e2e p50 (s)", "e2e_s_p50"), ("e2e p90 (s)", "e2e_s_p90"),
     ("cache hit rate", "cache_hit_rate"), ("valid %", "valid_pct"), ("errors", "errors"),
     ("wall (s)", "wall_s"),

@@ -70,8 +70,8 @@ def test_compare_writes_ratio_table_and_chart(server, tmp_path):
     runs = {name: loadgen.asyncio.run(loadgen.run_workload(server.url, wl, warmup=0))
             for name in ("first", "second")}
     table, paths = write_comparison(runs, tmp_path)
-    assert "| metric | first | second | second/first |" in table
-    assert "| output tok/s |" in table
+    assert "| metric | first | second | first vs second |" in table
+    assert "| output tok/s |" in table and "| TTFT p99 (ms) |" in table
     png = next(p for p in paths if p.suffix == ".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
