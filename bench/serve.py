@@ -75,6 +75,8 @@ def main() -> None:
     with Runtime(None, port=30123) as rt:
         results["radixflow"] = run_server_workloads("radixflow", rt.url, args, args.num_requests)
         metrics = httpx.get(f"{rt.url}/metrics").text
+        info = httpx.get(f"{rt.url}/get_model_info").json()
+    weights = f"{info['dtype']}{' with int4 weights' if info['quantization'] == 'int4' else ''}"
     hit = metric(metrics, "radixflow:cached_prompt_tokens_total")
     prompt = metric(metrics, "radixflow:prompt_tokens_total")
 
@@ -100,7 +102,7 @@ def main() -> None:
              f"radixflow serves {args.num_requests} sessions at concurrency {args.concurrency}; the "
              f"naive HF server (one request at a time) the first {args.baseline_requests} of the "
              "same seeded sessions.", "",
-             "Default model (SmolLM2-135M-Instruct, bf16), 2-core CPU, streaming chat completions, "
+             f"Default model (SmolLM2-135M-Instruct, {weights}), 2-core CPU, streaming chat completions, "
              "greedy, fixed output lengths (ignore_eos). One server running at a time.", ""]
     for workload_name in args.workloads:
         runs = {name: res[workload_name] for name, res in results.items()}

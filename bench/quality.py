@@ -1,0 +1,75 @@
+"""How far each weight format moves the default model from its fp32 reference.
+
+Teacher-forced: every engine scores the same text (prompt logprobs), so the figures do not
+depend on where greedy decoding happens to diverge. For each format: mean and max |log p
+difference| per token against fp32, the share of positions whose top-1 next token agrees with
+fp32's, and the mean negative log-likelihood of the text.
+
+Prefill runs in chunks of --chunk tokens; 4 (the default) keeps every matmul within the int4
+kernel's rows (more rows use the bf16 copy of the weights, see runtime/models/int4_linear.py).
+
+    python -m bench.quality                # writes bench/results/quality-<date>.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+FORMATS = {
+    "fp32": {"dtype": "float32", "quantization": "none"},
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "bf16 + int4 (quantization auto)": {"dtype": "bfloat16", "quantization": "auto"},
+}
+
+
+def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int], str]:
+    """(logprob of each token after the first, fp32-comparable top-1 ids, applied quantization)."""
+    from radixflow.runtime.engine import Engine
+
+    with Engine(None, max_total_tokens=8192, chunked_prefill_size=chunk, **engine_args) as engine:
+        res = engine.generate(text, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True,
+                              logprob_start_len=0, top_logprobs_num=1)
+        info = res["meta_info"]
+        applied = engine.scheduler.model_info()["quantization"]
+    logprobs = torch.tensor([lp for lp, _, _ in info["input_token_logprobs"][1:]])
+    top = [t[0][1] for t in info["input_top_logprobs"][1:]]
+    return logprobs, top, applied
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--text", type=Path, default=Path(__file__).parent.parent / "docs" / "dsl.md")
+    ap.add_argument("--chars", type=int, default=4000, help="score the first N characters")
+    ap.add_argument("--chunk", type=int, default=4)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    text = args.text.read_text()[:args.chars]
+    scored = {name: score(text, args.chunk, **engine_args) for name, engine_args in FORMATS.items()}
+    ref, ref_top, _ = scored["fp32"]
+    rows = ["| weights | applied | mean abs d logprob | max abs d logprob | top-1 agrees with fp32 "
+            "| mean NLL |", "|---|---|---|---|---|---|"]
+    for name, (logprobs, top, applied) in scored.items():
+        diff = (logprobs - ref).abs()
+        agree = sum(a == b for a, b in zip(top, ref_top)) / len(top)
+        rows.append(f"| {name} | {applied} | {diff.mean():.4f} | {diff.max():.3f} | {agree:.1%} "
+                    f"| {-logprobs.mean():.4f} |")
+    date = datetime.date.today().isoformat()
+    lines = [f"# Weight formats vs fp32, default model, {date}", "",
+             f"Command: `python -m bench.quality --chars {args.chars} --chunk {args.chunk}`", "",
+             f"Text: the first {args.chars} characters of `{args.text.name}` ({len(ref)} scored "
+             f"tokens), prefilled in chunks of {args.chunk} tokens.", "", *rows, ""]
+    print("\n".join(lines))
+    if not args.no_write:
+        out = RESULTS / f"quality-{date}.md"
+        out.write_text("\n".join(lines))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
