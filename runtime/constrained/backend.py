@@ -87,18 +87,28 @@ class GrammarBackend:
     def fill_bitmasks(self, states: list[GrammarState | None], bitmask: torch.Tensor) -> None:
         """Fill row i for each states[i] that is not None; other rows are left as they are."""
         rows, matchers = [], []
+        first_row: dict[int, int] = {}  # id(matcher) -> the row it fills
+        copies: list[tuple[int, int]] = []  # (row, row to copy from)
         for row, state in enumerate(states):
             if state is None:
                 continue
             if state.is_terminated():  # nothing may follow: allow only the stop tokens
                 self._fill_stop_only(bitmask, row)
                 continue
+            # NOTE: one matcher filled twice in a batch would run on two threads at once
+            # (xgrammar aborts the process); fill it once and copy its row.
+            if id(state.matcher) in first_row:
+                copies.append((row, first_row[id(state.matcher)]))
+                continue
+            first_row[id(state.matcher)] = row
             rows.append(row)
             matchers.append(state.matcher)
         if len(rows) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, rows[0])
         elif rows:
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        for row, source in copies:
+            bitmask[row].copy_(bitmask[source])
 
     def fill_bitmasks_async(self, states: list[GrammarState | None],
                             bitmask: torch.Tensor) -> Future:
