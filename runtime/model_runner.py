@@ -13,7 +13,7 @@ from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
-from .models.int4_linear import can_quantize_int4, quantize_linears_int4_
+from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .models.llama import LlamaForCausalLM
 from .server_args import ServerArgs
 
@@ -116,10 +116,10 @@ class ModelRunner:
             raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
         if choice == "auto" and self.dtype != torch.bfloat16:
             return "none"
-        count = quantize_linears_int4_(model, keep=(model.lm_head,),
+        count = quantize_linears_(model, keep=(model.lm_head,),
                                        only_if_exact=choice == "auto")
         if count:
-            logger.info("int4 weights for %d linear layers (--quantization %s)", count, choice)
+            logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"
 
     @property

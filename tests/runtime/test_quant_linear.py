@@ -4,13 +4,15 @@ import pytest
 import torch
 from torch import nn
 
-from radixflow.runtime.models.int4_linear import (
-    INT4_MAX_ROWS,
+from radixflow.kernels import cpu as cpu_kernels
+from radixflow.runtime.models.quant_linear import (
+    Q8_0Linear,
+    QUANT_MAX_ROWS,
     Int4Linear,
     can_quantize_int4,
     is_exact,
     quantize_groups,
-    quantize_linears_int4_,
+    quantize_linears_,
 )
 
 pytestmark = pytest.mark.skipif(not can_quantize_int4(torch.device("cpu")),
@@ -32,7 +34,7 @@ def test_quantize_groups_round_trip_on_grid_values():
     assert torch.equal(q2, q.to(torch.int32))
 
 
-@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, QUANT_MAX_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int4_linear_matches_dequantized_weights(rows, bias):
     torch.manual_seed(1)
@@ -47,7 +49,7 @@ def test_int4_linear_matches_dequantized_weights(rows, bias):
     assert (dequant - linear.weight).abs().max() <= scale.max() / 2 + 1e-6
 
 
-@pytest.mark.parametrize("rows", [INT4_MAX_ROWS + 1, 33])
+@pytest.mark.parametrize("rows", [QUANT_MAX_ROWS + 1, 33])
 def test_int4_linear_uses_its_bf16_weights_for_many_rows(rows):
     torch.manual_seed(5)
     linear = nn.Linear(64, 48, bias=True)
@@ -88,17 +90,41 @@ def _model(grid: bool) -> nn.Module:
 def test_only_if_exact_quantizes_lossless_checkpoints_and_keeps_a_lossy_head():
     torch.manual_seed(3)
     model = _model(grid=True)
-    assert quantize_linears_int4_(model, keep=(model.lm_head,), only_if_exact=True) == 2
+    assert quantize_linears_(model, keep=(model.lm_head,), only_if_exact=True) == 2
     assert all(isinstance(m, Int4Linear) for m in model.body)
     assert type(model.lm_head) is nn.Linear
 
     dense = _model(grid=False)
-    assert quantize_linears_int4_(dense, keep=(dense.lm_head,), only_if_exact=True) == 0
+    assert quantize_linears_(dense, keep=(dense.lm_head,), only_if_exact=True) == 0
     assert not any(isinstance(m, Int4Linear) for m in dense.modules())
 
 
 def test_explicit_int4_quantizes_dense_weights_but_keeps_the_head():
     torch.manual_seed(4)
     model = _model(grid=False)
-    assert quantize_linears_int4_(model, keep=(model.lm_head,)) == 2
+    assert quantize_linears_(model, keep=(model.lm_head,)) == 2
     assert type(model.lm_head) is nn.Linear
+
+
+def _q8_linear(out_features: int, in_features: int) -> nn.Linear:
+    """A linear whose weights are symmetric 8-bit groups, as a Q8_0 GGUF tensor's are."""
+    q = torch.randint(-127, 128, (out_features, in_features)).float()
+    q[:, ::32] = 127
+    scale = torch.rand(out_features, in_features // 32) * 0.01 + 0.001
+    linear = nn.Linear(in_features, out_features, bias=False)
+    linear.weight.data = q * scale.repeat_interleave(32, 1)
+    return linear
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no AVX-512 CPU kernels here")
+def test_an_8bit_head_becomes_q8_0_and_matches_its_weights():
+    torch.manual_seed(6)
+    model = _model(grid=True)
+    model.lm_head = _q8_linear(100, 32)
+    weight = model.lm_head.weight.detach().clone()
+    assert quantize_linears_(model, keep=(model.lm_head,), only_if_exact=True) == 3
+    assert isinstance(model.lm_head, Q8_0Linear)
+    for rows in (1, QUANT_MAX_ROWS, QUANT_MAX_ROWS + 3):
+        x = torch.randn(rows, 32, dtype=torch.bfloat16)
+        ref = x.float() @ weight.T
+        torch.testing.assert_close(model.lm_head(x).float(), ref, atol=3e-2, rtol=2e-2)

@@ -1,0 +1,160 @@
+"""Weight-only quantized linear layers for CPU decode (`--quantization auto|int4`).
+
+Single-stream decode on a CPU is bound by reading the weights, so fewer bytes per weight is
+fewer milliseconds per token:
+- Int4Linear: groups of 32 input features, asymmetric min-max (GGUF's Q4_1, the scheme of the
+  default model's layers), multiplied by torch's packed int4 CPU kernel.
+- Q8_0Linear: symmetric int8 groups of 32 (GGUF's Q8_0, the default model's embedding, which
+  it ties to its output head), multiplied by radixflow's AVX-512 kernel (kernels/cpu).
+Both are exact for weights that came from those formats (see is_exact_*): the default model
+is served with its own weights, not an approximation of them.
+
+The quantized kernels only win for a few rows: over the default model's 120 layer matmuls,
+1 row took 6.1 ms in int4 vs 25.6 ms in bf16, 4 rows 9.3 vs 14.4 ms, 6 rows 16.1 vs 15.7 ms,
+and at 16 rows int4 was 3.6x slower. So each layer keeps a bf16 copy of its (dequantized)
+weights for prefill and large decode batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixflow.kernels import cpu as cpu_kernels
+
+from .cpu_linear import PackedLinear, can_pack
+
+GROUP_SIZE = 32
+QUANT_MAX_ROWS = 4  # more rows than this go through the bf16 weights (see the module doc)
+
+
+def can_quantize_int4(device: torch.device) -> bool:
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def quantize_groups(weight: torch.Tensor, group_size: int = GROUP_SIZE):
+    """weight [N, K] -> (q [N, K] int32 in 0..15, scale [N, K/g], low [N, K/g]) with
+    weight ~= low + q * scale."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-10)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return q.to(torch.int32).view(n, k), scale, low
+
+
+def _close(weight: torch.Tensor, rebuilt: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // group_size, group_size)
+    rebuilt = rebuilt.view_as(w)
+    return bool(((rebuilt - w).abs() <= 1e-6 * w.abs().amax(-1, keepdim=True)).all())
+
+
+def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+             group_size: int = GROUP_SIZE) -> bool:
+    """Whether `groups` (from quantize_groups) rebuild `weight` exactly, as they do for weights
+    dequantized from a Q4_0/Q4_1 GGUF: then int4 loses nothing but the scales' bf16 rounding."""
+    q, scale, low = groups
+    n, k = weight.shape
+    q = q.view(n, k // group_size, group_size).float()
+    return _close(weight, low[..., None] + q * scale[..., None], group_size)
+
+
+class _QuantLinear(nn.Module):
+    """Quantized weights for up to QUANT_MAX_ROWS rows, a bf16 copy for more."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None,
+                          dtype=torch.bfloat16, device="meta")
+        dense.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+        if linear.bias is not None:
+            dense.bias = nn.Parameter(self.bias, requires_grad=False)
+        self.dense = PackedLinear(dense) if can_pack(dense.weight.device, torch.bfloat16) else dense
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if rows.shape[0] > QUANT_MAX_ROWS:
+            out = self.dense(rows)
+        else:
+            out = self._quantized(rows)
+            if self.bias is not None:
+                out = out + self.bias
+        return out.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int4Linear(_QuantLinear):
+    def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
+                 groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+        """`groups`: `quantize_groups(linear.weight)` when the caller already has it."""
+        if linear.in_features % group_size:
+            raise ValueError(f"int4 needs in_features divisible by {group_size}, "
+                             f"got {linear.in_features}")
+        super().__init__(linear)
+        self.group_size = group_size
+        q, scale, low = groups or quantize_groups(linear.weight.detach(), group_size)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        # the kernel computes (q - 8) * scale + zero; [K/g, N, 2]
+        zero = low + 8 * scale
+        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous() \
+            .to(torch.bfloat16)
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, self.group_size, self.scales_and_zeros)
+
+
+class Q8_0Linear(_QuantLinear):
+    def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None):
+        """`weight`: `cpu_kernels.quantize_q8_0(linear.weight)` when the caller already has it."""
+        if linear.in_features % GROUP_SIZE:
+            raise ValueError(f"Q8_0 needs in_features divisible by {GROUP_SIZE}, "
+                             f"got {linear.in_features}")
+        super().__init__(linear)
+        self.weight_q8 = weight or cpu_kernels.quantize_q8_0(linear.weight.detach())
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.q8_0_gemv(rows, self.weight_q8).to(torch.bfloat16)
+
+
+def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    return [(module, name, child) for module in model.modules()
+            for name, child in module.named_children()
+            if type(child) is nn.Linear and child.in_features % GROUP_SIZE == 0]
+
+
+def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
+                      only_if_exact: bool = False) -> int:
+    """Replace the model's nn.Linears (with in_features divisible by the group size) by
+    Int4Linears; returns how many were replaced. Quantize fp32 weights, before any bf16 cast.
+
+    - `keep`: linears that do not become int4 unless their weights are already 4-bit. One
+      whose weights are exactly 8-bit groups becomes a Q8_0Linear (where the AVX-512 kernels
+      run), else it stays as it is. For the output head: the default model's GGUF stores its
+      (tied) embedding as Q8_0, and 4-bit logits cost more quality than the bytes are worth.
+    - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
+      already 4-bit (see is_exact), i.e. int4 is lossless for this checkpoint.
+    """
+    plan = []
+    for module, name, linear in _quantizable(model):
+        groups = quantize_groups(linear.weight.detach())
+        if is_exact(linear.weight, groups):
+            plan.append((module, name, Int4Linear, {"groups": groups}))
+        elif linear in keep:
+            if cpu_kernels.available():
+                q8 = cpu_kernels.quantize_q8_0(linear.weight.detach())
+                if _close(linear.weight, cpu_kernels.unpack_q8_0(q8)):
+                    plan.append((module, name, Q8_0Linear, {"weight": q8}))
+        elif only_if_exact:
+            return 0
+        else:
+            plan.append((module, name, Int4Linear, {"groups": groups}))
+    for module, name, kind, extra in plan:
+        setattr(module, name, kind(getattr(module, name), **extra))
+    return len(plan)
