@@ -36,7 +36,10 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
-        self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
+        # A stack whose top is its end; popped slots are handed out in ascending order, so a
+        # request decoding on a quiet pool gets consecutive slots (attention can then read its
+        # K/V as a view instead of gathering it).
+        self._free = torch.arange(num_slots, 0, -1, dtype=torch.int64)
         self._num_free = num_slots
 
     @staticmethod
@@ -53,7 +56,7 @@ class KVPool:
         if n > self._num_free:
             return None
         start = self._num_free - n
-        slots = self._free[start:self._num_free].clone()
+        slots = self._free[start:self._num_free].flip(0)
         self._num_free = start
         return slots
 
@@ -63,7 +66,7 @@ class KVPool:
         n = slots.numel()
         if n == 0:
             return
-        self._free[self._num_free:self._num_free + n] = slots
+        self._free[self._num_free:self._num_free + n] = slots.flip(0)  # first out: slots[0]
         self._num_free += n
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

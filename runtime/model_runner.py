@@ -13,8 +13,8 @@ from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
-from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .models.llama import LlamaForCausalLM
+from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

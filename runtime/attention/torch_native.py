@@ -37,6 +37,10 @@ class _DecodePlan:
     kv_slots: torch.Tensor  # [bs, suffix_len] int64: keys after the shared prefix (pad -> 0)
     mask: torch.Tensor | None  # [bs, 1, 1, suffix_len] additive, None when no padding
     prefix_slots: torch.Tensor | None  # [prefix_len] slots every request shares, or None
+    # first slot of kv_slots / prefix_slots when they are one run of consecutive slots (the
+    # pool hands out ascending slots): read as a view of the pool, not gathered
+    kv_run_start: int | None = None
+    prefix_run_start: int | None = None
 
 
 class TorchNativeAttnBackend:
@@ -72,7 +76,9 @@ class TorchNativeAttnBackend:
             mask = torch.zeros(valid.shape, dtype=batch.kv_pool.k[0].dtype, device=rows.device)
             mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
         prefix = rows[0, :prefix_len] if prefix_len else None
-        return _DecodePlan(suffix, mask, prefix)
+        kv_run = _run_start(suffix[0]) if batch.batch_size == 1 else None
+        prefix_run = _run_start(prefix) if prefix is not None else None
+        return _DecodePlan(suffix, mask, prefix, kv_run, prefix_run)
 
     def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan:
         bs = batch.batch_size
@@ -122,14 +128,16 @@ class TorchNativeAttnBackend:
         bs = q.shape[0]
         kvh, g, d = self.num_kv_heads, self.group, self.head_dim
         queries = q.view(bs, kvh, g, d)  # the heads of a group ride the query axis
-        keys = _gather(k_pool, plan.kv_slots).transpose(1, 2)  # [bs, kv_heads, suffix, head_dim]
-        values = _gather(v_pool, plan.kv_slots).transpose(1, 2)
+        # [bs, kv_heads, suffix, head_dim]
+        keys = _read(k_pool, plan.kv_slots, plan.kv_run_start).transpose(1, 2)
+        values = _read(v_pool, plan.kv_slots, plan.kv_run_start).transpose(1, 2)
         out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=plan.mask, scale=self.scale)
         if plan.prefix_slots is not None:
             # all requests' queries against the shared prefix, gathered once
             shared_q = queries.transpose(0, 1).reshape(1, kvh, bs * g, d)
-            shared_k = _gather(k_pool, plan.prefix_slots).transpose(0, 1).unsqueeze(0)
-            shared_v = _gather(v_pool, plan.prefix_slots).transpose(0, 1).unsqueeze(0)
+            run = plan.prefix_run_start
+            shared_k = _read(k_pool, plan.prefix_slots, run).transpose(0, 1).unsqueeze(0)
+            shared_v = _read(v_pool, plan.prefix_slots, run).transpose(0, 1).unsqueeze(0)
             out_p, lse_p = _flash(shared_q, shared_k, shared_v, 0.0, False, scale=self.scale)
             out_p = out_p.view(kvh, bs, g, d).transpose(0, 1)
             lse_p = lse_p.view(kvh, bs, g).transpose(0, 1)
@@ -154,6 +162,21 @@ class TorchNativeAttnBackend:
         if plan.token_rows is not None:
             out = out[plan.token_rows]
         return out
+
+
+def _run_start(slots: torch.Tensor) -> int | None:
+    """slots[0] when the 1-D `slots` are consecutive ascending integers, else None."""
+    start = int(slots[0])
+    if int(slots[-1]) - start != slots.numel() - 1:
+        return None
+    return start if bool((slots.diff() == 1).all()) else None
+
+
+def _read(pool: torch.Tensor, slots: torch.Tensor, run_start: int | None) -> torch.Tensor:
+    """pool[slots] for [..., n] slots: a view when they are the run run_start.. (one request)."""
+    if run_start is None:
+        return _gather(pool, slots)
+    return pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:])
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,8 @@ weights for prefill and large decode batches.
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from radixflow.kernels import cpu as cpu_kernels
+from torch import nn
 
 from .cpu_linear import PackedLinear, can_pack
 

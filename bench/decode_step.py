@@ -1,0 +1,152 @@
+"""Where a single-stream decode step's time goes, measured by taking parts away.
+
+One Engine (default model, default settings) decodes one long greedy request; its scheduler is
+stepped directly. Variants are swapped in and out of the same model and measured in turns
+(A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
+the median over rounds of the mean of `--steps` decode steps.
+
+- as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows);
+- bf16 head: the output head through the bf16 weights instead of the Q8_0 kernel;
+- bf16 layers: every layer matmul through the bf16 weights (what `--quantization none` runs);
+- matmuls stubbed: every quantized matmul replaced by a preallocated zero tensor, so the
+  step is everything but the weight reads (norms, rope, attention, sampling, scheduling);
+- matmuls + attention stubbed: also attention replaced by a no-op.
+
+    python -m bench.decode_step            # writes bench/results/decode-step-<date>.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_variants(sched) -> dict[str, Callable]:
+    """name -> context manager factory that puts the variant in place for its duration."""
+    from radixflow.runtime.models import quant_linear as ql
+
+    model = sched.runner.model
+    attn_cls = type(sched.runner.attn)
+    zeros: dict = {}
+
+    def zero_matmul(self, x):
+        key = (tuple(x.shape), self.out_features)
+        if key not in zeros:
+            zeros[key] = torch.zeros(*x.shape[:-1], self.out_features, dtype=x.dtype)
+        return zeros[key]
+
+    @contextmanager
+    def patched(obj, name, value):
+        # a class attribute it inherits is restored by deleting it again, not by copying it in
+        own = vars(obj).get(name) if isinstance(obj, type) else getattr(obj, name)
+        setattr(obj, name, value)
+        try:
+            yield
+        finally:
+            if own is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+
+    @contextmanager
+    def as_served():
+        yield
+
+    @contextmanager
+    def bf16_head():
+        head = model.lm_head
+        with patched(model, "lm_head", getattr(head, "dense", head)):
+            yield
+
+    @contextmanager
+    def bf16_layers():
+        dense_forward = lambda self, x: self.dense(x.to(torch.bfloat16)).to(x.dtype)
+        with patched(ql.Int4Linear, "forward", dense_forward):
+            yield
+
+    @contextmanager
+    def stub_matmuls():
+        with patched(ql._QuantLinear, "forward", zero_matmul):
+            yield
+
+    @contextmanager
+    def stub_matmuls_and_attention():
+        with patched(ql._QuantLinear, "forward", zero_matmul), \
+                patched(attn_cls, "forward", lambda self, q, k, v, layer_id, batch: q):
+            yield
+
+    variants = {"as served": as_served}
+    if isinstance(model.lm_head, ql.Q8_0Linear):
+        variants["bf16 head"] = bf16_head
+    if any(isinstance(m, ql.Int4Linear) for m in model.modules()):
+        variants["bf16 layers"] = bf16_layers
+    variants["matmuls stubbed"] = stub_matmuls
+    variants["matmuls + attention stubbed"] = stub_matmuls_and_attention
+    return variants
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    from radixflow.runtime.engine import Engine
+    from radixflow.runtime.messages import GenerateReq
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    engine = Engine(None)
+    sched = engine.scheduler
+    engine.shutdown()  # step the scheduler directly, no background thread
+    info = sched.model_info()
+    ids = engine.tokenizer("Write a long story about a dragon.").input_ids
+    variants = make_variants(sched)
+    total_steps = args.rounds * len(variants) * (args.steps + 2) + 10
+    sched.step([GenerateReq(rid="decode", input_ids=ids, sampling=SamplingParams(
+        max_new_tokens=total_steps, temperature=0, ignore_eos=True))])
+
+    def mean_step_ms(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            sched.step([])
+        return (time.perf_counter() - start) / n * 1e3
+
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, variant in variants.items():
+            with variant():
+                mean_step_ms(2)  # settle
+                times[name].append(mean_step_ms(args.steps))
+    medians = {name: statistics.median(v) for name, v in times.items()}
+    served = medians["as served"]
+
+    date = datetime.date.today().isoformat()
+    lines = [f"# Single-stream decode step, {date}", "",
+             f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}`", "",
+             f"Default model, {info['dtype']}, quantization {info['quantization']}, "
+             f"{torch.get_num_threads()} threads; one request decoding (context grows from "
+             f"{len(ids)} tokens by {total_steps} over the run). Median over {args.rounds} rounds "
+             f"of {args.steps} steps, variants in turns.", "",
+             "| variant | ms per step | tokens/s | vs as served |", "|---|---|---|---|"]
+    for name, ms in medians.items():
+        lines.append(f"| {name} | {ms:.2f} | {1e3 / ms:.1f} | {ms - served:+.2f} ms |")
+    lines.append("")
+    print("\n".join(lines))
+    if not args.no_write:
+        out = RESULTS / f"decode-step-{date}.md"
+        out.write_text("\n".join(lines))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
