@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gemv.c")
 GROUP = 32
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-fopenmp",
+         "-shared", "-fPIC"]
 
 
 def _cache_dir() -> Path:
@@ -39,12 +40,21 @@ def _cache_dir() -> Path:
     return (base or Path.home() / ".cache") / "radixflow"
 
 
-def _cpu_has_avx512() -> bool:
+def _cpu_flags() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl"))
+        return ""
+
+
+def _cpu_has_avx512() -> bool:
+    return all(f in _cpu_flags() for f in ("avx512f", "avx512bw", "avx512vl"))
+
+
+@functools.cache
+def has_vnni() -> bool:
+    """Whether q4_1_q8_gemv (AVX512-VNNI) can run here."""
+    return available() and "avx512_vnni" in _cpu_flags()
 
 
 def _compile(dest: Path) -> None:
@@ -80,7 +90,10 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.rf_q4_1_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
     lib.rf_q8_0_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.rf_q4_1_gemv.restype = lib.rf_q8_0_gemv.restype = None
+    lib.rf_quantize_x_q8.argtypes = [ptr, ptr, ptr, ptr, i64, i64]
+    lib.rf_q4_1_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    for fn in (lib.rf_q4_1_gemv, lib.rf_q8_0_gemv, lib.rf_quantize_x_q8, lib.rf_q4_1_q8_gemv):
+        fn.restype = None
     return lib
 
 
@@ -165,6 +178,38 @@ def q4_1_gemv(x: torch.Tensor, w: Q4_1Weight) -> torch.Tensor:
     lib.rf_q4_1_gemv(w.nibbles.data_ptr(), w.scale.data_ptr(), w.low.data_ptr(), x.data_ptr(),
                      xsum.data_ptr(), y.data_ptr(), m, n, k, torch.get_num_threads())
     return y
+
+
+def q4_1_q8_gemv(x: torch.Tensor, w: Q4_1Weight) -> torch.Tensor:
+    """Like q4_1_gemv, with x rounded to int8 per group of 32 first (see gemv.c); needs VNNI."""
+    lib = _library()
+    n, k = w.shape
+    x = _check_input(x, k)
+    if lib is None or not has_vnni():
+        return q4_1_q8_reference(x, w)
+    m, g = x.shape[0], k // GROUP
+    xq = torch.empty(m, k, dtype=torch.int8)
+    dx, xs = torch.empty(m, g), torch.empty(m, g)
+    lib.rf_quantize_x_q8(x.data_ptr(), xq.data_ptr(), dx.data_ptr(), xs.data_ptr(), m, k)
+    y = torch.empty(m, n, dtype=torch.float32)
+    lib.rf_q4_1_q8_gemv(w.nibbles.data_ptr(), w.scale.data_ptr(), w.low.data_ptr(), xq.data_ptr(),
+                        dx.data_ptr(), xs.data_ptr(), y.data_ptr(), m, n, k, torch.get_num_threads())
+    return y
+
+
+def quantize_x_q8_reference(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to int8 per group of 32 (scale max|x| / 127), dequantized again."""
+    m, k = x.shape
+    groups = x.float().view(m, k // GROUP, GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    dx = amax / 127
+    q = groups * torch.where(amax > 0, 127 / amax.clamp(min=1e-30), 0.0)  # as gemv.c rounds
+    q = torch.where(q < 0, q - 0.5, q + 0.5).trunc().clamp(-127, 127)  # C's round half away
+    return (q * dx).view(m, k)
+
+
+def q4_1_q8_reference(x: torch.Tensor, w: Q4_1Weight) -> torch.Tensor:
+    return quantize_x_q8_reference(x) @ unpack_q4_1(w).T
 
 
 def q8_0_gemv(x: torch.Tensor, w: Q8_0Weight) -> torch.Tensor:
