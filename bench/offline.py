@@ -24,6 +24,9 @@ from . import workloads as wl
 WORKLOADS = ("shared_prefix", "random_short")
 
 
+BANDWIDTH_GB_S = 37.5  # this kind of machine's read bandwidth, ../shared/PEERS.md
+BF16_BOUND_TOK_S = 140  # 270 MB of bf16 weights per token at that bandwidth
+
 def chat_prompts(tokenizer, name: str, num: int, seed: int) -> tuple[list[str], int]:
     """The same seeded sessions the HTTP load generator sends, rendered with the chat template."""
     workload = wl.build(name, num_sessions=num, seed=seed)
@@ -92,6 +95,32 @@ def hf_single_stream(model, tokenizer, new_tokens: int, repeats: int) -> dict:
     return {"tok_per_s": new_tokens / statistics.median(times)}
 
 
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step at batch 1 reads (the embedding row aside)."""
+    from radixflow.runtime.models.cpu_linear import PackedLinear
+    from radixflow.runtime.models.quant_linear import Int4Linear, Q8_0Linear
+
+    def nbytes(*tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    total, bf16_copies = 0, set()
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            total += nbytes(module.packed, module.scales_and_zeros)
+            bf16_copies.add(id(module.dense))  # used for more than QUANT_MAX_ROWS rows only
+        elif isinstance(module, Q8_0Linear):
+            total += nbytes(module.weight_q8.q, module.weight_q8.scale)
+            bf16_copies.add(id(module.dense))
+    for module in model.modules():
+        if id(module) in bf16_copies:
+            continue
+        if isinstance(module, PackedLinear):
+            total += module.in_features * module.out_features * module.packed_weight.element_size()
+        elif isinstance(module, torch.nn.Linear):
+            total += nbytes(module.weight)
+    return total
+
+
 def profile_decode_step(engine, batch_size: int) -> str:
     """Top ops of decode steps at a given batch size (torch.profiler, self CPU time)."""
     from torch.profiler import ProfilerActivity, profile
@@ -137,6 +166,7 @@ def main() -> None:
     tokenizer = engine.tokenizer
     raw = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
            "threads": torch.get_num_threads(), "weights": engine.scheduler.runner.quantization,
+           "weight_bytes_per_token": decode_weight_bytes(engine.scheduler.runner.model),
            "results": {}}
     for name in args.workloads:
         if name == "single":
@@ -189,9 +219,14 @@ def main() -> None:
         hf_tps = f"{hf['tok_per_s']:.1f}" if hf else "-"
         lines.append(f"| {name} | {ours['tok_per_s']:.1f} | {hf_tps} | {ratio} | {cached} |")
     if single:
+        bound = BANDWIDTH_GB_S * 1e9 / raw["weight_bytes_per_token"]
         lines += ["", f"Single request: TTFT {single['ttft_ms']:.0f} ms, decode "
-                  f"{single['tpot_ms']:.2f} ms/token = {single['tok_per_s']:.0f} tok/s, "
-                  f"{single['tok_per_s'] / 140 * 100:.0f}% of the ~140 tok/s bf16 weight-bandwidth bound."]
+                  f"{single['tpot_ms']:.2f} ms/token = {single['tok_per_s']:.0f} tok/s: "
+                  f"{single['tok_per_s'] / BF16_BOUND_TOK_S * 100:.0f}% of the ~{BF16_BOUND_TOK_S} "
+                  f"tok/s bound of reading bf16 weights (270 MB/token), "
+                  f"{single['tok_per_s'] / bound * 100:.0f}% of the ~{bound:.0f} tok/s bound of "
+                  f"the {raw['weight_bytes_per_token'] / 1e6:.0f} MB this engine reads per token "
+                  f"({BANDWIDTH_GB_S} GB/s, ../shared/PEERS.md)."]
     if profile:
         lines += ["", "## Where a decode step's time goes", "", profile]
     text = "\n".join(lines) + "\n"
