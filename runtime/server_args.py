@@ -24,7 +24,8 @@ class ServerArgs:
     device: Literal["auto", "cpu", "cuda"] = _arg("auto", "auto: cuda when available")
     quantization: Literal["auto", "none", "int4"] = _arg(
         "auto", "int4: weight-only 4-bit linear layers (CPU), ~3x fewer bytes per decode step; "
-        "auto: int4 where it is lossless (bf16 on CPU, weights already 4-bit as in a Q4_1 GGUF)")
+        "auto: int4 layers and a Q8_0 head where that is lossless (bf16 on CPU, weights already "
+        "4-bit/8-bit groups as in the default model's GGUF)")
     context_length: int | None = _arg(None, "max tokens per request (default: the model's)")
     kv_cache_gb: float = _arg(1.0, "KV cache size in GiB on CPU")
     mem_fraction: float = _arg(0.85, "fraction of free GPU memory for weights + KV cache")
