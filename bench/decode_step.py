@@ -5,7 +5,9 @@ stepped directly. Variants are swapped in and out of the same model and measured
 (A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
 the median over rounds of the mean of `--steps` decode steps.
 
-- as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows);
+- as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows), and
+  with --compile the compiled decode step (runtime/models/compiled_decode.py);
+- not compiled (with --compile): the eager model instead;
 - bf16 head: the output head through the bf16 weights instead of the Q8_0 kernel;
 - bf16 layers: every layer matmul through the bf16 weights (what `--quantization none` runs);
 - matmuls stubbed: every quantized matmul replaced by a preallocated zero tensor, so the
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+_NONE = object()  # an attribute whose value is None, to restore
 
 
 def make_variants(sched) -> dict[str, Callable]:
@@ -48,6 +51,8 @@ def make_variants(sched) -> dict[str, Callable]:
     def patched(obj, name, value):
         # a class attribute it inherits is restored by deleting it again, not by copying it in
         own = vars(obj).get(name) if isinstance(obj, type) else getattr(obj, name)
+        if own is None and not isinstance(obj, type):
+            own = _NONE
         setattr(obj, name, value)
         try:
             yield
@@ -55,7 +60,7 @@ def make_variants(sched) -> dict[str, Callable]:
             if own is None:
                 delattr(obj, name)
             else:
-                setattr(obj, name, own)
+                setattr(obj, name, None if own is _NONE else own)
 
     @contextmanager
     def as_served():
@@ -84,9 +89,18 @@ def make_variants(sched) -> dict[str, Callable]:
                 patched(attn_cls, "forward", lambda self, q, k, v, layer_id, batch: q):
             yield
 
+    @contextmanager
+    def uncompiled():
+        with patched(sched.runner, "compiled_decode", None):
+            yield
+
     variants = {"as served": as_served}
+    if sched.runner.compiled_decode is not None:
+        variants["not compiled"] = uncompiled
     if isinstance(model.lm_head, ql.Q8_0Linear):
         variants["bf16 head"] = bf16_head
+    if sched.runner.compiled_decode is not None:
+        return variants  # the rest patch eager code, which the compiled graph no longer runs
     if any(isinstance(m, ql.Int4Linear) for m in model.modules()):
         variants["bf16 layers"] = bf16_layers
     variants["matmuls stubbed"] = stub_matmuls
@@ -98,6 +112,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--compile", action="store_true", help="serve with --enable-torch-compile "
+                    "(adds a 'not compiled' variant)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
@@ -105,7 +121,7 @@ def main() -> None:
     from radixflow.runtime.messages import GenerateReq
     from radixflow.runtime.sampling_params import SamplingParams
 
-    engine = Engine(None)
+    engine = Engine(None, enable_torch_compile=args.compile)
     sched = engine.scheduler
     engine.shutdown()  # step the scheduler directly, no background thread
     info = sched.model_info()
@@ -132,7 +148,8 @@ def main() -> None:
 
     date = datetime.date.today().isoformat()
     lines = [f"# Single-stream decode step, {date}", "",
-             f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}`", "",
+             f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}"
+             f"{' --compile' if args.compile else ''}`", "",
              f"Default model, {info['dtype']}, quantization {info['quantization']}, "
              f"{torch.get_num_threads()} threads; one request decoding (context grows from "
              f"{len(ids)} tokens by {total_steps} over the run). Median over {args.rounds} rounds "
@@ -143,7 +160,7 @@ def main() -> None:
     lines.append("")
     print("\n".join(lines))
     if not args.no_write:
-        out = RESULTS / f"decode-step-{date}.md"
+        out = RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}.md"
         out.write_text("\n".join(lines))
         print(f"wrote {out}")
 

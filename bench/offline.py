@@ -157,12 +157,14 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", action="store_true", help="append a decode-step profile")
     ap.add_argument("--quantization", default="auto", choices=["auto", "none", "int4"])
+    ap.add_argument("--compile", action="store_true", help="Engine(enable_torch_compile=True)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     from radixflow.runtime.engine import Engine
 
-    engine = Engine(None, max_total_tokens=100_000, quantization=args.quantization)
+    engine = Engine(None, max_total_tokens=100_000, quantization=args.quantization,
+                    enable_torch_compile=args.compile)
     tokenizer = engine.tokenizer
     raw = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
            "threads": torch.get_num_threads(), "weights": engine.scheduler.runner.quantization,
@@ -205,9 +207,11 @@ def main() -> None:
              f"--requests {args.requests} "
              f"--baseline-requests {args.baseline_requests}{' --profile' if args.profile else ''}"
              f"{' --quantization ' + args.quantization if args.quantization != 'auto' else ''}"
+             f"{' --compile' if args.compile else ''}"
              f"{' --no-baseline' if args.no_baseline else ''}`",
              "", f"Machine: {raw['machine']} ({raw['threads']} torch threads); default model "
-             f"SmolLM2-135M-Instruct, bf16{' with int4 weights' if raw['weights'] == 'int4' else ''}, "
+             f"SmolLM2-135M-Instruct, bf16{' with int4 weights' if raw['weights'] == 'int4' else ''}"
+             f"{', compiled decode step' if args.compile else ''}, "
              "greedy, ignore_eos (fixed output lengths).", "",
              "| workload | radixflow tok/s | HF tok/s | ratio | cached prompt tokens |",
              "|---|---|---|---|---|"]

@@ -11,6 +11,7 @@ import torch
 from .attention import create_attention_backend
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
+from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
@@ -74,6 +75,7 @@ class ModelRunner:
         self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
                                              ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
+        self.compiled_decode = self._compile_decode() if args.enable_torch_compile else None
         logger.info("model %s loaded: %s on %s, KV pool %d tokens (%.2f GiB)",
                     ma.architecture, self.dtype, self.device, num_slots,
                     num_slots * per_token / 2**30)
@@ -122,6 +124,22 @@ class ModelRunner:
             logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"
 
+    def _compile_decode(self) -> SingleRequestDecode | None:
+        from .attention.torch_native import TorchNativeAttnBackend
+
+        if not isinstance(self.attn, TorchNativeAttnBackend):
+            logger.warning("--enable-torch-compile covers the torch_native attention backend "
+                           "only; running %s uncompiled", type(self.attn).__name__)
+            return None
+        compiled = SingleRequestDecode(self.model, self.attn.scale)
+        try:
+            compiled.warm_up(self.kv_pool)
+        except Exception as exc:  # a model torch.compile cannot take still serves, eagerly
+            logger.warning("torch.compile of the decode step failed; running uncompiled: %s: %s",
+                           type(exc).__name__, exc)
+            return None
+        return compiled
+
     @property
     def vocab_size(self) -> int:
         return self.model_args.vocab_size
@@ -156,4 +174,6 @@ class ModelRunner:
             kv_pool=self.kv_pool,
         )
         self.attn.prepare(batch)
+        if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
+            return self.compiled_decode(batch)
         return self.model(batch, self.attn)

@@ -47,7 +47,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
-        # x: [num_tokens, hidden]
+        q, k, v = self.project(x, rope)
+        out = attn.forward(q, k, v, self.layer_id, batch)  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [num_tokens, hidden] -> rotated q [num_tokens, heads, head_dim], rotated k and v
+        [num_tokens, kv_heads, head_dim]."""
         qkv = self.qkv_proj(x)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
@@ -57,8 +64,7 @@ class Attention(nn.Module):
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
         qk = apply_rope(qk, *rope)  # q and k heads rotated together
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        out = attn.forward(q, k, v, self.layer_id, batch)  # [num_tokens, num_heads, head_dim]
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return q, k, v
 
 
 class FeedForward(nn.Module):
