@@ -61,6 +61,7 @@ def main() -> None:
     # NOTE: --no-repack: on this VM llama.cpp's AMX kernels (used for repacked Q4_1 weights)
     # die with SIGILL at the first tile instruction.
     ap.add_argument("--llama-args", default="--no-repack", help="extra llama-server flags")
+    ap.add_argument("--compile", action="store_true", help="radixflow serve --enable-torch-compile")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "peers")
     args = ap.parse_args()
 
@@ -69,7 +70,7 @@ def main() -> None:
     workload = wl.build(args.workload, num_sessions=args.num_requests,
                         concurrency=args.concurrency, seed=args.seed)
     runs = {}
-    with Runtime(None, port=30124) as rt:
+    with Runtime(None, port=30124, enable_torch_compile=args.compile) as rt:
         runs["radixflow"] = asyncio.run(run_workload(rt.url, workload))
     with tempfile.TemporaryDirectory() as tmp:
         gguf = args.gguf or default_gguf(Path(tmp))
@@ -94,12 +95,14 @@ def main() -> None:
     lines = [f"# radixflow vs llama.cpp, {date}", "",
              f"Command: `python -m bench.peers --llama-server {args.llama_server} --workload "
              f"{args.workload} --num-requests {args.num_requests} --concurrency {args.concurrency}"
-             f" --llama-args '{args.llama_args}'`",
+             f" --llama-args '{args.llama_args}'{' --compile' if args.compile else ''}`",
              "", f"llama.cpp: `{' '.join(cmd[1:]).replace(str(gguf), gguf.name)}` on the default "
-             "model's own Q4_1 GGUF; radixflow: `radixflow serve` with its defaults. Streaming chat "
+             "model's own Q4_1 GGUF; radixflow: `radixflow serve`"
+             f"{' --enable-torch-compile' if args.compile else ''}, otherwise its defaults. Streaming chat "
              "completions, greedy, fixed output lengths; one server at a time.", "", table,
              f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
-    out = RESULTS / f"peers-{args.workload}-c{args.concurrency}-{date}.md"
+    out = RESULTS / (f"peers-{args.workload}-c{args.concurrency}"
+                     f"{'-compiled' if args.compile else ''}-{date}.md")
     out.write_text("\n".join(lines))
     print("\n".join(lines))
 

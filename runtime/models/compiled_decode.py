@@ -7,9 +7,8 @@ and the thirty layers run as one call: bench/results/decode-step-2026-11-29.md h
 figures. The price is compiling at start-up (about a minute on 2 cores, less once inductor's
 cache is warm), so it is opt-in.
 
-It covers the common single-stream case only: a decode batch of one request adding one token
-whose K/V slots are one run of consecutive slots (the KV pool hands out ascending slots), so
-that K and V are read as views of the pool. Anything else runs the eager model.
+It covers the single-stream case: a decode batch of one request adding one token. Anything
+else (batches, prefill, jump-forward rows) runs the eager model.
 """
 
 from __future__ import annotations
@@ -28,19 +27,19 @@ logger = logging.getLogger(__name__)
 
 
 def decode_layers(layers: list, norm: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, out_slot: torch.Tensor, kv_start: int, kv_len: int,
+                  sin: torch.Tensor, out_slot: torch.Tensor, kv_slots: torch.Tensor,
                   k_pools: list[torch.Tensor], v_pools: list[torch.Tensor],
                   scale: float) -> torch.Tensor:
     """x [1, hidden] through every layer and the final norm. The new token's K/V go to
-    `out_slot`; each layer then attends over pool slots kv_start .. kv_start + kv_len - 1."""
+    `out_slot`; each layer then attends over the pool slots `kv_slots` [kv_len]."""
     for layer, k_pool, v_pool in zip(layers, k_pools, v_pools):
         attn = layer.self_attn
         q, k, v = attn.project(layer.input_layernorm(x), (cos, sin))
         k_pool.index_copy_(0, out_slot, k)
         v_pool.index_copy_(0, out_slot, v)
         kv_heads, head_dim = attn.num_kv_heads, attn.head_dim
-        keys = k_pool.narrow(0, kv_start, kv_len).unsqueeze(0).transpose(1, 2)
-        values = v_pool.narrow(0, kv_start, kv_len).unsqueeze(0).transpose(1, 2)
+        keys = k_pool.index_select(0, kv_slots).unsqueeze(0).transpose(1, 2)
+        values = v_pool.index_select(0, kv_slots).unsqueeze(0).transpose(1, 2)
         # the query heads of a KV group ride the query axis, as in TorchNativeAttnBackend
         queries = q.reshape(1, kv_heads, attn.num_heads // kv_heads, head_dim)
         out = F.scaled_dot_product_attention(queries, keys, values, scale=scale)
@@ -58,24 +57,23 @@ class SingleRequestDecode:
 
     @staticmethod
     def accepts(batch: ForwardBatch) -> bool:
-        return (batch.mode == ForwardMode.DECODE and batch.num_tokens == 1
-                and getattr(batch.attn_metadata, "kv_run_start", None) is not None)
+        return batch.mode == ForwardMode.DECODE and batch.num_tokens == 1
 
     @torch.inference_mode()
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits (float32) of the batch's one token: [1, vocab]."""
-        plan = batch.attn_metadata
         self.calls += 1
-        return self._run(batch.input_ids, batch.positions, batch.out_slots, plan.kv_run_start,
-                         plan.kv_slots.shape[-1], batch.kv_pool)
+        kv_slots = batch.req_to_token[batch.req_pool_indices[0], :batch.seq_lens_cpu[0]].long()
+        return self._run(batch.input_ids, batch.positions, batch.out_slots, kv_slots,
+                         batch.kv_pool)
 
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, out_slot: torch.Tensor,
-             kv_start: int, kv_len: int, kv_pool: KVPool) -> torch.Tensor:
+             kv_slots: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         model = self.model
         x = model.embed_tokens(input_ids)
         cos, sin = model.rope.tables(positions, x.dtype)
-        h = self._compiled(list(model.layers), model.norm, x, cos, sin, out_slot, kv_start,
-                           kv_len, kv_pool.k, kv_pool.v, self.scale)
+        h = self._compiled(list(model.layers), model.norm, x, cos, sin, out_slot, kv_slots,
+                           kv_pool.k, kv_pool.v, self.scale)
         return model.lm_head(h).float()
 
     @torch.inference_mode()
@@ -85,6 +83,7 @@ class SingleRequestDecode:
         logger.info("compiling the single-request decode step (torch.compile; about a minute "
                     "on 2 cores the first time)")
         zero = torch.zeros(1, dtype=torch.int64, device=kv_pool.k[0].device)
-        # kv_start/kv_len other than 0 and 1, which torch.compile would specialize on
-        self._run(zero, zero + 2, zero, 2, 3, kv_pool)
+        # 3 keys: torch.compile specializes sizes 0 and 1
+        self._run(zero, zero + 2, zero, torch.zeros(3, dtype=torch.int64, device=zero.device),
+                  kv_pool)
         logger.info("decode step compiled in %.0f s", time.monotonic() - start)
