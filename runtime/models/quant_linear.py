@@ -77,7 +77,9 @@ class _QuantLinear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if rows.shape[0] > QUANT_MAX_ROWS:
-            out = self.dense(rows)
+            # (a plain nn.Linear fallback follows the model's .to(dtype); PackedLinear stays bf16)
+            dense_dtype = getattr(getattr(self.dense, "weight", None), "dtype", torch.bfloat16)
+            out = self.dense(rows.to(dense_dtype))
         else:
             out = self._quantized(rows)
             if self.bias is not None:
