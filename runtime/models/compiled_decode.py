@@ -3,7 +3,7 @@
 A single-stream decode step on a CPU spends a third of its time between the matmuls: some
 thirty small ATen calls per layer (norms, rope, residuals, attention plumbing), each a few
 microseconds of dispatch. Compiled, each layer's small ops fuse into a few generated kernels
-and the thirty layers run as one call: bench/results/decode-step-2026-11-29.md has the
+and the thirty layers run as one call: bench/results/decode-step-2026-11-29-compiled.md has the
 figures. The price is compiling at start-up (about a minute on 2 cores, less once inductor's
 cache is warm), so it is opt-in.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from radixflow.runtime.engine import Engine
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -30,5 +29,5 @@ def test_compiled_decode_matches_the_eager_model(tiny_llama):
     assert compiled["output_ids"] == eager["output_ids"]
     assert compiled["batch"] == eager["batch"]
     assert compiled["shared"] == eager["shared"]
-    lp = lambda r: torch.tensor([x[0] for x in r["meta_info"]["output_token_logprobs"]])  # noqa: E731
+    lp = lambda r: torch.tensor([x[0] for x in r["meta_info"]["output_token_logprobs"]])
     torch.testing.assert_close(lp(compiled), lp(eager), atol=1e-4, rtol=1e-4)
