@@ -6,7 +6,8 @@ difference| per token against fp32, the share of positions whose top-1 next toke
 fp32's, and the mean negative log-likelihood of the text.
 
 Prefill runs in chunks of --chunk tokens; 4 (the default) keeps every matmul within the int4
-kernel's rows (more rows use the bf16 copy of the weights, see runtime/models/quant_linear.py).
+kernel's rows (QUANT_MAX_ROWS; more rows use the bf16 copy of the weights, see
+runtime/models/quant_linear.py).
 
     python -m bench.quality                # writes bench/results/quality-<date>.md
 """

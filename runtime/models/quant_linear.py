@@ -9,10 +9,11 @@ fewer milliseconds per token:
 Both are exact for weights that came from those formats (see is_exact_*): the default model
 is served with its own weights, not an approximation of them.
 
-The quantized kernels only win for a few rows: over the default model's 120 layer matmuls,
-1 row took 6.1 ms in int4 vs 25.6 ms in bf16, 4 rows 9.3 vs 14.4 ms, 6 rows 16.1 vs 15.7 ms,
-and at 16 rows int4 was 3.6x slower. So each layer keeps a bf16 copy of its (dequantized)
-weights for prefill and large decode batches.
+The quantized kernels only win for a few rows. Each layer keeps a bf16 copy of its
+(dequantized) weights for prefill and large decode batches, and QUANT_MAX_ROWS is where the
+default model's whole decode step (weights streamed from memory, interleaved A/B) turned:
+6 rows 70.6 ms int4 vs 87.0 ms bf16, 8 rows 92.3 vs 102.4 ms, 12 rows 78.0 vs 70.5 ms,
+16 rows 124 vs 96 ms. (With the weights hot in cache the int4 kernel already lost at 6 rows.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from .cpu_linear import PackedLinear, can_pack
 
 GROUP_SIZE = 32
-QUANT_MAX_ROWS = 4  # more rows than this go through the bf16 weights (see the module doc)
+QUANT_MAX_ROWS = 8  # more rows than this go through the bf16 weights (see the module doc)
 
 
 def can_quantize_int4(device: torch.device) -> bool:
@@ -60,7 +61,9 @@ def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, tor
 
 
 class _QuantLinear(nn.Module):
-    """Quantized weights for up to QUANT_MAX_ROWS rows, a bf16 copy for more."""
+    """Quantized weights for up to `max_rows` rows, a bf16 copy for more."""
+
+    max_rows = QUANT_MAX_ROWS
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -76,7 +79,7 @@ class _QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if rows.shape[0] > QUANT_MAX_ROWS:
+        if rows.shape[0] > self.max_rows:
             # (a plain nn.Linear fallback follows the model's .to(dtype); PackedLinear stays bf16)
             dense_dtype = getattr(getattr(self.dense, "weight", None), "dtype", torch.bfloat16)
             out = self.dense(rows.to(dense_dtype))
@@ -112,6 +115,10 @@ class Int4Linear(_QuantLinear):
 
 
 class Q8_0Linear(_QuantLinear):
+    # the kernel re-reads each weight row per input row: over the default model's head, 1 row
+    # took 2.6 ms vs 4.4 ms in bf16, 2 rows 3.0 vs 2.9 ms, 4 rows 4.6 vs 3.5 ms
+    max_rows = 2
+
     def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None):
         """`weight`: `cpu_kernels.quantize_q8_0(linear.weight)` when the caller already has it."""
         if linear.in_features % GROUP_SIZE:

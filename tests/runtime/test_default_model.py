@@ -71,7 +71,7 @@ PASSAGE = (
 
 def _prompt_logprobs(**engine_args) -> tuple[torch.Tensor, list[int]]:
     """Teacher-forced log-probabilities of PASSAGE's tokens, and the top-1 token at each."""
-    # prefill chunks of 4 tokens: the int4 kernel serves up to 4 rows (bf16 weights beyond)
+    # prefill chunks of 4 tokens: within the rows the int4 kernel serves (bf16 weights beyond)
     with Engine(None, max_total_tokens=4096, chunked_prefill_size=4, **engine_args) as engine:
         res = engine.generate(PASSAGE, {"max_new_tokens": 1, "temperature": 0},
                               return_logprob=True, logprob_start_len=0, top_logprobs_num=1)

@@ -124,7 +124,7 @@ def test_an_8bit_head_becomes_q8_0_and_matches_its_weights():
     weight = model.lm_head.weight.detach().clone()
     assert quantize_linears_(model, keep=(model.lm_head,), only_if_exact=True) == 3
     assert isinstance(model.lm_head, Q8_0Linear)
-    for rows in (1, QUANT_MAX_ROWS, QUANT_MAX_ROWS + 3):
+    for rows in (1, Q8_0Linear.max_rows, Q8_0Linear.max_rows + 1, QUANT_MAX_ROWS + 3):
         x = torch.randn(rows, 32, dtype=torch.bfloat16)
         ref = x.float() @ weight.T
         torch.testing.assert_close(model.lm_head(x).float(), ref, atol=3e-2, rtol=2e-2)
