@@ -21,33 +21,16 @@ import datetime
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
 
 from . import workloads as wl
 from .compare import write_comparison
 from .loadgen import run_workload, write_run
+from .serve import wait_healthy
 
 RESULTS = Path(__file__).parent / "results"
 PEERS_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "peers"
-
-
-def wait_up(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n"
-                               f"{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"{url} did not become healthy in {timeout:.0f} s")
 
 
 @contextlib.contextmanager
@@ -59,7 +42,7 @@ def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         try:
-            wait_up(proc, url, log)
+            wait_healthy(url, proc=proc, log=log)
             yield url
         finally:
             with contextlib.suppress(ProcessLookupError):

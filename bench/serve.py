@@ -28,9 +28,14 @@ from .loadgen import run_workload, write_run
 RESULTS = Path(__file__).parent / "results"
 
 
-def wait_healthy(url: str, timeout: float = 600.0) -> None:
+def wait_healthy(url: str, timeout: float = 600.0, proc: subprocess.Popen | None = None,
+                 log: Path | None = None) -> None:
+    """Wait for GET /health to answer 200; fail early (with the end of `log`) if `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log is not None else ""
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
@@ -85,7 +90,7 @@ def main() -> None:
         proc = subprocess.Popen([sys.executable, "-m", "bench.hf_baseline_server", "--port", "18070"],
                                 env=env, cwd=Path(__file__).parent.parent)
         try:
-            wait_healthy("http://127.0.0.1:18070")
+            wait_healthy("http://127.0.0.1:18070", proc=proc)
             results["hf-naive"] = run_server_workloads("hf-naive", "http://127.0.0.1:18070", args,
                                                       args.baseline_requests)
         finally:

@@ -29,16 +29,6 @@ GROUP = 32
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 
-def _cache_dir() -> Path:
-    """Same rule as the model cache: $RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else ~/.cache."""
-    env = os.environ.get("RADIXFLOW_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and Path(xdg).expanduser().is_absolute() else None
-    return (base or Path.home() / ".cache") / "radixflow"
-
-
 def _cpu_has_avx512() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
@@ -69,7 +59,9 @@ def _library() -> ctypes.CDLL | None:
         logger.info("CPU kernels off: this CPU has no AVX-512")
         return None
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    path = _cache_dir() / "kernels" / f"gemv-{key}.so"
+    from radixflow.runtime.model_loader.cache import default_cache_dir  # one rule for the cache
+
+    path = default_cache_dir() / "kernels" / f"gemv-{key}.so"
     try:
         if not path.is_file():
             _compile(path)
