@@ -30,6 +30,8 @@ from pathlib import Path
 import radixflow as rf
 import requests
 
+from bench.report import RESULTS, publish
+
 STEPS, GEN_TOKENS, STRAIGHT_GENS, STRAIGHT_TOKENS = 3, 24, 5, 16
 ACTIONS = ["calculator", "search", "finish"]
 REGEX = {"calculator": r"[0-9][0-9+\-*/(). ]{0,30}", "search": r"[a-z][a-z ]{0,30}",
@@ -356,10 +358,7 @@ def main() -> None:
 
     text = report(args, raw)
     smoke = "-smoke" if args.programs < 16 else ""
-    out = args.out or Path(__file__).parent / "results" / f"agent{smoke}-{raw['date']}.md"
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(raw, indent=2))
-    print(text)
+    publish(text, args.out or RESULTS / f"agent{smoke}-{raw['date']}.md", raw)
 
 
 if __name__ == "__main__":

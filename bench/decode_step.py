@@ -25,11 +25,11 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+from .report import RESULTS, publish
+
 _NONE = object()  # an attribute whose value is None, to restore
 
 
@@ -158,11 +158,8 @@ def main() -> None:
     for name, ms in medians.items():
         lines.append(f"| {name} | {ms:.2f} | {1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
-    print("\n".join(lines))
-    if not args.no_write:
-        out = RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}.md"
-        out.write_text("\n".join(lines))
-        print(f"wrote {out}")
+    publish("\n".join(lines), None if args.no_write else
+            RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}.md")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import workloads as wl
+from .report import RESULTS, publish
 
 WORKLOADS = ("shared_prefix", "random_short")
 
@@ -123,10 +124,9 @@ def decode_weight_bytes(model) -> int:
 
 def profile_decode_step(engine, batch_size: int) -> str:
     """Top ops of decode steps at a given batch size (torch.profiler, self CPU time)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from radixflow.runtime.messages import GenerateReq
     from radixflow.runtime.sampling_params import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
 
     sched = engine.scheduler
     engine.shutdown()  # drive the scheduler directly, no background thread
@@ -189,7 +189,6 @@ def main() -> None:
 
     if not args.no_baseline:
         import transformers
-
         from radixflow.runtime.model_loader import resolve_model
 
         folder = resolve_model(None)
@@ -234,10 +233,7 @@ def main() -> None:
     if profile:
         lines += ["", "## Where a decode step's time goes", "", profile]
     text = "\n".join(lines) + "\n"
-    out = args.out or Path(__file__).parent / "results" / f"offline-{raw['date']}.md"
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(raw, indent=2))
-    print(text)
+    publish(text, args.out or RESULTS / f"offline-{raw['date']}.md", raw)
 
 
 if __name__ == "__main__":

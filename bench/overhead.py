@@ -16,11 +16,11 @@ import argparse
 import datetime
 import statistics
 import time
-from pathlib import Path
 
 import httpx
 
-RESULTS = Path(__file__).parent / "results"
+from .report import RESULTS, publish
+
 WARMUP_PER_BLOCK = 2
 
 
@@ -97,11 +97,7 @@ def main() -> None:
              "each), the paths taking turns block by block; one request at a time. "
              "`added` is the path's latency minus the in-process Engine's.", "",
              *summarize(times, "Engine (in-process)"), ""]
-    print("\n".join(lines))
-    if not args.no_write:
-        out = RESULTS / f"overhead-{date}.md"
-        out.write_text("\n".join(lines))
-        print(f"wrote {out}")
+    publish("\n".join(lines), None if args.no_write else RESULTS / f"overhead-{date}.md")
 
 
 if __name__ == "__main__":

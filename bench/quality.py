@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+from .report import RESULTS, publish
+
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none"},
     "bf16": {"dtype": "bfloat16", "quantization": "none"},
@@ -65,11 +66,7 @@ def main() -> None:
              f"Command: `python -m bench.quality --chars {args.chars} --chunk {args.chunk}`", "",
              f"Text: the first {args.chars} characters of `{args.text.name}` ({len(ref)} scored "
              f"tokens), prefilled in chunks of {args.chunk} tokens.", "", *rows, ""]
-    print("\n".join(lines))
-    if not args.no_write:
-        out = RESULTS / f"quality-{date}.md"
-        out.write_text("\n".join(lines))
-        print(f"wrote {out}")
+    publish("\n".join(lines), None if args.no_write else RESULTS / f"quality-{date}.md")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.report import RESULTS, publish
 from bench.workloads import PROFILE_SCHEMA, json_extract
 
 MAX_NEW_TOKENS = 128
@@ -206,10 +207,7 @@ def main() -> None:
         print("jump off", json.dumps(raw["jump_off"]), "\nttft", json.dumps(raw["ttft"]))
 
     text = report(args, raw)
-    out = args.out or Path(__file__).parent / "results" / f"structured-{raw['date']}.md"
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(raw, indent=2))
-    print(text)
+    publish(text, args.out or RESULTS / f"structured-{raw['date']}.md", raw)
 
 
 if __name__ == "__main__":
