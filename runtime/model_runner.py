@@ -173,7 +173,7 @@ class ModelRunner:
             logits_indices=t(logits_indices), req_to_token=self.req_to_token.table,
             kv_pool=self.kv_pool,
         )
-        self.attn.prepare(batch)
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
-            return self.compiled_decode(batch)
+            return self.compiled_decode(batch)  # plans its own attention inside the graph
+        self.attn.prepare(batch)
         return self.model(batch, self.attn)
