@@ -80,12 +80,12 @@ def make_variants(sched) -> dict[str, Callable]:
 
     @contextmanager
     def stub_matmuls():
-        with patched(ql._QuantLinear, "forward", zero_matmul):
+        with patched(ql.QuantLinear, "forward", zero_matmul):
             yield
 
     @contextmanager
     def stub_matmuls_and_attention():
-        with patched(ql._QuantLinear, "forward", zero_matmul), \
+        with patched(ql.QuantLinear, "forward", zero_matmul), \
                 patched(attn_cls, "forward", lambda self, q, k, v, layer_id, batch: q):
             yield
 

@@ -99,19 +99,19 @@ def hf_single_stream(model, tokenizer, new_tokens: int, repeats: int) -> dict:
 def decode_weight_bytes(model) -> int:
     """Bytes of weights one decode step at batch 1 reads (the embedding row aside)."""
     from radixflow.runtime.models.cpu_linear import PackedLinear
-    from radixflow.runtime.models.quant_linear import Int4Linear, Q8_0Linear
+    from radixflow.runtime.models.quant_linear import QuantLinear
 
     def nbytes(*tensors) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     total, bf16_copies = 0, set()
     for module in model.modules():
-        if isinstance(module, Int4Linear):
-            total += nbytes(module.packed, module.scales_and_zeros)
-            bf16_copies.add(id(module.dense))  # used for more than QUANT_MAX_ROWS rows only
-        elif isinstance(module, Q8_0Linear):
-            total += nbytes(module.weight_q8.q, module.weight_q8.scale)
-            bf16_copies.add(id(module.dense))
+        if isinstance(module, QuantLinear):
+            if getattr(module, "tiled", None) is not None:
+                total += module.tiled.nbytes
+            else:  # torch's int4 kernel
+                total += nbytes(module.packed, module.scales_and_zeros)
+            bf16_copies.add(id(module.dense))  # used for more than max_rows rows only
     for module in model.modules():
         if id(module) in bf16_copies:
             continue

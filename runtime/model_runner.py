@@ -15,6 +15,7 @@ from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
+from .models.native_decode import NativeDecode
 from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .server_args import ServerArgs
 
@@ -75,7 +76,10 @@ class ModelRunner:
         self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
                                              ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
-        self.compiled_decode = self._compile_decode() if args.enable_torch_compile else None
+        self.native_decode = None if args.disable_native_decode else self._native_decode()
+        self.compiled_decode = (self._compile_decode()
+                                if args.enable_torch_compile and self.native_decode is None
+                                else None)
         logger.info("model %s loaded: %s on %s, KV pool %d tokens (%.2f GiB)",
                     ma.architecture, self.dtype, self.device, num_slots,
                     num_slots * per_token / 2**30)
@@ -123,6 +127,20 @@ class ModelRunner:
         if count:
             logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"
+
+    def _native_decode(self) -> NativeDecode | None:
+        from .attention.torch_native import TorchNativeAttnBackend
+
+        if not isinstance(self.attn, TorchNativeAttnBackend):
+            return None
+        native, why_not = NativeDecode.build(self.model, self.kv_pool, self.attn.scale,
+                                             self.context_len)
+        if native is None:
+            logger.info("single-request decode runs as torch ops: the C decode step needs "
+                        "what this model lacks (%s)", why_not)
+        else:
+            logger.info("single-request decode runs in radixflow's C decode step")
+        return native
 
     def _compile_decode(self) -> SingleRequestDecode | None:
         from .attention.torch_native import TorchNativeAttnBackend
@@ -173,6 +191,8 @@ class ModelRunner:
             logits_indices=t(logits_indices), req_to_token=self.req_to_token.table,
             kv_pool=self.kv_pool,
         )
+        if self.native_decode is not None and self.native_decode.accepts(batch):
+            return self.native_decode(batch)  # reads the KV pool through the slot table itself
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
             return self.compiled_decode(batch)  # plans its own attention inside the graph
         self.attn.prepare(batch)

@@ -1,10 +1,14 @@
-"""AVX-512 matrix-vector product over GGUF-style Q8_0 weights, for CPU decode.
+"""AVX-512 (BF16) weight-only matrix products for CPU decode, and the fused decode step.
 
-gemv.c is compiled once per machine with the system C compiler into the radixflow cache
-folder and loaded with ctypes (no torch headers: it builds in about a second). Where there is
-no AVX-512 or no compiler, `available()` is False and callers keep their torch path.
+gemv.c multiplies a few rows of x by weights in a tiled layout (16 output rows side by side:
+see its header comment) in three formats: GGUF's Q4_1 and Q8_0, exactly, and bf16. decode.c
+runs a whole single-token decode step of a Llama-family model over those weights (see
+runtime/models/native_decode.py). The C sources are compiled once per machine with the system
+C compiler into the radixflow cache folder and loaded with ctypes (no torch headers: they
+build in a few seconds). Where the CPU lacks AVX-512 BF16 or there is no compiler,
+`available()` is False and callers keep their torch path.
 
-The kernel has a torch reference (`q8_0_reference`) that the tests compare against.
+Each format has a torch reference (`unpack` + matmul) that the tests compare against.
 """
 
 from __future__ import annotations
@@ -24,17 +28,22 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("gemv.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "decode.c")]
+HEADER = Path(__file__).with_name("gemv.h")
+TILE = 16
 GROUP = 32
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c", "-mfma",
+         "-fopenmp", "-shared", "-fPIC"]
+MAX_ROWS = 8  # rows of x per call (gemv.c)
+MAX_GROUPS = 1024  # in_features / 32 per call (gemv.c)
 
 
-def _cpu_has_avx512() -> bool:
+def _cpu_has_avx512_bf16() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl"))
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c"))
 
 
 def _compile(dest: Path) -> None:
@@ -44,7 +53,7 @@ def _compile(dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         out = Path(tmp) / dest.name
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)],
+        proc = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(out)],
                               capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
@@ -55,10 +64,11 @@ def _compile(dest: Path) -> None:
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("RADIXFLOW_DISABLE_CPU_KERNELS"):
         return None
-    if not _cpu_has_avx512():
-        logger.info("CPU kernels off: this CPU has no AVX-512")
+    if not _cpu_has_avx512_bf16():
+        logger.info("CPU kernels off: this CPU has no AVX-512 BF16")
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
+    key = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
     from radixflow.runtime.model_loader.cache import default_cache_dir  # one rule for the cache
 
     path = default_cache_dir() / "kernels" / f"gemv-{key}.so"
@@ -69,9 +79,10 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("CPU kernels off (falling back to torch's): %s", exc)
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.rf_q8_0_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.rf_q8_0_gemv.restype = None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    for name in ("rf_q4_1_gemm", "rf_q8_0_gemm", "rf_bf16_gemm"):
+        getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -83,6 +94,8 @@ def available() -> bool:
 
 @dataclass
 class Q8_0Weight:
+    """Row-major symmetric int8 groups of 32 (GGUF's Q8_0): w = q * scale."""
+
     q: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N, K / 32] float32
 
@@ -92,7 +105,7 @@ class Q8_0Weight:
 
 
 def quantize_q8_0(weight: torch.Tensor) -> Q8_0Weight:
-    """Symmetric int8 groups of 32 (GGUF's Q8_0): exact for weights that came from Q8_0."""
+    """Exact for weights that came from Q8_0."""
     n, k = weight.shape
     groups = weight.float().view(n, k // GROUP, GROUP)
     scale = groups.abs().amax(-1) / 127
@@ -105,27 +118,133 @@ def unpack_q8_0(w: Q8_0Weight) -> torch.Tensor:
     return (w.q.float().view(n, k // GROUP, GROUP) * w.scale[..., None]).view(n, k)
 
 
+@dataclass
+class TiledWeight:
+    """Weights [n, k] in one of gemv.c's tiled layouts: 16 output rows side by side."""
+
+    format: str  # "q4_1" | "q8_0" | "bf16"
+    data: torch.Tensor  # uint8, [tiles, ...]
+    n: int
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.k
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _check_weight_shape(n: int, k: int, group: int) -> None:
+    if k % group:
+        raise ValueError(f"in_features must be a multiple of {group}, got {k}")
+    if k // GROUP > MAX_GROUPS:
+        raise ValueError(f"in_features over {MAX_GROUPS * GROUP} is not supported, got {k}")
+
+
+def _pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    pad = -n % TILE
+    return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+
+
+def tile_q4_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> TiledWeight:
+    """q [N, K] in 0..15, scale and low [N, K / 32]: w = low + q * scale, the scales held as
+    fp16 (GGUF's Q4_1 stores them so; `unpack` shows what was kept)."""
+    n, k = q.shape
+    _check_weight_shape(n, k, GROUP)
+    g = k // GROUP
+    q = _pad_rows(q.to(torch.uint8), n)
+    tiles = q.shape[0] // TILE
+    # [tile, row, group, chunk, half, i] (k = 8 chunk + 4 half + i) -> [tile, group, chunk, row, i, half]
+    q = q.view(tiles, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    nibbles = q[..., 0] | (q[..., 1] << 4)
+
+    def scales(s: torch.Tensor) -> torch.Tensor:
+        s = _pad_rows(s.to(torch.float16), n).view(tiles, TILE, g).transpose(1, 2)
+        return s.contiguous().view(torch.uint8)  # [tiles, g, 32]
+
+    data = torch.cat([scales(scale), scales(low), nibbles.reshape(tiles, g, 256)], dim=-1)
+    return TiledWeight("q4_1", data.contiguous(), n, k)
+
+
+def tile_q8_0(w: Q8_0Weight) -> TiledWeight:
+    n, k = w.shape
+    _check_weight_shape(n, k, GROUP)
+    g = k // GROUP
+    q = _pad_rows(w.q, n)
+    tiles = q.shape[0] // TILE
+    # [tile, row, group, quad, i] -> [tile, group, quad, row, i]
+    q = q.view(tiles, TILE, g, 8, 4).permute(0, 2, 3, 1, 4).contiguous().view(torch.uint8)
+    scale = _pad_rows(w.scale.float(), n).view(tiles, TILE, g).transpose(1, 2).contiguous()
+    data = torch.cat([scale.view(torch.uint8), q.reshape(tiles, g, GROUP * TILE)], dim=-1)
+    return TiledWeight("q8_0", data.contiguous(), n, k)
+
+
+def tile_bf16(weight: torch.Tensor) -> TiledWeight:
+    n, k = weight.shape
+    _check_weight_shape(n, k, 2)
+    w = _pad_rows(weight.detach().to(torch.bfloat16), n)
+    tiles = w.shape[0] // TILE
+    w = w.view(tiles, TILE, k // 2, 2).transpose(1, 2).contiguous()
+    return TiledWeight("bf16", w.view(torch.uint8).view(tiles, -1), n, k)
+
+
+def unpack(w: TiledWeight) -> torch.Tensor:
+    """The float32 weights [n, k] a tiled weight holds (the torch reference's weights)."""
+    n, k, tiles = w.n, w.k, w.data.shape[0]
+    if w.format == "bf16":
+        dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2).transpose(1, 2)
+        return dense.reshape(tiles * TILE, k)[:n].float()
+    g = k // GROUP
+    blocks = w.data.view(tiles, g, -1)
+    if w.format == "q8_0":
+        scale = blocks[..., :64].contiguous().view(torch.float32)  # [tiles, g, 16]
+        q = blocks[..., 64:].contiguous().view(torch.int8).view(tiles, g, 8, TILE, 4).float()
+        dense = q.permute(0, 3, 1, 2, 4).reshape(tiles, TILE, g, GROUP) \
+            * scale.transpose(1, 2)[..., None]
+        return dense.reshape(tiles * TILE, k)[:n]
+    d = blocks[..., :32].contiguous().view(torch.float16).float()
+    low = blocks[..., 32:64].contiguous().view(torch.float16).float()
+    nib = blocks[..., 64:].contiguous().view(tiles, g, 4, TILE, 4)
+    q = torch.stack([nib & 15, nib >> 4], dim=-1)  # [tile, group, chunk, row, i, half]
+    q = q.permute(0, 3, 1, 2, 5, 4).reshape(tiles, TILE, g, GROUP).float()
+    dense = low.transpose(1, 2)[..., None] + q * d.transpose(1, 2)[..., None]
+    return dense.reshape(tiles * TILE, k)[:n]
+
+
 # ---- products ----
 
-def _check_input(x: torch.Tensor, k: int) -> torch.Tensor:
-    if x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"expected x of shape [M, {k}], got {tuple(x.shape)}")
+def _input(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
+    if x.dim() != 2 or x.shape[1] != w.k:
+        raise ValueError(f"expected x of shape [M, {w.k}], got {tuple(x.shape)}")
     if x.device.type != "cpu":
         raise ValueError("CPU kernels need CPU tensors")
-    return x.float().contiguous()
+    # bf16 multiplies bf16 pairs (vdpbf16ps); the integer formats split fp32 x (gemv.c)
+    return x.to(torch.bfloat16 if w.format == "bf16" else torch.float32).contiguous()
 
 
-def q8_0_gemv(x: torch.Tensor, w: Q8_0Weight) -> torch.Tensor:
+def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [M, K] @ w.T -> [M, N] in out_dtype (float32 or bfloat16); fp32 sums."""
+    x = _input(x, w)
     lib = _library()
-    n, k = w.shape
-    x = _check_input(x, k)
     if lib is None:
-        return q8_0_reference(x, w)
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    lib.rf_q8_0_gemv(w.q.data_ptr(), w.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
-                     x.shape[0], n, k, torch.get_num_threads())
+        return reference(x, w).to(out_dtype)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    y = torch.empty(x.shape[0], w.n, dtype=out_dtype)
+    fn = getattr(lib, _GEMM[w.format])
+    step, y_bf16, threads = MAX_ROWS, int(out_dtype == torch.bfloat16), torch.get_num_threads()
+    for start in range(0, x.shape[0], step):  # (a decode step's call has one pass)
+        rows = min(step, x.shape[0] - start)
+        fn(w.data.data_ptr(), x[start].data_ptr(), y[start].data_ptr(), y_bf16, rows, w.n, w.k,
+           threads)
     return y
 
 
-def q8_0_reference(x: torch.Tensor, w: Q8_0Weight) -> torch.Tensor:
-    return x.float() @ unpack_q8_0(w).T
+_GEMM = {"q4_1": "rf_q4_1_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
+
+
+def reference(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
+    """gemm's torch reference: x rounded as gemm rounds it, fp32 products."""
+    return _input(x, w).float() @ unpack(w).T

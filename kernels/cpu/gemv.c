@@ -1,42 +1,279 @@
-/* Weight-only Q8_0 matrix-vector product for CPU decode (AVX-512).
+/* Weight-only matrix products for a few rows (CPU decode), AVX-512 VNNI / BF16.
  *
- * y[m, n] = sum_k x[m, k] * w[n, k] for a few rows m, with w stored as GGUF's Q8_0 blocks
- * (groups of 32 along k): q [N][K] int8 and scale [N][K / 32] float, w = q * scale. The
- * default model's embedding, tied to its output head, is Q8_0 in its file: this reads it as
- * 1.125 bytes per weight instead of bf16's 2, exactly. Accumulation is fp32; x [M][K] and
- * y [M][N] are float.
+ * y[m, n] = sum_k x[m, k] * w[n, k] for M <= 8 rows of x, with w in one of three "tiled"
+ * layouts built by kernels/cpu/__init__.py. All three put 16 output rows side by side, so one
+ * 512-bit register holds one partial sum for each of 16 outputs and nothing is ever summed
+ * across lanes; x values are broadcast. The weights stream through once per call, whatever M.
  *
- * Rows n are split over OpenMP threads; this library links the same libgomp as torch, so
+ * The quantized formats multiply integers with vpdpbusd (64 byte products per instruction).
+ * x is first split, per group of 32, into a scale s and 16-bit integers X = 256 hi + lo
+ * (x ~= s X, |error| <= max|x| / 65278 per group: some 128 times finer than the bf16 rounding
+ * of the group's largest value), whose two bytes multiply the weight bytes separately. That
+ * keeps the products exact in int32 while reading each weight as 4 or 8 bits.
+ *
+ * - q4_1 (GGUF's Q4_1, the default model's layers): per 16-row tile and 32-wide group, 16
+ *   fp16 scales d, 16 fp16 minimums m, then 4 chunks of 64 bytes; byte 4r + i of chunk c holds
+ *   q[r][8c + i] in its low nibble and q[r][8c + 4 + i] in its high one. w = m + d q, so
+ *   sum w x = m sum x + d s sum q X, with sum x kept exact in fp32.
+ * - q8_0 (GGUF's Q8_0, the default model's tied embedding / head): per tile and group, 16
+ *   fp32 scales d, then 8 quads of 64 bytes: byte 4r + i of quad p is q[r][4p + i] (int8).
+ *   w = d q. Here x's bytes are the unsigned operand: X + 32768 = 256 hi + lo.
+ * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
+ *   by bf16 x pairs: exact products, fp32 sums.
+ *
+ * Tiles are split over OpenMP threads; this library links the libgomp torch has loaded, so
  * both share one thread pool.
- *
- * (Q4_1 kernels, fp32 and AVX512-VNNI with int8 activations, were tried for the layers and
- * lost to or tied with torch's int4 kernel: see bench/results/decode-step-2026-11-29.md.)
  */
-#include <immintrin.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "gemv.h"
 
-static inline __m512 q8_group_dot(const int8_t *q, const float *x) {
-    __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-    __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
-    __m512 t = _mm512_mul_ps(a, _mm512_loadu_ps(x));
-    return _mm512_fmadd_ps(b, _mm512_loadu_ps(x + 16), t);
+#include <stdlib.h>
+
+#define ROW_BLOCK 4 /* rows of x per pass over a tile */
+#ifndef PREFETCH
+#define PREFETCH 8192 /* bytes ahead of the tile being read: the hardware prefetcher alone
+                         leaves the cores waiting on memory (decode step 10.4 -> 7.5 ms) */
+#endif
+
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T0
+#endif
+
+static inline void prefetch(const uint8_t *p, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch((const char *)p + PREFETCH + line, PREFETCH_HINT);
 }
 
+static inline void store_tile(void *y, int y_bf16, int64_t row_stride, int64_t n0, int64_t N,
+                              __m512 v) {
+    __mmask16 mask = N - n0 >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    if (y_bf16)
+        _mm256_mask_storeu_epi16((uint16_t *)y + row_stride + n0, mask,
+                                 (__m256i)_mm512_cvtneps_pbh(v));
+    else
+        _mm512_mask_storeu_ps((float *)y + row_stride + n0, mask, v);
+}
 
-void rf_q8_0_gemv(const int8_t *q, const float *scale, const float *x, float *y, int64_t M,
-                  int64_t N, int64_t K, int nthreads) {
-    const int64_t G = K / 32;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *qn = q + n * K;
-        const float *sn = scale + n * G;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * K;
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t g = 0; g < G; g++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(sn[g]), q8_group_dot(qn + g * 32, xm + g * 32), acc);
-            y[m * N + n] = _mm512_reduce_add_ps(acc);
+/* ---- splitting x into 16-bit integers ---- */
+
+void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
+    const float limit = is_unsigned ? 32767.0f : 32639.0f; /* keeps hi within a byte */
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        out.sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        out.scale[g] = amax / limit;
+        __m512 inv = _mm512_set1_ps(amax > 0 ? limit / amax : 0.0f);
+        for (int half = 0; half < 2; half++) {
+            __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(half ? b : a, inv)); /* nearest even */
+            __m512i hi, lo;
+            if (is_unsigned) {
+                __m512i U = _mm512_add_epi32(X, _mm512_set1_epi32(32768));
+                hi = _mm512_srli_epi32(U, 8);
+                lo = _mm512_and_si512(U, _mm512_set1_epi32(255));
+            } else {
+                hi = _mm512_srai_epi32(_mm512_add_epi32(X, _mm512_set1_epi32(128)), 8);
+                lo = _mm512_sub_epi32(X, _mm512_slli_epi32(hi, 8));
+            }
+            _mm_storeu_si128((__m128i *)(out.hi + g * GROUP + 16 * half), _mm512_cvtepi32_epi8(hi));
+            _mm_storeu_si128((__m128i *)(out.lo + g * GROUP + 16 * half), _mm512_cvtepi32_epi8(lo));
         }
+    }
+}
+
+/* ---- q4_1 ---- */
+
+static inline __attribute__((always_inline)) void q4_1_tile(const uint8_t *blk, int64_t G,
+                                                             const split_x *xs, const int M,
+                                                             __m512 *y) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int m = 0; m < M; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++, blk += Q4_1_BLOCK) {
+        prefetch(blk, Q4_1_BLOCK);
+        __m512i hi[ROW_BLOCK][2], lo[ROW_BLOCK][2];
+        for (int m = 0; m < M; m++)
+            hi[m][0] = hi[m][1] = lo[m][0] = lo[m][1] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i w = _mm512_loadu_si512(blk + 64 + 64 * c);
+            __m512i w_lo = _mm512_and_si512(w, low4);
+            __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            for (int m = 0; m < M; m++) {
+                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
+                hi[m][0] = _mm512_dpbusd_epi32(hi[m][0], w_lo, _mm512_set1_epi32(h[0]));
+                lo[m][0] = _mm512_dpbusd_epi32(lo[m][0], w_lo, _mm512_set1_epi32(l[0]));
+                hi[m][1] = _mm512_dpbusd_epi32(hi[m][1], w_hi, _mm512_set1_epi32(h[1]));
+                lo[m][1] = _mm512_dpbusd_epi32(lo[m][1], w_hi, _mm512_set1_epi32(l[1]));
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int m = 0; m < M; m++) {
+            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(hi[m][0], hi[m][1]), 8),
+                                          _mm512_add_epi32(lo[m][0], lo[m][1]));
+            __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+            y[m] = _mm512_fmadd_ps(d, dqx, y[m]);
+            y[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m].sum[g]), y[m]);
+        }
+    }
+}
+
+void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    const int64_t G = K / GROUP;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * G * Q4_1_BLOCK;
+        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            __m512 out[ROW_BLOCK];
+            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+            switch (rows) {
+            case 1: q4_1_tile(blk, G, xs + m0, 1, out); break;
+            case 2: q4_1_tile(blk, G, xs + m0, 2, out); break;
+            case 3: q4_1_tile(blk, G, xs + m0, 3, out); break;
+            default: q4_1_tile(blk, G, xs + m0, 4, out); break;
+            }
+            for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
+        }
+    }
+}
+
+/* ---- q8_0 ---- */
+
+static inline __attribute__((always_inline)) void q8_0_tile(const uint8_t *blk, int64_t G,
+                                                             const split_x *xs, const int M,
+                                                             __m512 *y) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int m = 0; m < M; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++, blk += Q8_0_BLOCK) {
+        prefetch(blk, Q8_0_BLOCK);
+        __m512i qsum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i hi[ROW_BLOCK][2], lo[ROW_BLOCK][2];
+        for (int m = 0; m < M; m++)
+            hi[m][0] = hi[m][1] = lo[m][0] = lo[m][1] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) {
+            __m512i w = _mm512_loadu_si512(blk + 64 + 64 * p);
+            qsum[p & 1] = _mm512_dpbusd_epi32(qsum[p & 1], ones, w);
+            for (int m = 0; m < M; m++) {
+                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 4 * p);
+                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 4 * p);
+                hi[m][p & 1] = _mm512_dpbusd_epi32(hi[m][p & 1], _mm512_set1_epi32(h[0]), w);
+                lo[m][p & 1] = _mm512_dpbusd_epi32(lo[m][p & 1], _mm512_set1_epi32(l[0]), w);
+            }
+        }
+        __m512 d = _mm512_loadu_ps((const float *)blk);
+        __m512i offset = _mm512_slli_epi32(_mm512_add_epi32(qsum[0], qsum[1]), 15); /* 32768 sum q */
+        for (int m = 0; m < M; m++) {
+            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(hi[m][0], hi[m][1]), 8),
+                                          _mm512_add_epi32(lo[m][0], lo[m][1]));
+            qx = _mm512_sub_epi32(qx, offset);
+            __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+            y[m] = _mm512_fmadd_ps(d, dqx, y[m]);
+        }
+    }
+}
+
+void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    const int64_t G = K / GROUP;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * G * Q8_0_BLOCK;
+        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            __m512 out[ROW_BLOCK];
+            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+            switch (rows) {
+            case 1: q8_0_tile(blk, G, xs + m0, 1, out); break;
+            case 2: q8_0_tile(blk, G, xs + m0, 2, out); break;
+            case 3: q8_0_tile(blk, G, xs + m0, 3, out); break;
+            default: q8_0_tile(blk, G, xs + m0, 4, out); break;
+            }
+            for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
+        }
+    }
+}
+
+/* q4_1 and q8_0 for M rows of fp32 x: split x on the calling thread, then the tiles. */
+static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y, int y_bf16,
+                           int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / GROUP;
+    split_x xs[MAX_ROWS];
+    if (M > MAX_ROWS) abort(); /* the Python side checks M */
+    uint8_t *mem = malloc(M * (2 * K + 2 * G * sizeof(float)));
+    if (mem == NULL) abort();
+    for (int64_t m = 0; m < M; m++) {
+        uint8_t *base = mem + m * (2 * K + 2 * G * sizeof(float));
+        xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
+                          (float *)(base + 2 * K) + G};
+        rf_split_x(x + m * K, K, is_q8, xs[m]);
+    }
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        if (is_q8)
+            rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else
+            rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+    }
+    free(mem);
+}
+
+void rf_q4_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(0, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(1, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+/* ---- bf16 ---- */
+
+static inline __attribute__((always_inline)) void bf16_tile(const uint8_t *blk, const uint32_t *xp,
+                                                             int64_t K, const int M, __m512 *y) {
+    __m512 acc[ROW_BLOCK][4];
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < K / 2; p++) {
+        if ((p & 7) == 0) prefetch(blk + 64 * p, 512);
+        __m512i wp = _mm512_loadu_si512(blk + 64 * p);
+        for (int m = 0; m < M; m++) {
+            __m512i xj = _mm512_set1_epi32((int)xp[m * (K / 2) + p]);
+            acc[m][p & 3] = _mm512_dpbf16_ps(acc[m][p & 3], (__m512bh)wp, (__m512bh)xj);
+        }
+    }
+    for (int m = 0; m < M; m++)
+        y[m] = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3]));
+}
+
+void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    const uint32_t *xp = (const uint32_t *)x;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * (K / 2) * 64;
+        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            __m512 out[ROW_BLOCK];
+            const uint32_t *xm = xp + m0 * (K / 2);
+            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+            switch (rows) {
+            case 1: bf16_tile(blk, xm, K, 1, out); break;
+            case 2: bf16_tile(blk, xm, K, 2, out); break;
+            case 3: bf16_tile(blk, xm, K, 3, out); break;
+            default: bf16_tile(blk, xm, K, 4, out); break;
+            }
+            for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
+        }
+    }
+}
+
+void rf_bf16_gemm(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
+                  int64_t N, int64_t K, int nthreads) {
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        rf_bf16_gemm_tiles(w, x, y, y_bf16, M, N, K, t0, t1);
     }
 }

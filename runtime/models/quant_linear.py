@@ -60,7 +60,7 @@ def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, tor
     return _close(weight, low[..., None] + q * scale[..., None], group_size)
 
 
-class _QuantLinear(nn.Module):
+class QuantLinear(nn.Module):
     """Quantized weights for up to `max_rows` rows, a bf16 copy for more."""
 
     max_rows = QUANT_MAX_ROWS
@@ -93,7 +93,11 @@ class _QuantLinear(nn.Module):
         raise NotImplementedError
 
 
-class Int4Linear(_QuantLinear):
+class Int4Linear(QuantLinear):
+    """Q4_1-style groups: radixflow's tiled AVX-512 kernel (kernels/cpu) where it runs and the
+    scales survive fp16 (as they do for a GGUF's, stored as fp16), else torch's int4 kernel
+    (bf16 scales)."""
+
     def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
                  groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         """`groups`: `quantize_groups(linear.weight)` when the caller already has it."""
@@ -103,20 +107,37 @@ class Int4Linear(_QuantLinear):
         super().__init__(linear)
         self.group_size = group_size
         q, scale, low = groups or quantize_groups(linear.weight.detach(), group_size)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        # the kernel computes (q - 8) * scale + zero; [K/g, N, 2]
-        zero = low + 8 * scale
-        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous() \
-            .to(torch.bfloat16)
+        self.tiled = _tile_q4_1(q, scale, low) if group_size == cpu_kernels.GROUP else None
+        if self.tiled is None:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            # the kernel computes (q - 8) * scale + zero; [K/g, N, 2]
+            zero = low + 8 * scale
+            self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1) \
+                .contiguous().to(torch.bfloat16)
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.tiled is not None:
+            return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows, self.packed, self.group_size, self.scales_and_zeros)
 
 
-class Q8_0Linear(_QuantLinear):
-    # the kernel re-reads each weight row per input row: over the default model's head, 1 row
-    # took 2.6 ms vs 4.4 ms in bf16, 2 rows 3.0 vs 2.9 ms, 4 rows 4.6 vs 3.5 ms
+def _tile_q4_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
+               ) -> cpu_kernels.TiledWeight | None:
+    """The tiled weight, if the kernels run here and fp16 scales lose no more than the bf16
+    scales of torch's kernel would."""
+    if not cpu_kernels.available():
+        return None
+    tiled = cpu_kernels.tile_q4_1(q, scale, low)
+    exact = low[..., None] + q.view(*scale.shape, -1).float() * scale[..., None]
+    kept = cpu_kernels.unpack(tiled).view_as(exact)
+    bf16 = low.bfloat16().float()[..., None] + q.view_as(exact).float() \
+        * scale.bfloat16().float()[..., None]
+    return tiled if (kept - exact).abs().max() <= (bf16 - exact).abs().max() else None
+
+
+class Q8_0Linear(QuantLinear):
+    # the kernel reads each weight once per call, for up to 8 rows at once
     max_rows = 2
 
     def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None):
@@ -125,10 +146,24 @@ class Q8_0Linear(_QuantLinear):
             raise ValueError(f"Q8_0 needs in_features divisible by {GROUP_SIZE}, "
                              f"got {linear.in_features}")
         super().__init__(linear)
-        self.weight_q8 = weight or cpu_kernels.quantize_q8_0(linear.weight.detach())
+        self.tiled = cpu_kernels.tile_q8_0(weight or cpu_kernels.quantize_q8_0(linear.weight.detach()))
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.q8_0_gemv(rows, self.weight_q8).to(torch.bfloat16)
+        return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
+
+
+class TiledBF16Linear(QuantLinear):
+    """A bf16 linear (the output head the int4 path keeps in bf16) whose few-row products go
+    through radixflow's tiled bf16 kernel: it streams the weights once per call, where
+    oneDNN's bf16 kernel does not reach memory speed for one row; it is also the layout the C
+    decode step reads."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        self.tiled = cpu_kernels.tile_bf16(linear.weight.detach())
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
 
 
 def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -142,9 +177,9 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
     """Replace the model's nn.Linears (with in_features divisible by the group size) by
     Int4Linears; returns how many were replaced. Quantize fp32 weights, before any bf16 cast.
 
-    - `keep`: linears that do not become int4 unless their weights are already 4-bit. One
-      whose weights are exactly 8-bit groups becomes a Q8_0Linear (where the AVX-512 kernels
-      run), else it stays as it is. For the output head: the default model's GGUF stores its
+    - `keep`: linears that do not become int4 unless their weights are already 4-bit. Where
+      the AVX-512 kernels run, one whose weights are exactly 8-bit groups becomes a
+      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is. For the output head: the default model's GGUF stores its
       (tied) embedding as Q8_0, and 4-bit logits cost more quality than the bytes are worth.
     - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
       already 4-bit (see is_exact), i.e. int4 is lossless for this checkpoint.
@@ -159,6 +194,8 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
                 q8 = cpu_kernels.quantize_q8_0(linear.weight.detach())
                 if _close(linear.weight, cpu_kernels.unpack_q8_0(q8)):
                     plan.append((module, name, Q8_0Linear, {"weight": q8}))
+                else:
+                    plan.append((module, name, TiledBF16Linear, {}))
         elif only_if_exact:
             return 0
         else:

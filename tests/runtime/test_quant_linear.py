@@ -9,6 +9,7 @@ from radixflow.runtime.models.quant_linear import (
     Q8_0Linear,
     QUANT_MAX_ROWS,
     Int4Linear,
+    TiledBF16Linear,
     can_quantize_int4,
     is_exact,
     quantize_groups,
@@ -87,12 +88,28 @@ def _model(grid: bool) -> nn.Module:
     return model
 
 
+def _assert_head_kept_in_bf16(model: nn.Module, weight: torch.Tensor) -> None:
+    """Not 4-bit: with the CPU kernels a tiled bf16 copy (TiledBF16Linear), else untouched."""
+    if cpu_kernels.available():
+        assert isinstance(model.lm_head, TiledBF16Linear)
+        torch.testing.assert_close(cpu_kernels.unpack(model.lm_head.tiled),
+                                   weight.bfloat16().float(), atol=0, rtol=0)
+        for rows in (1, QUANT_MAX_ROWS + 1):
+            x = torch.randn(rows, weight.shape[1], dtype=torch.bfloat16)
+            torch.testing.assert_close(model.lm_head(x).float(), x.float() @ weight.T,
+                                       atol=3e-2, rtol=2e-2)
+    else:
+        assert type(model.lm_head) is nn.Linear
+
+
 def test_only_if_exact_quantizes_lossless_checkpoints_and_keeps_a_lossy_head():
     torch.manual_seed(3)
     model = _model(grid=True)
-    assert quantize_linears_(model, keep=(model.lm_head,), only_if_exact=True) == 2
+    head = model.lm_head.weight.detach().clone()
+    kept = 1 if cpu_kernels.available() else 0
+    assert quantize_linears_(model, keep=(model.lm_head,), only_if_exact=True) == 2 + kept
     assert all(isinstance(m, Int4Linear) for m in model.body)
-    assert type(model.lm_head) is nn.Linear
+    _assert_head_kept_in_bf16(model, head)
 
     dense = _model(grid=False)
     assert quantize_linears_(dense, keep=(dense.lm_head,), only_if_exact=True) == 0
@@ -102,8 +119,10 @@ def test_only_if_exact_quantizes_lossless_checkpoints_and_keeps_a_lossy_head():
 def test_explicit_int4_quantizes_dense_weights_but_keeps_the_head():
     torch.manual_seed(4)
     model = _model(grid=False)
-    assert quantize_linears_(model, keep=(model.lm_head,)) == 2
-    assert type(model.lm_head) is nn.Linear
+    head = model.lm_head.weight.detach().clone()
+    kept = 1 if cpu_kernels.available() else 0
+    assert quantize_linears_(model, keep=(model.lm_head,)) == 2 + kept
+    _assert_head_kept_in_bf16(model, head)
 
 
 def _q8_linear(out_features: int, in_features: int) -> nn.Linear:

@@ -1,0 +1,371 @@
+/* One decode step of a Llama-family model for one request, in one call (CPU, AVX-512 BF16).
+ *
+ * A single token's forward is ~30 layers x a dozen small operations; run as torch ops each
+ * costs microseconds of dispatch, and the whole step pays it ~400 times. Here the step runs in
+ * one OpenMP parallel region: the matrix products are split over the threads by tiles
+ * (gemv.c), attention by key ranges (each thread keeps a partial softmax that the threads
+ * then merge), and the per-token vector work (norms, rope, SiLU) runs on one thread between
+ * barriers. K and V are read in place from the KV pool through the request's slot list.
+ *
+ * Numerics: the residual stream stays fp32; inputs of the matrix products are rounded to
+ * bf16, as the bf16 model rounds them; K/V are stored as bf16 (the pool's dtype). The model
+ * (runtime/models/native_decode.py) checks this step against its eager forward.
+ */
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "gemv.h"
+
+typedef struct {
+    int64_t format, n, k;
+    const uint8_t *data;
+} rf_weight;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [hidden] */
+    const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
+    const float *qkv_bias;             /* [q + 2 kv], or NULL (Qwen2 has it) */
+    rf_weight qkv, o, gate_up, down;
+    uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim] */
+} rf_layer;
+
+typedef struct {
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads;
+    float eps, scale;
+    const rf_layer *layers;
+    const float *final_norm;
+    rf_weight head;
+    float *scratch; /* rf_decode_scratch_floats(model) floats */
+    double *profile; /* NULL, or PROFILE_PHASES seconds that each step adds to (thread 0) */
+} rf_model;
+
+/* What thread 0 spent where, barrier waits included: the profile's slots. */
+enum { PH_NORM, PH_QKV, PH_ROPE_KV, PH_ATTN, PH_O, PH_MLP_UP, PH_ACT, PH_DOWN, PH_HEAD,
+       PROFILE_PHASES };
+
+/* ---- scratch ---- */
+
+typedef struct {
+    float *x, *xf, *qkv, *o, *gate_up, *scores, *partial;
+    uint16_t *xb, *attn, *act;
+    split_x xs; /* the product input split for the integer kernels */
+} buffers;
+
+static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static int64_t widest_input(const rf_model *m) {
+    int64_t w = m->hidden > m->inter ? m->hidden : m->inter;
+    return w > m->heads * m->head_dim ? w : m->heads * m->head_dim;
+}
+
+/* Carves the scratch into buffers; returns how many floats it takes. */
+static int64_t layout(const rf_model *m, float *base, buffers *b) {
+    const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim, w = widest_input(m);
+    int64_t at = 0;
+#define TAKE(field, type, count) \
+    do { if (b) b->field = (type *)(base + at); at += pad16(count); } while (0)
+    TAKE(x, float, m->hidden);
+    TAKE(xf, float, w);
+    TAKE(xs.scale, float, w / GROUP + 1);
+    TAKE(xs.sum, float, w / GROUP + 1);
+    TAKE(xs.hi, int8_t, w / 4 + 1);
+    TAKE(xs.lo, int8_t, w / 4 + 1);
+    TAKE(qkv, float, q + 2 * kv);
+    TAKE(o, float, m->hidden);
+    TAKE(gate_up, float, 2 * m->inter);
+    TAKE(scores, float, m->nthreads * m->heads * m->max_context);
+    TAKE(partial, float, m->nthreads * m->heads * (m->head_dim + 2));
+    TAKE(xb, uint16_t, w / 2 + 1);
+    TAKE(attn, uint16_t, q / 2 + 1);
+    TAKE(act, uint16_t, m->inter / 2 + 1);
+#undef TAKE
+    return at;
+}
+
+int64_t rf_decode_scratch_floats(const rf_model *m) { return layout(m, NULL, NULL); }
+
+/* ---- vector helpers ---- */
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float bf16_to_f32_1(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* out = x / rms(x) * weight, rounded to bf16 (out_b) and kept as fp32 of that (out_f). */
+static void rms_norm(const float *x, const float *weight, int64_t n, float eps, uint16_t *out_b,
+                     float *out_f) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int64_t i = 0; i < n; i++) {
+        out_b[i] = f32_to_bf16(x[i] * inv * weight[i]);
+        out_f[i] = bf16_to_f32_1(out_b[i]);
+    }
+}
+
+static void rms_norm_inplace(float *x, const float *weight, int64_t n, float eps) {
+    float ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / n + eps);
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * inv * weight[i];
+}
+
+/* HF's rotate-half rope: x[i] cos[i] - x[i + d/2] sin[i] for the first half, and so on. */
+static void rope(float *x, const float *cos, const float *sin, int64_t d) {
+    const int64_t h = d / 2;
+    for (int64_t i = 0; i < h; i++) {
+        float a = x[i], b = x[i + h];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+/* Readies the input of a product with w from xb and xf (its values as fp32). */
+static void prepare_input(const rf_weight *w, buffers *b) {
+    if (w->format != FORMAT_BF16) rf_split_x(b->xf, w->k, w->format == FORMAT_Q8_0, b->xs);
+}
+
+/* Sets the input of a product with w to src (bf16). */
+static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b) {
+    memcpy(b->xb, src, w->k * sizeof(uint16_t));
+    for (int64_t i = 0; i < w->k; i++) b->xf[i] = bf16_to_f32_1(b->xb[i]);
+    prepare_input(w, b);
+}
+
+/* This thread's tiles of y = w x, the input readied by prepare_input. */
+static void gemv_part(const rf_weight *w, const buffers *b, float *y) {
+    const int64_t tiles = (w->n + TILE - 1) / TILE;
+    int64_t t0, t1;
+    thread_range(tiles, &t0, &t1);
+    if (w->format == FORMAT_Q4_1)
+        rf_q4_1_gemm_tiles(w->data, &b->xs, y, 0, 1, w->n, w->k, t0, t1);
+    else if (w->format == FORMAT_Q8_0)
+        rf_q8_0_gemm_tiles(w->data, &b->xs, y, 0, 1, w->n, w->k, t0, t1);
+    else
+        rf_bf16_gemm_tiles(w->data, b->xb, y, 0, 1, w->n, w->k, t0, t1);
+}
+
+/* ---- attention ---- */
+
+/* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum. */
+static void attend_part(const rf_model *m, const rf_layer *L, const float *q, const int32_t *slots,
+                        int64_t t0, int64_t t1, float *scores, float *partial) {
+    const int64_t D = m->head_dim, group = m->heads / m->kv_heads, n = t1 - t0;
+    const int64_t row = m->kv_heads * D;
+    for (int64_t h = 0; h < m->heads; h++) {
+        float *ph = partial + h * (D + 2);
+        ph[0] = -INFINITY;
+        ph[1] = 0;
+        memset(ph + 2, 0, D * sizeof(float));
+    }
+    if (n <= 0) return;
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        for (int64_t t = 0; t < n; t++) {
+            const uint16_t *k = L->k_cache + (int64_t)slots[t0 + t] * row + kvh * D;
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t h = kvh * group + g;
+                const float *qh = q + h * D;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t d = 0; d < D; d += 16)
+                    acc = _mm512_fmadd_ps(bf16_to_f32(_mm256_loadu_si256((const __m256i *)(k + d))),
+                                          _mm512_loadu_ps(qh + d), acc);
+                scores[h * n + t] = _mm512_reduce_add_ps(acc) * m->scale;
+            }
+        }
+    }
+    for (int64_t h = 0; h < m->heads; h++) {
+        float *s = scores + h * n, *ph = partial + h * (D + 2);
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+        __m512 sum = _mm512_setzero_ps(), vmx = _mm512_set1_ps(mx);
+        int64_t t = 0;
+        for (; t + 16 <= n; t += 16) {
+            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), vmx));
+            _mm512_storeu_ps(s + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        if (t < n) {
+            __mmask16 k = (__mmask16)((1u << (n - t)) - 1);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), vmx));
+            e = _mm512_maskz_mov_ps(k, e);
+            _mm512_mask_storeu_ps(s + t, k, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        ph[0] = mx;
+        ph[1] = _mm512_reduce_add_ps(sum);
+    }
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 acc[16];
+            for (int64_t g = 0; g < group && g < 16; g++) acc[g] = _mm512_setzero_ps();
+            for (int64_t t = 0; t < n; t++) {
+                const uint16_t *v = L->v_cache + (int64_t)slots[t0 + t] * row + kvh * D + d;
+                __m512 vv = bf16_to_f32(_mm256_loadu_si256((const __m256i *)v));
+                for (int64_t g = 0; g < group; g++)
+                    acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(kvh * group + g) * n + t]), vv, acc[g]);
+            }
+            for (int64_t g = 0; g < group; g++)
+                _mm512_storeu_ps(partial + (kvh * group + g) * (D + 2) + 2 + d, acc[g]);
+        }
+    }
+}
+
+/* Merges the threads' partial softmaxes of heads [h0, h1) into out (bf16 [heads][D]). */
+static void attend_merge(const rf_model *m, const float *partials, int64_t threads, int64_t h0,
+                         int64_t h1, uint16_t *out) {
+    const int64_t D = m->head_dim, stride = m->heads * (D + 2);
+    for (int64_t h = h0; h < h1; h++) {
+        float mx = -INFINITY, denom = 0, acc[512];
+        for (int64_t i = 0; i < threads; i++) {
+            float v = partials[i * stride + h * (D + 2)];
+            mx = v > mx ? v : mx;
+        }
+        memset(acc, 0, D * sizeof(float));
+        for (int64_t i = 0; i < threads; i++) {
+            const float *p = partials + i * stride + h * (D + 2);
+            if (p[1] == 0) continue;
+            float w = expf(p[0] - mx);
+            denom += w * p[1];
+            for (int64_t d = 0; d < D; d++) acc[d] += w * p[2 + d];
+        }
+        for (int64_t d = 0; d < D; d++) out[h * D + d] = f32_to_bf16(acc[d] / denom);
+    }
+}
+
+/* ---- the step ---- */
+
+static void silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate_up + i), u = _mm512_loadu_ps(gate_up + n + i);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, u)));
+    }
+    for (; i < n; i++) {
+        float g = gate_up[i];
+        out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * gate_up[n + i]);
+    }
+}
+
+/* Logits [vocab] (fp32) of one token: x_in [hidden] is its embedding, cos/sin [head_dim] its
+ * rope row, out_slot where its K/V go, slots[0..len) the request's KV slots (the last one is
+ * out_slot). len must be <= max_context. */
+void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, const float *sin,
+                    int64_t out_slot, const int32_t *slots, int64_t len, float *logits) {
+    buffers b;
+    layout(m, m->scratch, &b);
+    const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
+    memcpy(b.x, x_in, H * sizeof(float));
+#pragma omp parallel num_threads(m->nthreads)
+    {
+        const int64_t id = omp_get_thread_num(), threads = omp_get_num_threads();
+        double *prof = id == 0 ? m->profile : NULL, last = prof ? omp_get_wtime() : 0;
+#define PHASE(slot) \
+    do { if (prof) { double now_ = omp_get_wtime(); prof[slot] += now_ - last; last = now_; } } while (0)
+        for (int64_t l = 0; l < m->num_layers; l++) {
+            const rf_layer *L = m->layers + l;
+#pragma omp single
+            {
+                rms_norm(b.x, L->attn_norm, H, m->eps, b.xb, b.xf);
+                prepare_input(&L->qkv, &b);
+            }
+            PHASE(PH_NORM);
+            gemv_part(&L->qkv, &b, b.qkv);
+#pragma omp barrier
+            PHASE(PH_QKV);
+#pragma omp single
+            {
+                if (L->qkv_bias)
+                    for (int64_t i = 0; i < q_size + 2 * kv_size; i++) b.qkv[i] += L->qkv_bias[i];
+                for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
+                    float *v = b.qkv + h * D;
+                    const float *norm = h < m->heads ? L->q_norm : L->k_norm;
+                    if (norm) rms_norm_inplace(v, norm, D, m->eps);
+                    rope(v, cos, sin, D);
+                }
+                const float *k = b.qkv + q_size, *v = b.qkv + q_size + kv_size;
+                for (int64_t i = 0; i < kv_size; i++) {
+                    L->k_cache[out_slot * kv_size + i] = f32_to_bf16(k[i]);
+                    L->v_cache[out_slot * kv_size + i] = f32_to_bf16(v[i]);
+                }
+            }
+            PHASE(PH_ROPE_KV);
+            {
+                int64_t t0, t1;
+                thread_range(len, &t0, &t1);
+                attend_part(m, L, b.qkv, slots, t0, t1, b.scores + id * m->heads * m->max_context,
+                            b.partial + id * m->heads * (D + 2));
+            }
+#pragma omp barrier
+            {
+                int64_t h0, h1;
+                thread_range(m->heads, &h0, &h1);
+                attend_merge(m, b.partial, threads, h0, h1, b.attn);
+            }
+#pragma omp barrier
+#pragma omp single
+            set_input_bf16(&L->o, b.attn, &b);
+            PHASE(PH_ATTN);
+            gemv_part(&L->o, &b, b.o);
+#pragma omp barrier
+            PHASE(PH_O);
+#pragma omp single
+            {
+                for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
+                rms_norm(b.x, L->ffn_norm, H, m->eps, b.xb, b.xf);
+                prepare_input(&L->gate_up, &b);
+            }
+            PHASE(PH_NORM);
+            gemv_part(&L->gate_up, &b, b.gate_up);
+#pragma omp barrier
+            PHASE(PH_MLP_UP);
+#pragma omp single
+            {
+                silu_mul(b.gate_up, m->inter, b.act);
+                set_input_bf16(&L->down, b.act, &b);
+            }
+            PHASE(PH_ACT);
+            gemv_part(&L->down, &b, b.o);
+#pragma omp barrier
+#pragma omp single
+            for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
+            PHASE(PH_DOWN);
+        }
+#pragma omp single
+        {
+            rms_norm(b.x, m->final_norm, H, m->eps, b.xb, b.xf);
+            prepare_input(&m->head, &b);
+        }
+        gemv_part(&m->head, &b, logits);
+#pragma omp barrier
+        PHASE(PH_HEAD);
+#undef PHASE
+    }
+}

@@ -1,0 +1,98 @@
+"""One request's decode step through radixflow's C decode kernel (kernels/cpu/decode.c).
+
+A lone request decoding on a CPU is the latency case: each token is ~30 layers of a dozen
+small operations, and as torch calls their dispatch costs as much as the arithmetic. The C
+step runs the whole token (all layers, attention over the KV pool in place, the head) in one
+call with the weights in the tiled layouts of kernels/cpu/gemv.c, exactly as the model holds
+them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
+
+It covers a bf16 model on a CPU whose layers are quantized (Int4Linear, as `--quantization
+auto` makes the default model's); batches, prefill and anything else run the eager model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixflow.kernels import cpu as cpu_kernels
+from radixflow.kernels.cpu import decode as cpu_decode
+
+from ..forward_batch import ForwardBatch, ForwardMode
+from ..memory_pool import KVPool
+from .llama import LlamaForCausalLM, RMSNorm
+from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
+
+logger = logging.getLogger(__name__)
+
+
+def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | None:
+    if isinstance(linear, (Int4Linear, Q8_0Linear, TiledBF16Linear)):
+        return linear.tiled
+    return None
+
+
+def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().float().contiguous()
+
+
+def _norm(norm: RMSNorm | None) -> torch.Tensor | None:
+    return None if norm is None else _fp32(norm.weight)
+
+
+class NativeDecode:
+    """Callable on a one-token decode batch of one request; `build` says whether it can run."""
+
+    def __init__(self, model: LlamaForCausalLM, step: cpu_decode.DecodeStep):
+        self.model = model
+        self.step = step
+        self.calls = 0
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM, kv_pool: KVPool, scale: float, max_context: int
+              ) -> tuple[NativeDecode | None, str]:
+        """(NativeDecode, "") or (None, why not)."""
+        if not cpu_kernels.available():
+            return None, "the CPU kernels need AVX-512 BF16 and a C compiler"
+        if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype != torch.bfloat16:
+            return None, "it runs a bf16 model on the CPU"
+        a = model.args
+        shape = cpu_decode.ModelShape(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim,
+                                      a.intermediate_size, a.vocab_size, a.rms_norm_eps, scale)
+        reason = cpu_decode.check_shape(shape)
+        if reason:
+            return None, reason
+        layers = []
+        for i, block in enumerate(model.layers):
+            attn, mlp = block.self_attn, block.mlp
+            weights = [_tiled(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                           mlp.down_proj)]
+            if any(w is None for w in weights):
+                return None, "its layers are not quantized (--quantization auto|int4)"
+            bias = attn.qkv_proj.bias
+            layers.append(cpu_decode.LayerWeights(
+                _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
+                _norm(attn.q_norm), _norm(attn.k_norm), _fp32(bias), *weights,
+                kv_pool.k[i], kv_pool.v[i]))
+        head = _tiled(model.lm_head)
+        if head is None:
+            return None, "its output head has no tiled weights"
+        step = cpu_decode.DecodeStep(shape, layers, _norm(model.norm), head, max_context,
+                                     torch.get_num_threads())
+        return cls(model, step), ""
+
+    @staticmethod
+    def accepts(batch: ForwardBatch) -> bool:
+        return batch.mode == ForwardMode.DECODE and batch.num_tokens == 1
+
+    @torch.inference_mode()
+    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits (float32) of the batch's one token: [1, vocab]."""
+        self.calls += 1
+        model = self.model
+        position = batch.seq_lens_cpu[0] - 1
+        x = model.embed_tokens.weight[batch.input_ids[0]].float()
+        slots = batch.req_to_token[batch.req_pool_indices[0], :batch.seq_lens_cpu[0]]
+        return self.step(x, model.rope.cos[position], model.rope.sin[position],
+                         int(batch.out_slots[0]), slots)

@@ -1,0 +1,111 @@
+"""The C decode step (kernels/cpu/decode.c via runtime/models/native_decode.py) against the
+model it stands in for.
+
+The reference is the fp32 forward of exactly the weights the bf16 model holds (its int4
+layers dequantized, its bf16 norms and embedding widened): the C step must be at least as
+close to it as the eager bf16 path it replaces.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from radixflow.kernels import cpu
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.forward_batch import ForwardMode
+from radixflow.runtime.model_runner import BatchRequest, ModelRunner
+from radixflow.runtime.server_args import ServerArgs
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no AVX-512 BF16/VNNI kernels here")
+
+TOKENS = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64, 128, 2, 77, 401, 9, 18, 33, 250, 251, 6]
+
+
+def _runner(folder, **args) -> ModelRunner:
+    config = json.loads((folder / "config.json").read_text())
+    return ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, **args), folder, config)
+
+
+def _reference_of(quantized: ModelRunner, folder) -> ModelRunner:
+    """An fp32 runner over the weights `quantized` holds."""
+    ref = _runner(folder, dtype="float32", quantization="none")
+    src, dst = quantized.model, ref.model
+    for name, param in src.named_parameters():
+        if "norm" in name or "embed" in name:
+            dst.get_parameter(name).data = param.detach().float()
+    for name, module in src.named_modules():
+        if getattr(module, "tiled", None) is not None:  # every linear, head included
+            target = dst.get_submodule(name)
+            target.weight.data = cpu.unpack(module.tiled)
+            if module.bias is not None:
+                target.bias.data = module.bias.float()
+    return ref
+
+
+def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.Tensor:
+    """Logits after each token, every token fed as a one-token decode step."""
+    slots = runner.kv_pool.alloc(len(tokens))
+    runner.req_to_token.table[row, :len(tokens)] = slots.to(torch.int32)
+    out = []
+    for i, tok in enumerate(tokens):
+        part = BatchRequest(row=row, ids=[tok], start_pos=i, logit_offsets=[0])
+        out.append(runner.forward(ForwardMode.DECODE, [part], slots[i:i + 1]))
+    runner.kv_pool.free(slots)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama3_rope", "smollm2"])
+def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, arch):
+    folder = tiny_model_factory(arch)
+    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    native = runner.native_decode
+    assert native is not None, "the C step should take a bf16 model with int4 layers"
+    c_step = _teacher_forced(runner, TOKENS, row=0)
+    assert native.calls == len(TOKENS)
+    runner.native_decode = None
+    eager = _teacher_forced(runner, TOKENS, row=1)
+    exact = _teacher_forced(_reference_of(runner, folder), TOKENS, row=0)
+
+    c_err = (c_step - exact).abs().max()
+    eager_err = (eager - exact).abs().max()
+    assert c_err <= eager_err * 1.5 + 1e-3, (c_err, eager_err)
+    assert (c_step.argmax(-1) == exact.argmax(-1)).float().mean() >= 0.9
+
+
+def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_factory):
+    """Attention over many keys whose slots are not one run (as after cache reuse)."""
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    tokens = (TOKENS * 8)[:150]
+    free_first = runner.kv_pool.alloc(7)  # later slots come from after a gap
+    c_step = _teacher_forced(runner, tokens, row=0)
+    runner.kv_pool.free(free_first)
+    runner.native_decode = None
+    eager = _teacher_forced(runner, tokens, row=1)
+    scale = eager.abs().max()
+    assert (c_step - eager).abs().max() < 0.05 * scale
+
+
+def test_it_declines_what_it_cannot_run(tiny_model_factory):
+    folder = tiny_model_factory("llama")
+    assert _runner(folder, dtype="float32", quantization="none").native_decode is None
+    assert _runner(folder, dtype="bfloat16", quantization="none").native_decode is None
+    assert _runner(folder, dtype="bfloat16", quantization="int4",
+                   disable_native_decode=True).native_decode is None
+
+
+def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
+    folder = tiny_model_factory("qwen3")
+    greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    with Engine(str(folder), dtype="bfloat16", quantization="int4", max_total_tokens=512) as eng:
+        native = eng.scheduler.runner.native_decode
+        single = eng.generate("The quick brown fox", greedy, return_logprob=True)
+        batch = eng.generate(["one", "two", "three"], greedy)  # batches run eagerly
+        again = eng.generate("The quick brown fox", greedy)  # its prompt from the cache
+        eng.scheduler.check_slots()
+        assert native.calls >= 2 * (greedy["max_new_tokens"] - 1)
+    assert len(single["output_ids"]) == 10 and all(len(r["output_ids"]) == 10 for r in batch)
+    assert again["output_ids"] == single["output_ids"]
+    assert again["meta_info"]["cached_tokens"] > 0
