@@ -218,10 +218,11 @@ def unpack(w: TiledWeight) -> torch.Tensor:
 def _input(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
     if x.dim() != 2 or x.shape[1] != w.k:
         raise ValueError(f"expected x of shape [M, {w.k}], got {tuple(x.shape)}")
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise ValueError("CPU kernels need CPU tensors")
     # bf16 multiplies bf16 pairs (vdpbf16ps); the integer formats split fp32 x (gemv.c)
-    return x.to(torch.bfloat16 if w.format == "bf16" else torch.float32).contiguous()
+    want = torch.bfloat16 if w.format == "bf16" else torch.float32
+    return x if x.dtype == want and x.is_contiguous() else x.to(want).contiguous()
 
 
 def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -232,13 +233,13 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
         return reference(x, w).to(out_dtype)
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-    y = torch.empty(x.shape[0], w.n, dtype=out_dtype)
-    fn = getattr(lib, _GEMM[w.format])
-    step, y_bf16, threads = MAX_ROWS, int(out_dtype == torch.bfloat16), torch.get_num_threads()
-    for start in range(0, x.shape[0], step):  # (a decode step's call has one pass)
-        rows = min(step, x.shape[0] - start)
-        fn(w.data.data_ptr(), x[start].data_ptr(), y[start].data_ptr(), y_bf16, rows, w.n, w.k,
-           threads)
+    m = x.shape[0]
+    y = torch.empty(m, w.n, dtype=out_dtype)
+    fn, weights, threads = getattr(lib, _GEMM[w.format]), w.data.data_ptr(), torch.get_num_threads()
+    x_ptr, y_ptr, y_bf16 = x.data_ptr(), y.data_ptr(), int(out_dtype == torch.bfloat16)
+    for start in range(0, m, MAX_ROWS):  # (one pass for a decode batch of up to MAX_ROWS)
+        fn(weights, x_ptr + start * w.k * x.element_size(), y_ptr + start * w.n * y.element_size(),
+           y_bf16, min(MAX_ROWS, m - start), w.n, w.k, threads)
     return y
 
 
