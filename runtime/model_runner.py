@@ -165,6 +165,11 @@ class ModelRunner:
     def forward(self, mode: ForwardMode, parts: list[BatchRequest],
                 out_slots: torch.Tensor) -> torch.Tensor:
         """Run one forward; returns float32 logits of every wanted position, in part order."""
+        if (self.native_decode is not None and mode == ForwardMode.DECODE and len(parts) == 1
+                and len(parts[0].ids) == 1 and parts[0].logit_offsets == [0]):
+            part = parts[0]  # a lone request's next token: no batch tensors to build
+            return self.native_decode.run(part.ids[0], part.start_pos, int(out_slots[0]),
+                                          self.req_to_token.table[part.row])
         input_ids, positions, logits_indices = [], [], []
         seq_lens, prefix_lens, ext_lens, rows = [], [], [], []
         offset = 0
@@ -191,8 +196,6 @@ class ModelRunner:
             logits_indices=t(logits_indices), req_to_token=self.req_to_token.table,
             kv_pool=self.kv_pool,
         )
-        if self.native_decode is not None and self.native_decode.accepts(batch):
-            return self.native_decode(batch)  # reads the KV pool through the slot table itself
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
             return self.compiled_decode(batch)  # plans its own attention inside the graph
         self.attn.prepare(batch)

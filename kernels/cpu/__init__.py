@@ -83,6 +83,8 @@ def _library() -> ctypes.CDLL | None:
     for name in ("rf_q4_1_gemm", "rf_q8_0_gemm", "rf_bf16_gemm"):
         getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
         getattr(lib, name).restype = None
+    lib.rf_argmax_rows.argtypes = [ptr, i64, i64, ptr]
+    lib.rf_argmax_rows.restype = None
     return lib
 
 
@@ -249,3 +251,15 @@ _GEMM = {"q4_1": "rf_q4_1_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
 def reference(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
     """gemm's torch reference: x rounded as gemm rounds it, fp32 products."""
     return _input(x, w).float() @ unpack(w).T
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) (the first largest value of each row, or its first NaN) for a float32
+    CPU matrix, an order of magnitude faster than torch's at vocabulary sizes."""
+    lib = _library()
+    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu \
+            or not x.is_contiguous() or x.shape[1] == 0:
+        return x.argmax(dim=-1)
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    lib.rf_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out

@@ -13,6 +13,8 @@
  */
 #include <float.h>
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -309,6 +311,32 @@ static void silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
     }
 }
 
+/* ---- synchronisation ---- */
+
+/* A spinning barrier for the step's threads. libgomp's own barriers spin only ~100 times
+ * before sleeping in the kernel once it manages more threads than there are CPUs (which it
+ * does as soon as a second Python thread has run torch ops, e.g. the engine's scheduler
+ * thread): then each of the step's ~300 barriers costs a futex wake-up, milliseconds a step.
+ * This one spins, yielding the CPU now and then in case the other thread was preempted. */
+typedef struct {
+    atomic_int arrived, phase;
+} spin_barrier;
+
+static void spin_wait(spin_barrier *bar, int threads) {
+    const int phase = atomic_load_explicit(&bar->phase, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&bar->arrived, 1, memory_order_acq_rel) == threads - 1) {
+        atomic_store_explicit(&bar->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&bar->phase, phase + 1, memory_order_release);
+        return;
+    }
+    for (int spins = 1; atomic_load_explicit(&bar->phase, memory_order_acquire) == phase; spins++) {
+        _mm_pause();
+        if (spins % 4096 == 0) sched_yield();
+    }
+}
+
+/* ---- the step ---- */
+
 /* Logits [vocab] (fp32) of one token: x_in [hidden] is its embedding, cos/sin [head_dim] its
  * rope row, out_slot where its K/V go, slots[0..len) the request's KV slots (the last one is
  * out_slot). len must be <= max_context. */
@@ -317,26 +345,23 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
     buffers b;
     layout(m, m->scratch, &b);
     const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
+    spin_barrier bar = {0, 0};
     memcpy(b.x, x_in, H * sizeof(float));
+    rms_norm(b.x, m->layers[0].attn_norm, H, m->eps, b.xb, b.xf);
+    prepare_input(&m->layers[0].qkv, &b);
 #pragma omp parallel num_threads(m->nthreads)
     {
-        const int64_t id = omp_get_thread_num(), threads = omp_get_num_threads();
+        const int id = omp_get_thread_num(), threads = omp_get_num_threads();
         double *prof = id == 0 ? m->profile : NULL, last = prof ? omp_get_wtime() : 0;
 #define PHASE(slot) \
     do { if (prof) { double now_ = omp_get_wtime(); prof[slot] += now_ - last; last = now_; } } while (0)
+#define SYNC() spin_wait(&bar, threads)
         for (int64_t l = 0; l < m->num_layers; l++) {
             const rf_layer *L = m->layers + l;
-#pragma omp single
-            {
-                rms_norm(b.x, L->attn_norm, H, m->eps, b.xb, b.xf);
-                prepare_input(&L->qkv, &b);
-            }
-            PHASE(PH_NORM);
             gemv_part(&L->qkv, &b, b.qkv);
-#pragma omp barrier
+            SYNC();
             PHASE(PH_QKV);
-#pragma omp single
-            {
+            if (id == 0) {
                 if (L->qkv_bias)
                     for (int64_t i = 0; i < q_size + 2 * kv_size; i++) b.qkv[i] += L->qkv_bias[i];
                 for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
@@ -351,6 +376,7 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
                     L->v_cache[out_slot * kv_size + i] = f32_to_bf16(v[i]);
                 }
             }
+            SYNC();
             PHASE(PH_ROPE_KV);
             {
                 int64_t t0, t1;
@@ -358,49 +384,74 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
                 attend_part(m, L, b.qkv, slots, t0, t1, b.scores + id * m->heads * m->max_context,
                             b.partial + id * m->heads * (D + 2));
             }
-#pragma omp barrier
-            {
-                int64_t h0, h1;
-                thread_range(m->heads, &h0, &h1);
-                attend_merge(m, b.partial, threads, h0, h1, b.attn);
+            SYNC();
+            if (id == 0) {
+                attend_merge(m, b.partial, threads, 0, m->heads, b.attn);
+                set_input_bf16(&L->o, b.attn, &b);
             }
-#pragma omp barrier
-#pragma omp single
-            set_input_bf16(&L->o, b.attn, &b);
+            SYNC();
             PHASE(PH_ATTN);
             gemv_part(&L->o, &b, b.o);
-#pragma omp barrier
+            SYNC();
             PHASE(PH_O);
-#pragma omp single
-            {
+            if (id == 0) {
                 for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
                 rms_norm(b.x, L->ffn_norm, H, m->eps, b.xb, b.xf);
                 prepare_input(&L->gate_up, &b);
             }
+            SYNC();
             PHASE(PH_NORM);
             gemv_part(&L->gate_up, &b, b.gate_up);
-#pragma omp barrier
+            SYNC();
             PHASE(PH_MLP_UP);
-#pragma omp single
-            {
+            if (id == 0) {
                 silu_mul(b.gate_up, m->inter, b.act);
                 set_input_bf16(&L->down, b.act, &b);
             }
+            SYNC();
             PHASE(PH_ACT);
             gemv_part(&L->down, &b, b.o);
-#pragma omp barrier
-#pragma omp single
-            for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
+            SYNC();
             PHASE(PH_DOWN);
-        }
-#pragma omp single
-        {
-            rms_norm(b.x, m->final_norm, H, m->eps, b.xb, b.xf);
-            prepare_input(&m->head, &b);
+            if (id == 0) {  /* the residual, and the next layer's (or the head's) input */
+                for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
+                const int last_layer = l + 1 == m->num_layers;
+                rms_norm(b.x, last_layer ? m->final_norm : L[1].attn_norm, H, m->eps, b.xb, b.xf);
+                prepare_input(last_layer ? &m->head : &L[1].qkv, &b);
+            }
+            SYNC();
+            PHASE(PH_NORM);
         }
         gemv_part(&m->head, &b, logits);
-#pragma omp barrier
+        SYNC();
         PHASE(PH_HEAD);
+#undef SYNC
 #undef PHASE
+    }
+}
+
+/* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
+ * as torch.argmax answers (greedy sampling: torch's argmax takes ~0.1-0.2 ms over a 49k
+ * vocabulary on this CPU, this ~10 us). */
+void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        __m512 best = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            best = _mm512_max_ps(best, v);
+        }
+        float mx = _mm512_reduce_max_ps(best);
+        for (; i < n; i++) {
+            nan |= xr[i] != xr[i];
+            mx = xr[i] > mx ? xr[i] : mx;
+        }
+        int64_t at = 0;
+        for (i = 0; i < n; i++)
+            if (nan ? xr[i] != xr[i] : xr[i] == mx) { at = i; break; }
+        out[r] = at;
     }
 }

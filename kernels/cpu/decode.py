@@ -41,8 +41,8 @@ class _Model(ctypes.Structure):
 
 
 # decode.c's profile slots, in order
-PROFILE_PHASES = ("norms", "qkv matmul", "rope + KV write", "attention", "o matmul",
-                  "gate/up matmul", "SiLU", "down matmul", "final norm + head")
+PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attention", "o matmul",
+                  "gate/up matmul", "SiLU", "down matmul", "head matmul")
 
 
 @dataclass

@@ -19,7 +19,6 @@ import torch
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu import decode as cpu_decode
 
-from ..forward_batch import ForwardBatch, ForwardMode
 from ..memory_pool import KVPool
 from .llama import LlamaForCausalLM, RMSNorm
 from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
@@ -82,17 +81,14 @@ class NativeDecode:
                                      torch.get_num_threads())
         return cls(model, step), ""
 
-    @staticmethod
-    def accepts(batch: ForwardBatch) -> bool:
-        return batch.mode == ForwardMode.DECODE and batch.num_tokens == 1
-
     @torch.inference_mode()
-    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits (float32) of the batch's one token: [1, vocab]."""
+    def run(self, token: int, position: int, out_slot: int, slot_row: torch.Tensor
+            ) -> torch.Tensor:
+        """Logits (float32, [1, vocab]) after `token` at `position`; its K/V go to `out_slot`.
+        slot_row: the request's row of the request -> KV slot table (int32), which already
+        holds out_slot at `position`."""
         self.calls += 1
         model = self.model
-        position = batch.seq_lens_cpu[0] - 1
-        x = model.embed_tokens.weight[batch.input_ids[0]].float()
-        slots = batch.req_to_token[batch.req_pool_indices[0], :batch.seq_lens_cpu[0]]
-        return self.step(x, model.rope.cos[position], model.rope.sin[position],
-                         int(batch.out_slots[0]), slots)
+        x = model.embed_tokens.weight[token].float()
+        return self.step(x, model.rope.cos[position], model.rope.sin[position], out_slot,
+                         slot_row[:position + 1])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixflow.kernels.cpu import argmax_rows
+
 from .batch import SamplingBatch
 from .logprobs import top_logprobs as _top_logprobs
 
@@ -57,7 +59,7 @@ def sample(
     if batch.penalties is not None:
         work = batch.penalties.apply(work)
 
-    next_ids = work.argmax(dim=-1)  # [bs]
+    next_ids = argmax_rows(work) if work.is_cpu else work.argmax(dim=-1)  # [bs]
     if not batch.all_greedy:
         sampled = _sample_from_logits(work, batch)
         next_ids = torch.where(batch.is_greedy, next_ids, sampled)
