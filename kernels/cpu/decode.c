@@ -54,11 +54,14 @@ enum { PH_NORM, PH_QKV, PH_ROPE_KV, PH_ATTN, PH_O, PH_MLP_UP, PH_ACT, PH_DOWN, P
 
 typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial;
-    uint16_t *xb, *attn, *act;
+    uint16_t *xb, *attn, *act, *qb;
     split_x xs; /* the product input split for the integer kernels */
 } buffers;
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* bf16 values per query head in buffers.qb: head_dim padded to whole 32-value chunks. */
+static int64_t q_stride(const rf_model *m) { return (m->head_dim + 31) / 32 * 32; }
 
 static int64_t widest_input(const rf_model *m) {
     int64_t w = m->hidden > m->inter ? m->hidden : m->inter;
@@ -85,6 +88,7 @@ static int64_t layout(const rf_model *m, float *base, buffers *b) {
     TAKE(xb, uint16_t, w / 2 + 1);
     TAKE(attn, uint16_t, q / 2 + 1);
     TAKE(act, uint16_t, m->inter / 2 + 1);
+    TAKE(qb, uint16_t, m->heads * q_stride(m) / 2);
 #undef TAKE
     return at;
 }
@@ -196,22 +200,29 @@ static inline __m512 sum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD));
 }
 
-/* Scores of one query head (bf16 pairs qb, padded to whole 32-value chunks) against keys
- * [t0, t0 + n) of one KV head, times scale, into s[0 .. n). */
-static void head_scores(const rf_model *m, const uint16_t *k_cache, int64_t kvh,
-                        const int32_t *slots, int64_t t0, int64_t n, const uint16_t *qb, float *s) {
-    const int64_t D = m->head_dim, row = m->kv_heads * D, chunks = (D + 31) / 32;
-    const __mmask32 last = D % 32 ? (__mmask32)((1u << (D % 32)) - 1) : (__mmask32)0xFFFFFFFF;
+/* Scores of one query head (bf16 qb, head_dim values) against keys
+ * [t0, t0 + n) of one KV head, times scale, into s[0 .. n). CH is a constant at each call,
+ * so the 16 keys' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void head_scores(
+    const rf_model *m, const uint16_t *k_cache, int64_t kvh, const int32_t *slots, int64_t t0,
+    int64_t n, const uint16_t *qb, float *s, const int CH) {
+    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    __m512i q[16];
+    __mmask32 km[16]; /* which of chunk c's 32 values are in the row */
+    for (int c = 0; c < CH; c++) {
+        const int64_t rest = D - 32 * c;
+        km[c] = rest >= 32 ? (__mmask32)0xFFFFFFFF : rest > 0 ? (__mmask32)((1u << rest) - 1) : 0;
+        q[c] = _mm512_maskz_loadu_epi16(km[c], qb + 32 * c);
+    }
     for (int64_t b = 0; b < n; b += 16) {
         const int64_t keys = n - b < 16 ? n - b : 16;
         __m512 v[16];
-        for (int64_t j = 0; j < 16; j++) {
+        for (int j = 0; j < 16; j++) { /* past the last key: repeat it, the lane is dropped */
+            const uint16_t *k = k_cache + (int64_t)slots[t0 + b + (j < keys ? j : keys - 1)] * row + kvh * D;
             v[j] = _mm512_setzero_ps();
-            if (j >= keys) continue;
-            const uint16_t *k = k_cache + (int64_t)slots[t0 + b + j] * row + kvh * D;
-            for (int64_t c = 0; c < chunks; c++) {
-                __m512i kc = _mm512_maskz_loadu_epi16(c == chunks - 1 ? last : 0xFFFFFFFF, k + 32 * c);
-                v[j] = _mm512_dpbf16_ps(v[j], (__m512bh)kc, (__m512bh)_mm512_loadu_si512(qb + 32 * c));
+            for (int c = 0; c < CH; c++) {
+                __m512i kc = _mm512_maskz_loadu_epi16(km[c], k + 32 * c);
+                v[j] = _mm512_dpbf16_ps(v[j], (__m512bh)kc, (__m512bh)q[c]);
             }
         }
         __m512 r = _mm512_mul_ps(sum16(v), _mm512_set1_ps(m->scale));
@@ -219,11 +230,58 @@ static void head_scores(const rf_model *m, const uint16_t *k_cache, int64_t kvh,
     }
 }
 
-/* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum. */
-static void attend_part(const rf_model *m, const rf_layer *L, const float *q, const int32_t *slots,
-                        int64_t t0, int64_t t1, float *scores, float *partial) {
+/* The exp-weighted V sum of G query heads (their bf16 weights w[g], pairs of keys per dword)
+ * over keys [t0, t0 + n) of one KV head, for 32 values of d from d0, added into out[g]. Two
+ * keys at a time: their V rows interleaved into bf16 pairs times the pair of weights
+ * (vdpbf16ps). Lanes come out in unpacklo/hi's order (d = 8 block + i, and + 4), put back at
+ * the end. G is a constant at each call (registers again). */
+static inline __attribute__((always_inline)) void weighted_values(
+    const rf_model *m, const uint16_t *v_cache, int64_t kvh, const int32_t *slots, int64_t t0,
+    int64_t n, int64_t d0, const uint32_t *const *w, float *const *out, const int G) {
+    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
+    const uint16_t *base = v_cache + kvh * D + d0;
+    __m512 lo[8], hi[8];
+    for (int g = 0; g < G; g++) lo[g] = hi[g] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 2) {
+        __m512i a = _mm512_maskz_loadu_epi16(dm, base + (int64_t)slots[t0 + t] * row);
+        __m512i b = t + 1 < n ? _mm512_maskz_loadu_epi16(dm, base + (int64_t)slots[t0 + t + 1] * row)
+                              : _mm512_setzero_si512(); /* its weight is 0 too */
+        __m512bh ab_lo = (__m512bh)_mm512_unpacklo_epi16(a, b), ab_hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        for (int g = 0; g < G; g++) {
+            __m512bh wt = (__m512bh)_mm512_set1_epi32((int)w[g][t / 2]);
+            lo[g] = _mm512_dpbf16_ps(lo[g], ab_lo, wt);
+            hi[g] = _mm512_dpbf16_ps(hi[g], ab_hi, wt);
+        }
+    }
+    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int g = 0; g < G; g++) {
+        float *o = out[g] + d0;
+        __m512 first = _mm512_permutex2var_ps(lo[g], order_lo, hi[g]);
+        _mm512_mask_storeu_ps(o, (__mmask16)dm, _mm512_add_ps(_mm512_maskz_loadu_ps((__mmask16)dm, o), first));
+        if (D - d0 > 16) {
+            __m512 second = _mm512_permutex2var_ps(lo[g], order_hi, hi[g]);
+            __mmask16 k = (__mmask16)(dm >> 16);
+            _mm512_mask_storeu_ps(o + 16, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + 16), second));
+        }
+    }
+}
+
+static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, int64_t from,
+                                 int64_t to, int64_t row) {
+    for (int64_t t = from; t < to; t++)
+        for (int64_t byte = 0; byte < row * 2; byte += 64)
+            _mm_prefetch((const char *)(cache + (int64_t)slots[t] * row) + byte, _MM_HINT_T0);
+}
+
+/* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
+ * Keys go in blocks of 16 whose K (then V) rows every head reads while they sit in L1, the
+ * next block's rows prefetched meanwhile (slots need not be consecutive). */
+static void attend_part(const rf_model *m, const rf_layer *L, const uint16_t *qb,
+                        const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial) {
     const int64_t D = m->head_dim, group = m->heads / m->kv_heads, n = t1 - t0;
-    const int64_t row = m->kv_heads * D;
+    const int64_t row = m->kv_heads * D, qs = q_stride(m);
     for (int64_t h = 0; h < m->heads; h++) {
         float *ph = partial + h * (D + 2);
         ph[0] = -INFINITY;
@@ -231,46 +289,65 @@ static void attend_part(const rf_model *m, const rf_layer *L, const float *q, co
         memset(ph + 2, 0, D * sizeof(float));
     }
     if (n <= 0) return;
-    uint16_t qb[MAX_HEAD_DIM];
-    for (int64_t h = 0; h < m->heads; h++) {
-        for (int64_t d = 0; d < (D + 31) / 32 * 32; d++) qb[d] = d < D ? f32_to_bf16(q[h * D + d]) : 0;
-        head_scores(m, L->k_cache, h / group, slots, t0, n, qb, scores + h * n);
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t keys = n - b < 16 ? n - b : 16;
+        prefetch_rows(L->k_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        for (int64_t h = 0; h < m->heads; h++) {
+            const int64_t kvh = h / group;
+            const uint16_t *qh = qb + h * qs;
+            float *s = scores + h * n + b;
+            switch (qs / 32) {
+            case 1: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 1); break;
+            case 2: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 2); break;
+            case 3: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 3); break;
+            case 4: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 4); break;
+            default: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 16); break;
+            }
+        }
     }
     for (int64_t h = 0; h < m->heads; h++) {
         float *s = scores + h * n, *ph = partial + h * (D + 2);
         float mx = -INFINITY;
         for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
         __m512 sum = _mm512_setzero_ps(), vmx = _mm512_set1_ps(mx);
+        uint16_t *pb = (uint16_t *)s; /* the weights become bf16, in place (written behind the reads) */
         for (int64_t t = 0; t < n; t += 16) {
             __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
             __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), vmx)));
-            _mm512_mask_storeu_ps(s + t, k, e);
             sum = _mm512_add_ps(sum, e);
+            _mm256_mask_storeu_epi16(pb + t, k, (__m256i)_mm512_cvtneps_pbh(e));
         }
+        if (n % 2) pb[n] = 0; /* pairs of keys below: the odd one out pairs with a zero weight */
         ph[0] = mx;
         ph[1] = _mm512_reduce_add_ps(sum);
     }
-    /* exp-weighted V: each key's V row is read once per 64 values, for every head of its group */
-    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int64_t chunks = (D - d0 < 64 ? D - d0 : 64) / 16;
-            __m512 acc[MAX_GROUP][4];
-            for (int64_t g = 0; g < group; g++)
-                for (int64_t c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
-            for (int64_t t = 0; t < n; t++) {
-                const uint16_t *v = L->v_cache + (int64_t)slots[t0 + t] * row + kvh * D + d0;
-                __m512 vv[4];
-                for (int64_t c = 0; c < chunks; c++)
-                    vv[c] = bf16_to_f32(_mm256_loadu_si256((const __m256i *)(v + 16 * c)));
-                for (int64_t g = 0; g < group; g++) {
-                    __m512 p = _mm512_set1_ps(scores[(kvh * group + g) * n + t]);
-                    for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t keys = n - b < 16 ? n - b : 16;
+        prefetch_rows(L->v_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        for (int64_t kvh = 0; kvh < m->kv_heads; kvh++)
+            for (int64_t g0 = 0; g0 < group; g0 += 8) { /* up to 8 heads' accumulators at once */
+                const uint32_t *w[8];
+                float *out[8];
+                const int count = group - g0 < 8 ? (int)(group - g0) : 8;
+                for (int g = 0; g < count; g++) {
+                    w[g] = (const uint32_t *)(scores + (kvh * group + g0 + g) * n) + b / 2;
+                    out[g] = partial + (kvh * group + g0 + g) * (D + 2) + 2;
+                }
+                for (int64_t d0 = 0; d0 < D; d0 += 32) {
+                    const uint16_t *vc = L->v_cache;
+                    const int64_t tb = t0 + b;
+                    switch (count) {
+                    case 1: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 1); break;
+                    case 2: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 2); break;
+                    case 3: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 3); break;
+                    case 4: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 4); break;
+                    case 5: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 5); break;
+                    case 6: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 6); break;
+                    case 7: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 7); break;
+                    default: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 8); break;
+                    }
                 }
             }
-            for (int64_t g = 0; g < group; g++)
-                for (int64_t c = 0; c < chunks; c++)
-                    _mm512_storeu_ps(partial + (kvh * group + g) * (D + 2) + 2 + d0 + 16 * c, acc[g][c]);
-        }
     }
 }
 
@@ -370,6 +447,9 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
                     if (norm) rms_norm_inplace(v, norm, D, m->eps);
                     rope(v, cos, sin, D);
                 }
+                for (int64_t h = 0; h < m->heads; h++)
+                    for (int64_t d = 0; d < q_stride(m); d++)
+                        b.qb[h * q_stride(m) + d] = d < D ? f32_to_bf16(b.qkv[h * D + d]) : 0;
                 const float *k = b.qkv + q_size, *v = b.qkv + q_size + kv_size;
                 for (int64_t i = 0; i < kv_size; i++) {
                     L->k_cache[out_slot * kv_size + i] = f32_to_bf16(k[i]);
@@ -381,7 +461,7 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
             {
                 int64_t t0, t1;
                 thread_range(len, &t0, &t1);
-                attend_part(m, L, b.qkv, slots, t0, t1, b.scores + id * m->heads * m->max_context,
+                attend_part(m, L, b.qb, slots, t0, t1, b.scores + id * m->heads * m->max_context,
                             b.partial + id * m->heads * (D + 2));
             }
             SYNC();

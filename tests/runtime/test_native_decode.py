@@ -109,3 +109,23 @@ def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
     assert len(single["output_ids"]) == 10 and all(len(r["output_ids"]) == 10 for r in batch)
     assert again["output_ids"] == single["output_ids"]
     assert again["meta_info"]["cached_tokens"] > 0
+
+
+@pytest.mark.parametrize("shape", [
+    dict(num_attention_heads=4, num_key_value_heads=1, head_dim=96),  # 3 chunks of 32
+    dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256),  # the generic path
+    dict(num_attention_heads=12, num_key_value_heads=1, head_dim=16, hidden_size=96),  # 12 share a KV head
+    dict(num_attention_heads=6, num_key_value_heads=3, head_dim=48, hidden_size=96),  # a half chunk
+])
+def test_attention_shapes(tmp_path, shape):
+    from helpers.tiny_models import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "m", "llama", num_hidden_layers=1, **shape)
+    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    assert runner.native_decode is not None
+    tokens = (TOKENS * 3)[:41]  # odd: a key pairs with a zero weight; blocks of 16 and a rest
+    c_step = _teacher_forced(runner, tokens, row=0)
+    runner.native_decode = None
+    eager = _teacher_forced(runner, tokens, row=1)
+    exact = _teacher_forced(_reference_of(runner, folder), tokens, row=0)
+    assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
