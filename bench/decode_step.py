@@ -5,8 +5,11 @@ stepped directly. Variants are swapped in and out of the same model and measured
 (A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
 the median over rounds of the mean of `--steps` decode steps.
 
-- as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows), and
-  with --compile the compiled decode step (runtime/models/compiled_decode.py);
+- as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows) through
+  radixflow's one-call C decode step (runtime/models/native_decode.py), whose per-phase timers
+  are reported too; with --compile and the C step off, the compiled decode step;
+- torch ops: the same step as torch calls (--disable-native-decode); the variants below patch
+  those calls, so they run with it;
 - not compiled (with --compile): the eager model instead;
 - bf16 head: the output head through the bf16 weights instead of the Q8_0 kernel;
 - bf16 layers: every layer matmul through the bf16 weights (what `--quantization none` runs);
@@ -94,7 +97,26 @@ def make_variants(sched) -> dict[str, Callable]:
         with patched(sched.runner, "compiled_decode", None):
             yield
 
+    native = sched.runner.native_decode is not None
+
+    @contextmanager
+    def torch_ops():
+        with patched(sched.runner, "native_decode", None):
+            yield
+
+    def as_torch_ops(variant):
+        @contextmanager
+        def run():
+            with torch_ops(), variant():
+                yield
+        return run if native else variant
+
     variants = {"as served": as_served}
+    if native:
+        variants["torch ops"] = torch_ops
+        variants["torch ops, matmuls stubbed"] = as_torch_ops(stub_matmuls)
+        variants["torch ops, matmuls + attention stubbed"] = as_torch_ops(stub_matmuls_and_attention)
+        return variants
     if sched.runner.compiled_decode is not None:
         variants["not compiled"] = uncompiled
     if isinstance(model.lm_head, ql.Q8_0Linear):
@@ -137,12 +159,19 @@ def main() -> None:
             sched.step([])
         return (time.perf_counter() - start) / n * 1e3
 
+    native = sched.runner.native_decode
     times: dict[str, list[float]] = {name: [] for name in variants}
+    phases: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, variant in variants.items():
             with variant():
                 mean_step_ms(2)  # settle
+                if native is not None and name == "as served":
+                    native.step.profile(True)
                 times[name].append(mean_step_ms(args.steps))
+                if native is not None and name == "as served":
+                    for phase, sec in native.step.profile(False).items():
+                        phases[phase] = phases.get(phase, 0.0) + sec
     medians = {name: statistics.median(v) for name, v in times.items()}
     served = medians["as served"]
 
@@ -158,6 +187,16 @@ def main() -> None:
     for name, ms in medians.items():
         lines.append(f"| {name} | {ms:.2f} | {1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
+    if phases:
+        measured = args.rounds * args.steps
+        lines += ["Inside the C decode step (\"as served\"): thread 0's time per phase, waits for "
+                  "the other thread included, mean over all its steps (the rest of a step is "
+                  "the scheduler: batch bookkeeping, sampling, detokenizing).", "",
+                  "| phase | ms per step | share |", "|---|---|---|"]
+        total = sum(phases.values())
+        for phase, sec in phases.items():
+            lines.append(f"| {phase} | {sec / measured * 1e3:.3f} | {sec / total:.0%} |")
+        lines += [f"| all | {total / measured * 1e3:.3f} | |", ""]
     publish("\n".join(lines), None if args.no_write else
             RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}.md")
 

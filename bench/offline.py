@@ -138,6 +138,18 @@ def profile_decode_step(engine, batch_size: int) -> str:
     for _ in range(5):
         sched.step([])
     steps = 10
+    native = sched.runner.native_decode
+    if batch_size == 1 and native is not None:  # the C step: its own per-phase timers
+        native.step.profile(True)
+        start = time.perf_counter()
+        for _ in range(steps):
+            sched.step([])
+        ms = (time.perf_counter() - start) / steps * 1e3
+        rows = [f"| {name} | {sec / steps * 1e3:.3f} |"
+                for name, sec in native.step.profile(False).items()]
+        return (f"decode step at batch 1: {ms:.2f} ms, in radixflow's C decode step (thread 0's "
+                "time per phase, waits included):\n\n| phase | ms |\n|---|---|\n"
+                + "\n".join(rows) + "\n")
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
