@@ -70,6 +70,17 @@ def test_gemm_matches_reference(fmt, n, k, m):
 
 
 @needs_kernels
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
+def test_one_row_reads_tiles_in_streams_and_matches(fmt, n):
+    tiled, dense = _weights(fmt, n, 96, seed=n)
+    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(n))
+    scale = x.abs().max() * dense.abs().sum(1).max()
+    torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled),
+                               atol=float(1e-4 * scale), rtol=0)
+
+
+@needs_kernels
 def test_gemm_is_closer_to_exact_than_bf16_activations():
     """The integer kernels' split of x (16 bits per group) loses far less than rounding x to
     bf16, which is what the bf16 model does anyway."""
