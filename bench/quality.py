@@ -7,7 +7,8 @@ fp32's, and the mean negative log-likelihood of the text.
 
 Prefill runs in chunks of --chunk tokens; 4 (the default) keeps every matmul within the int4
 kernel's rows (QUANT_MAX_ROWS; more rows use the bf16 copy of the weights, see
-runtime/models/quant_linear.py).
+runtime/models/quant_linear.py). The last row feeds the same text one token at a time as
+decode steps, through radixflow's C decode step (what a lone request's decoding runs).
 
     python -m bench.quality                # writes bench/results/quality-<date>.md
 """
@@ -29,8 +30,9 @@ FORMATS = {
 }
 
 
-def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int], str]:
-    """(logprob of each token after the first, fp32-comparable top-1 ids, applied quantization)."""
+def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int], str, list[int]]:
+    """(logprob of each token after the first, fp32-comparable top-1 ids, applied quantization,
+    the text's token ids)."""
     from radixflow.runtime.engine import Engine
 
     with Engine(None, max_total_tokens=8192, chunked_prefill_size=chunk, **engine_args) as engine:
@@ -40,7 +42,31 @@ def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int]
         applied = engine.scheduler.model_info()["quantization"]
     logprobs = torch.tensor([lp for lp, _, _ in info["input_token_logprobs"][1:]])
     top = [t[0][1] for t in info["input_top_logprobs"][1:]]
-    return logprobs, top, applied
+    ids = [tok for _, tok, _ in info["input_token_logprobs"]]
+    return logprobs, top, applied, ids
+
+
+def score_decode(ids: list[int]) -> tuple[torch.Tensor, list[int], str, list[int]]:
+    """As `score`, the default engine's weights, every token fed as a one-token decode step."""
+    from radixflow.runtime.engine import Engine
+    from radixflow.runtime.forward_batch import ForwardMode
+    from radixflow.runtime.model_runner import BatchRequest
+
+    with Engine(None, max_total_tokens=8192) as engine:
+        runner = engine.scheduler.runner  # idle: the engine has no request
+        if runner.native_decode is None:
+            raise SystemExit("the C decode step does not run on this machine")
+        row, slots = runner.req_to_token.alloc(), runner.kv_pool.alloc(len(ids))
+        runner.req_to_token.table[row, :len(ids)] = slots.to(torch.int32)
+        logits = torch.cat([
+            runner.forward(ForwardMode.DECODE, [BatchRequest(row, [tok], i, [0])], slots[i:i + 1])
+            for i, tok in enumerate(ids[:-1])])
+        runner.kv_pool.free(slots)
+        runner.req_to_token.free(row)
+        applied = engine.scheduler.model_info()["quantization"]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    return chosen, logprobs.argmax(-1).tolist(), applied, ids
 
 
 def main() -> None:
@@ -53,10 +79,11 @@ def main() -> None:
 
     text = args.text.read_text()[:args.chars]
     scored = {name: score(text, args.chunk, **engine_args) for name, engine_args in FORMATS.items()}
-    ref, ref_top, _ = scored["fp32"]
+    scored["bf16 + int4, decode steps (C step)"] = score_decode(scored["fp32"][3])
+    ref, ref_top, _, _ = scored["fp32"]
     rows = ["| weights | applied | mean abs d logprob | max abs d logprob | top-1 agrees with fp32 "
             "| mean NLL |", "|---|---|---|---|---|---|"]
-    for name, (logprobs, top, applied) in scored.items():
+    for name, (logprobs, top, applied, _) in scored.items():
         diff = (logprobs - ref).abs()
         agree = sum(a == b for a, b in zip(top, ref_top)) / len(top)
         rows.append(f"| {name} | {applied} | {diff.mean():.4f} | {diff.max():.3f} | {agree:.1%} "
@@ -65,7 +92,10 @@ def main() -> None:
     lines = [f"# Weight formats vs fp32, default model, {date}", "",
              f"Command: `python -m bench.quality --chars {args.chars} --chunk {args.chunk}`", "",
              f"Text: the first {args.chars} characters of `{args.text.name}` ({len(ref)} scored "
-             f"tokens), prefilled in chunks of {args.chunk} tokens.", "", *rows, ""]
+             f"tokens), prefilled in chunks of {args.chunk} tokens; the last row feeds it one "
+             "token at a time as decode steps through the C decode step (fp32 residual stream, "
+             "matmul inputs split into 16-bit integers per group: closer to fp32 than the bf16 "
+             "model's own ops).", "", *rows, ""]
     publish("\n".join(lines), None if args.no_write else RESULTS / f"quality-{date}.md")
 
 
