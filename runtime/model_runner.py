@@ -165,11 +165,12 @@ class ModelRunner:
     def forward(self, mode: ForwardMode, parts: list[BatchRequest],
                 out_slots: torch.Tensor) -> torch.Tensor:
         """Run one forward; returns float32 logits of every wanted position, in part order."""
-        if (self.native_decode is not None and mode == ForwardMode.DECODE and len(parts) == 1
-                and len(parts[0].ids) == 1 and parts[0].logit_offsets == [0]):
-            part = parts[0]  # a lone request's next token: no batch tensors to build
-            return self.native_decode.run(part.ids[0], part.start_pos, int(out_slots[0]),
-                                          self.req_to_token.table[part.row])
+        native = self.native_decode
+        if (native is not None and mode == ForwardMode.DECODE and len(parts) <= native.max_batch
+                and all(len(p.ids) == 1 and p.logit_offsets == [0] for p in parts)):
+            # one token per request: no batch tensors to build, one C call
+            return native.run([p.ids[0] for p in parts], [p.start_pos for p in parts], out_slots,
+                              [p.row for p in parts], self.req_to_token.table)
         input_ids, positions, logits_indices = [], [], []
         seq_lens, prefix_lens, ext_lens, rows = [], [], [], []
         offset = 0

@@ -21,6 +21,7 @@
 #include "gemv.h"
 
 #define MAX_GROUP 16    /* query heads per KV head */
+#define MAX_BATCH 16    /* requests per step */
 #define MAX_HEAD_DIM 512
 
 typedef struct {
@@ -37,7 +38,8 @@ typedef struct {
 } rf_layer;
 
 typedef struct {
-    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads;
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads,
+        max_batch;
     float eps, scale;
     const rf_layer *layers;
     const float *final_norm;
@@ -52,10 +54,12 @@ enum { PH_NORM, PH_QKV, PH_ROPE_KV, PH_ATTN, PH_O, PH_MLP_UP, PH_ACT, PH_DOWN, P
 
 /* ---- scratch ---- */
 
+/* Per-row buffers hold max_batch rows. xb/xf (a product's input, bf16 and its fp32 values)
+ * have rows of the product's in_features; the outputs have rows of its out_features. */
 typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial;
     uint16_t *xb, *attn, *act, *qb;
-    split_x xs; /* the product input split for the integer kernels */
+    split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
 } buffers;
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -71,24 +75,27 @@ static int64_t widest_input(const rf_model *m) {
 /* Carves the scratch into buffers; returns how many floats it takes. */
 static int64_t layout(const rf_model *m, float *base, buffers *b) {
     const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim, w = widest_input(m);
+    const int64_t B = m->max_batch, part = m->heads * (m->head_dim + 2);
     int64_t at = 0;
 #define TAKE(field, type, count) \
     do { if (b) b->field = (type *)(base + at); at += pad16(count); } while (0)
-    TAKE(x, float, m->hidden);
-    TAKE(xf, float, w);
-    TAKE(xs.scale, float, w / GROUP + 1);
-    TAKE(xs.sum, float, w / GROUP + 1);
-    TAKE(xs.hi, int8_t, w / 4 + 1);
-    TAKE(xs.lo, int8_t, w / 4 + 1);
-    TAKE(qkv, float, q + 2 * kv);
-    TAKE(o, float, m->hidden);
-    TAKE(gate_up, float, 2 * m->inter);
+    TAKE(x, float, B * m->hidden);
+    TAKE(xf, float, B * w);
+    for (int64_t r = 0; r < B; r++) {
+        TAKE(xs[r].scale, float, w / GROUP + 1);
+        TAKE(xs[r].sum, float, w / GROUP + 1);
+        TAKE(xs[r].hi, int8_t, w / 4 + 1);
+        TAKE(xs[r].lo, int8_t, w / 4 + 1);
+    }
+    TAKE(qkv, float, B * (q + 2 * kv));
+    TAKE(o, float, B * m->hidden);
+    TAKE(gate_up, float, B * 2 * m->inter);
     TAKE(scores, float, m->nthreads * m->heads * m->max_context);
-    TAKE(partial, float, m->nthreads * m->heads * (m->head_dim + 2));
-    TAKE(xb, uint16_t, w / 2 + 1);
-    TAKE(attn, uint16_t, q / 2 + 1);
-    TAKE(act, uint16_t, m->inter / 2 + 1);
-    TAKE(qb, uint16_t, m->heads * q_stride(m) / 2);
+    TAKE(partial, float, B * m->nthreads * part);
+    TAKE(xb, uint16_t, B * w / 2 + 1);
+    TAKE(attn, uint16_t, B * q / 2 + 1);
+    TAKE(act, uint16_t, B * m->inter / 2 + 1);
+    TAKE(qb, uint16_t, B * m->heads * q_stride(m) / 2);
 #undef TAKE
     return at;
 }
@@ -156,29 +163,31 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* Readies the input of a product with w from xb and xf (its values as fp32). */
-static void prepare_input(const rf_weight *w, buffers *b) {
-    if (w->format != FORMAT_BF16) rf_split_x(b->xf, w->k, w->format == FORMAT_Q8_0, b->xs);
+/* Readies the input of a product with w for rows [0, B) from xf (xb's values as fp32). */
+static void prepare_input(const rf_weight *w, buffers *b, int64_t B) {
+    if (w->format == FORMAT_BF16) return;
+    for (int64_t r = 0; r < B; r++)
+        rf_split_x(b->xf + r * w->k, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
 }
 
-/* Sets the input of a product with w to src (bf16). */
-static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b) {
-    memcpy(b->xb, src, w->k * sizeof(uint16_t));
-    for (int64_t i = 0; i < w->k; i++) b->xf[i] = bf16_to_f32_1(b->xb[i]);
-    prepare_input(w, b);
+/* Sets the input of a product with w to src (bf16, B rows of w->k). */
+static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b, int64_t B) {
+    memcpy(b->xb, src, B * w->k * sizeof(uint16_t));
+    for (int64_t i = 0; i < B * w->k; i++) b->xf[i] = bf16_to_f32_1(b->xb[i]);
+    prepare_input(w, b, B);
 }
 
-/* This thread's tiles of y = w x, the input readied by prepare_input. */
-static void gemv_part(const rf_weight *w, const buffers *b, float *y) {
+/* This thread's tiles of y = w x for B rows (y: B rows of w->n), input readied before. */
+static void gemv_part(const rf_weight *w, const buffers *b, int64_t B, float *y) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
     int64_t t0, t1;
     thread_range(tiles, &t0, &t1);
     if (w->format == FORMAT_Q4_1)
-        rf_q4_1_gemm_tiles(w->data, &b->xs, y, 0, 1, w->n, w->k, t0, t1);
+        rf_q4_1_gemm_tiles(w->data, b->xs, y, 0, B, w->n, w->k, t0, t1);
     else if (w->format == FORMAT_Q8_0)
-        rf_q8_0_gemm_tiles(w->data, &b->xs, y, 0, 1, w->n, w->k, t0, t1);
+        rf_q8_0_gemm_tiles(w->data, b->xs, y, 0, B, w->n, w->k, t0, t1);
     else
-        rf_bf16_gemm_tiles(w->data, b->xb, y, 0, 1, w->n, w->k, t0, t1);
+        rf_bf16_gemm_tiles(w->data, b->xb, y, 0, B, w->n, w->k, t0, t1);
 }
 
 /* ---- attention ---- */
@@ -414,18 +423,22 @@ static void spin_wait(spin_barrier *bar, int threads) {
 
 /* ---- the step ---- */
 
-/* Logits [vocab] (fp32) of one token: x_in [hidden] is its embedding, cos/sin [head_dim] its
- * rope row, out_slot where its K/V go, slots[0..len) the request's KV slots (the last one is
- * out_slot). len must be <= max_context. */
-void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, const float *sin,
-                    int64_t out_slot, const int32_t *slots, int64_t len, float *logits) {
+/* Logits [B][vocab] (fp32) of B requests' next tokens, one token each: x_in [B][hidden] their
+ * embeddings, cos/sin [B][head_dim] their rope rows, out_slots[r] where row r's K/V go, and
+ * table + rows[r] * table_stride row r's KV slots, lens[r] of them (the last is out_slots[r];
+ * lens[r] <= max_context). B <= max_batch. */
+void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const float *cos,
+                     const float *sin, const int64_t *out_slots, const int32_t *table,
+                     int64_t table_stride, const int64_t *rows, const int64_t *lens, float *logits) {
     buffers b;
     layout(m, m->scratch, &b);
     const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
+    const int64_t qkv_size = q_size + 2 * kv_size, qs = q_stride(m), part = m->heads * (D + 2);
     spin_barrier bar = {0, 0};
-    memcpy(b.x, x_in, H * sizeof(float));
-    rms_norm(b.x, m->layers[0].attn_norm, H, m->eps, b.xb, b.xf);
-    prepare_input(&m->layers[0].qkv, &b);
+    memcpy(b.x, x_in, B * H * sizeof(float));
+    for (int64_t r = 0; r < B; r++)
+        rms_norm(b.x + r * H, m->layers[0].attn_norm, H, m->eps, b.xb + r * H, b.xf + r * H);
+    prepare_input(&m->layers[0].qkv, &b, B);
 #pragma omp parallel num_threads(m->nthreads)
     {
         const int id = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -435,74 +448,84 @@ void rf_decode_step(const rf_model *m, const float *x_in, const float *cos, cons
 #define SYNC() spin_wait(&bar, threads)
         for (int64_t l = 0; l < m->num_layers; l++) {
             const rf_layer *L = m->layers + l;
-            gemv_part(&L->qkv, &b, b.qkv);
+            gemv_part(&L->qkv, &b, B, b.qkv);
             SYNC();
             PHASE(PH_QKV);
-            if (id == 0) {
-                if (L->qkv_bias)
-                    for (int64_t i = 0; i < q_size + 2 * kv_size; i++) b.qkv[i] += L->qkv_bias[i];
-                for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
-                    float *v = b.qkv + h * D;
-                    const float *norm = h < m->heads ? L->q_norm : L->k_norm;
-                    if (norm) rms_norm_inplace(v, norm, D, m->eps);
-                    rope(v, cos, sin, D);
+            if (id == 0)
+                for (int64_t r = 0; r < B; r++) {
+                    float *qkv = b.qkv + r * qkv_size;
+                    if (L->qkv_bias)
+                        for (int64_t i = 0; i < qkv_size; i++) qkv[i] += L->qkv_bias[i];
+                    for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
+                        float *v = qkv + h * D;
+                        const float *norm = h < m->heads ? L->q_norm : L->k_norm;
+                        if (norm) rms_norm_inplace(v, norm, D, m->eps);
+                        rope(v, cos + r * D, sin + r * D, D);
+                    }
+                    uint16_t *qb = b.qb + r * m->heads * qs;
+                    for (int64_t h = 0; h < m->heads; h++)
+                        for (int64_t d = 0; d < qs; d++)
+                            qb[h * qs + d] = d < D ? f32_to_bf16(qkv[h * D + d]) : 0;
+                    const float *k = qkv + q_size, *v = qkv + q_size + kv_size;
+                    for (int64_t i = 0; i < kv_size; i++) {
+                        L->k_cache[out_slots[r] * kv_size + i] = f32_to_bf16(k[i]);
+                        L->v_cache[out_slots[r] * kv_size + i] = f32_to_bf16(v[i]);
+                    }
                 }
-                for (int64_t h = 0; h < m->heads; h++)
-                    for (int64_t d = 0; d < q_stride(m); d++)
-                        b.qb[h * q_stride(m) + d] = d < D ? f32_to_bf16(b.qkv[h * D + d]) : 0;
-                const float *k = b.qkv + q_size, *v = b.qkv + q_size + kv_size;
-                for (int64_t i = 0; i < kv_size; i++) {
-                    L->k_cache[out_slot * kv_size + i] = f32_to_bf16(k[i]);
-                    L->v_cache[out_slot * kv_size + i] = f32_to_bf16(v[i]);
-                }
-            }
             SYNC();
             PHASE(PH_ROPE_KV);
-            {
+            for (int64_t r = 0; r < B; r++) { /* each row's keys split over the threads */
                 int64_t t0, t1;
-                thread_range(len, &t0, &t1);
-                attend_part(m, L, b.qb, slots, t0, t1, b.scores + id * m->heads * m->max_context,
-                            b.partial + id * m->heads * (D + 2));
+                thread_range(lens[r], &t0, &t1);
+                attend_part(m, L, b.qb + r * m->heads * qs, table + rows[r] * table_stride, t0, t1,
+                            b.scores + id * m->heads * m->max_context,
+                            b.partial + (r * threads + id) * part);
             }
             SYNC();
             if (id == 0) {
-                attend_merge(m, b.partial, threads, 0, m->heads, b.attn);
-                set_input_bf16(&L->o, b.attn, &b);
+                for (int64_t r = 0; r < B; r++)
+                    attend_merge(m, b.partial + r * threads * part, threads, 0, m->heads,
+                                 b.attn + r * q_size);
+                set_input_bf16(&L->o, b.attn, &b, B);
             }
             SYNC();
             PHASE(PH_ATTN);
-            gemv_part(&L->o, &b, b.o);
+            gemv_part(&L->o, &b, B, b.o);
             SYNC();
             PHASE(PH_O);
             if (id == 0) {
-                for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
-                rms_norm(b.x, L->ffn_norm, H, m->eps, b.xb, b.xf);
-                prepare_input(&L->gate_up, &b);
+                for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
+                for (int64_t r = 0; r < B; r++)
+                    rms_norm(b.x + r * H, L->ffn_norm, H, m->eps, b.xb + r * H, b.xf + r * H);
+                prepare_input(&L->gate_up, &b, B);
             }
             SYNC();
             PHASE(PH_NORM);
-            gemv_part(&L->gate_up, &b, b.gate_up);
+            gemv_part(&L->gate_up, &b, B, b.gate_up);
             SYNC();
             PHASE(PH_MLP_UP);
             if (id == 0) {
-                silu_mul(b.gate_up, m->inter, b.act);
-                set_input_bf16(&L->down, b.act, &b);
+                for (int64_t r = 0; r < B; r++)
+                    silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.act + r * m->inter);
+                set_input_bf16(&L->down, b.act, &b, B);
             }
             SYNC();
             PHASE(PH_ACT);
-            gemv_part(&L->down, &b, b.o);
+            gemv_part(&L->down, &b, B, b.o);
             SYNC();
             PHASE(PH_DOWN);
             if (id == 0) {  /* the residual, and the next layer's (or the head's) input */
-                for (int64_t i = 0; i < H; i++) b.x[i] += b.o[i];
+                for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
                 const int last_layer = l + 1 == m->num_layers;
-                rms_norm(b.x, last_layer ? m->final_norm : L[1].attn_norm, H, m->eps, b.xb, b.xf);
-                prepare_input(last_layer ? &m->head : &L[1].qkv, &b);
+                for (int64_t r = 0; r < B; r++)
+                    rms_norm(b.x + r * H, last_layer ? m->final_norm : L[1].attn_norm, H, m->eps,
+                             b.xb + r * H, b.xf + r * H);
+                prepare_input(last_layer ? &m->head : &L[1].qkv, &b, B);
             }
             SYNC();
             PHASE(PH_NORM);
         }
-        gemv_part(&m->head, &b, logits);
+        gemv_part(&m->head, &b, B, logits);
         SYNC();
         PHASE(PH_HEAD);
 #undef SYNC

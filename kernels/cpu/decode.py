@@ -16,6 +16,7 @@ from . import TiledWeight, _library
 FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2}
 MAX_GROUP = 16  # query heads per KV head (decode.c keeps one accumulator each)
 MAX_HEAD_DIM = 512
+MAX_BATCH = 16  # requests per step (decode.c)
 
 
 class _Weight(ctypes.Structure):
@@ -34,7 +35,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "max_context",
-        "nthreads")] + [
+        "nthreads", "max_batch")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
         ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
@@ -90,17 +91,19 @@ def check_shape(shape: ModelShape) -> str | None:
 
 
 class DecodeStep:
-    """Callable: (embedding, cos, sin, out_slot, slots) -> logits [vocab], float32."""
+    """Callable: one token for each of up to `max_batch` requests -> their logits (float32)."""
 
     def __init__(self, shape: ModelShape, layers: list[LayerWeights], final_norm: torch.Tensor,
-                 head: TiledWeight, max_context: int, num_threads: int):
+                 head: TiledWeight, max_context: int, num_threads: int, max_batch: int = 8):
         lib = _library()
         if lib is None:
             raise RuntimeError("the CPU kernels are not available on this machine")
         reason = check_shape(shape)
         if reason:
             raise ValueError(f"decode.c cannot run this model: {reason}")
-        self.shape, self.max_context = shape, max_context
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be 1..{MAX_BATCH}, got {max_batch}")
+        self.shape, self.max_context, self.max_batch = shape, max_context, max_batch
         self._keep = (layers, final_norm, head)  # the C side holds raw pointers into these
         self._layers = (_Layer * len(layers))(*[
             _Layer(_ptr(lw.attn_norm), _ptr(lw.ffn_norm), _ptr(lw.q_norm), _ptr(lw.k_norm),
@@ -109,7 +112,7 @@ class DecodeStep:
             for lw in layers])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
-                             num_threads, shape.eps, shape.scale, self._layers,
+                             num_threads, max_batch, shape.eps, shape.scale, self._layers,
                              _ptr(final_norm), _weight(head), None, None)
         lib.rf_decode_scratch_floats.argtypes = [ctypes.POINTER(_Model)]
         lib.rf_decode_scratch_floats.restype = ctypes.c_int64
@@ -117,8 +120,9 @@ class DecodeStep:
                                     dtype=torch.float32)
         self._model.scratch = self._scratch.data_ptr()
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._step = lib.rf_decode_step
-        self._step.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, i64, ptr, i64, ptr]
+        self._step = lib.rf_decode_batch
+        self._step.argtypes = [ctypes.POINTER(_Model), i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
+                               ptr]
         self._step.restype = None
         self._model_ref = ctypes.byref(self._model)
 
@@ -134,16 +138,27 @@ class DecodeStep:
             return None
         return dict(zip(PROFILE_PHASES, self._profile.tolist()))
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_slot: int,
-                 slots: torch.Tensor) -> torch.Tensor:
-        """x: fp32 [hidden]; cos, sin: fp32 [head_dim] (this position's rope row); slots:
-        int32 [len], the request's KV slots with out_slot last. Writes K/V at out_slot."""
-        n = slots.numel()
-        if not 0 < n <= self.max_context:
-            raise ValueError(f"{n} KV slots, expected 1..{self.max_context}")
-        if slots.dtype != torch.int32 or not slots.is_contiguous():
-            raise ValueError("slots must be a contiguous int32 tensor")
-        logits = torch.empty(1, self.shape.vocab, dtype=torch.float32)
-        self._step(self._model_ref, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out_slot,
-                   slots.data_ptr(), n, logits.data_ptr())
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 out_slots: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                 lens: torch.Tensor) -> torch.Tensor:
+        """One token for each of B requests. x: fp32 [B, hidden] (embeddings); cos, sin: fp32
+        [B, head_dim] (their positions' rope rows); out_slots: int64 [B], where their K/V go;
+        table: the int32 [requests, context] request -> KV slot table, whose row rows[r] holds
+        request r's lens[r] slots (out_slots[r] last); rows, lens: int64 [B].
+        Returns logits [B, vocab]."""
+        batch = x.shape[0]
+        if not 0 < batch <= self.max_batch:
+            raise ValueError(f"{batch} requests, expected 1..{self.max_batch}")
+        for name, t, dtype in (("x", x, torch.float32), ("cos", cos, torch.float32),
+                               ("sin", sin, torch.float32), ("out_slots", out_slots, torch.int64),
+                               ("table", table, torch.int32), ("rows", rows, torch.int64),
+                               ("lens", lens, torch.int64)):
+            if t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous {dtype} tensor")
+        if int(lens.min()) < 1 or int(lens.max()) > min(self.max_context, table.shape[1]):
+            raise ValueError(f"KV lengths must be 1..{self.max_context}")
+        logits = torch.empty(batch, self.shape.vocab, dtype=torch.float32)
+        self._step(self._model_ref, batch, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                   out_slots.data_ptr(), table.data_ptr(), table.shape[1], rows.data_ptr(),
+                   lens.data_ptr(), logits.data_ptr())
         return logits

@@ -119,60 +119,80 @@ static inline __attribute__((always_inline)) void q4_1_tile(const uint8_t *blk, 
     }
 }
 
-/* One row of x (a decode step's) times S tiles from S places in the weights at once: the
- * cores wait on memory less with S independent streams in flight than with one (default
- * model's decode step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4,
- * 4.4 with 6, 4.8 with 8, where registers run out). */
+/* M (1 or 2) rows of x times S tiles from S places in the weights at once: the cores wait on
+ * memory less with S independent streams in flight than with one (default model's decode
+ * step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4 with 6, 4.8 with
+ * 8, where registers run out). y[u * M + m]: stream u, row m. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S) {
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int u = 0; u < S; u++) y[u] = _mm512_setzero_ps();
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q4_1_BLOCK;
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK);
-        __m512i hi[8][2], lo[8][2];
-        for (int u = 0; u < S; u++) hi[u][0] = hi[u][1] = lo[u][0] = lo[u][1] = _mm512_setzero_si512();
+        __m512i hi[8][2][2], lo[8][2][2]; /* [stream][row][nibble half] */
+        for (int u = 0; u < S; u++)
+            for (int m = 0; m < M; m++)
+                hi[u][m][0] = hi[u][m][1] = lo[u][m][0] = lo[u][m][1] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            const int32_t *h = (const int32_t *)(xs->hi + g * GROUP + 8 * c);
-            const int32_t *l = (const int32_t *)(xs->lo + g * GROUP + 8 * c);
-            __m512i h0 = _mm512_set1_epi32(h[0]), h1 = _mm512_set1_epi32(h[1]);
-            __m512i l0 = _mm512_set1_epi32(l[0]), l1 = _mm512_set1_epi32(l[1]);
+            __m512i h0[2], h1[2], l0[2], l1[2];
+            for (int m = 0; m < M; m++) {
+                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
+                h0[m] = _mm512_set1_epi32(h[0]), h1[m] = _mm512_set1_epi32(h[1]);
+                l0[m] = _mm512_set1_epi32(l[0]), l1[m] = _mm512_set1_epi32(l[1]);
+            }
             for (int u = 0; u < S; u++) {
                 __m512i w = _mm512_loadu_si512(blks[u] + off + 64 + 64 * c);
                 __m512i w_lo = _mm512_and_si512(w, low4);
                 __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                hi[u][0] = _mm512_dpbusd_epi32(hi[u][0], w_lo, h0);
-                lo[u][0] = _mm512_dpbusd_epi32(lo[u][0], w_lo, l0);
-                hi[u][1] = _mm512_dpbusd_epi32(hi[u][1], w_hi, h1);
-                lo[u][1] = _mm512_dpbusd_epi32(lo[u][1], w_hi, l1);
+                for (int m = 0; m < M; m++) {
+                    hi[u][m][0] = _mm512_dpbusd_epi32(hi[u][m][0], w_lo, h0[m]);
+                    lo[u][m][0] = _mm512_dpbusd_epi32(lo[u][m][0], w_lo, l0[m]);
+                    hi[u][m][1] = _mm512_dpbusd_epi32(hi[u][m][1], w_hi, h1[m]);
+                    lo[u][m][1] = _mm512_dpbusd_epi32(lo[u][m][1], w_hi, l1[m]);
+                }
             }
         }
-        __m512 scale = _mm512_set1_ps(xs->scale[g]), sum = _mm512_set1_ps(xs->sum[g]);
         for (int u = 0; u < S; u++) {
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off)));
             __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off + 32)));
-            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(hi[u][0], hi[u][1]), 8),
-                                          _mm512_add_epi32(lo[u][0], lo[u][1]));
-            y[u] = _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(qx), scale), y[u]);
-            y[u] = _mm512_fmadd_ps(mn, sum, y[u]);
+            for (int m = 0; m < M; m++) {
+                __m512i qx = _mm512_add_epi32(
+                    _mm512_slli_epi32(_mm512_add_epi32(hi[u][m][0], hi[u][m][1]), 8),
+                    _mm512_add_epi32(lo[u][m][0], lo[u][m][1]));
+                __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+                y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+                y[u * M + m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
+            }
         }
     }
+}
+
+/* Tiles [t0, t1) of one or two rows of x as `streams` streams; returns the first tile left. */
+static inline __attribute__((always_inline)) int64_t q4_1_streamed(
+    const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N, int64_t G, int64_t t0,
+    int64_t t1, const int streams, const int M) {
+    const int64_t part = (t1 - t0) / streams;
+    for (int64_t i = 0; i < part; i++) {  /* tiles t0 + i + u part, u < streams */
+        const uint8_t *blks[8];
+        __m512 out[8];
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * Q4_1_BLOCK;
+        q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        for (int u = 0; u < streams; u++)
+            for (int m = 0; m < M; m++)
+                store_tile(y, y_bf16, m * N, (t0 + i + u * part) * TILE, N, out[u * M + m]);
+    }
+    return t0 + streams * part;
 }
 
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     const int64_t G = K / GROUP;
-    if (M == 1) {
-        const int64_t part = (t1 - t0) / STREAMS;
-        for (int64_t i = 0; i < part; i++) {  /* tiles t0 + i + u part, u < STREAMS */
-            const uint8_t *blks[8];
-            __m512 out[8];
-            for (int u = 0; u < STREAMS; u++) blks[u] = w + (t0 + i + u * part) * G * Q4_1_BLOCK;
-            q4_1_tiles_streams(blks, G, xs, out, STREAMS);
-            for (int u = 0; u < STREAMS; u++) store_tile(y, y_bf16, 0, (t0 + i + u * part) * TILE, N, out[u]);
-        }
-        t0 += STREAMS * part;  /* the rest, fewer than STREAMS, one at a time */
-    }
+    if (M == 1) /* then the rest of the tiles, fewer than the streams, one at a time */
+        t0 = q4_1_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
+    else if (M == 2)
+        t0 = q4_1_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t *blk = w + t * G * Q4_1_BLOCK;
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
@@ -225,48 +245,67 @@ static inline __attribute__((always_inline)) void q8_0_tile(const uint8_t *blk, 
 }
 
 static inline __attribute__((always_inline)) void q8_0_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S) {
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
     const __m512i ones = _mm512_set1_epi8(1);
-    for (int u = 0; u < S; u++) y[u] = _mm512_setzero_ps();
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q8_0_BLOCK;
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q8_0_BLOCK);
-        __m512i qsum[8], hi[8], lo[8];
-        for (int u = 0; u < S; u++) qsum[u] = hi[u] = lo[u] = _mm512_setzero_si512();
+        __m512i qsum[8], hi[8][2], lo[8][2];
+        for (int u = 0; u < S; u++) {
+            qsum[u] = _mm512_setzero_si512();
+            for (int m = 0; m < M; m++) hi[u][m] = lo[u][m] = _mm512_setzero_si512();
+        }
         for (int p = 0; p < 8; p++) {
-            __m512i h = _mm512_set1_epi32(((const int32_t *)(xs->hi + g * GROUP))[p]);
-            __m512i l = _mm512_set1_epi32(((const int32_t *)(xs->lo + g * GROUP))[p]);
+            __m512i h[2], l[2];
+            for (int m = 0; m < M; m++) {
+                h[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                l[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].lo + g * GROUP))[p]);
+            }
             for (int u = 0; u < S; u++) {
                 __m512i w = _mm512_loadu_si512(blks[u] + off + 64 + 64 * p);
                 qsum[u] = _mm512_dpbusd_epi32(qsum[u], ones, w);
-                hi[u] = _mm512_dpbusd_epi32(hi[u], h, w);
-                lo[u] = _mm512_dpbusd_epi32(lo[u], l, w);
+                for (int m = 0; m < M; m++) {
+                    hi[u][m] = _mm512_dpbusd_epi32(hi[u][m], h[m], w);
+                    lo[u][m] = _mm512_dpbusd_epi32(lo[u][m], l[m], w);
+                }
             }
         }
-        __m512 scale = _mm512_set1_ps(xs->scale[g]);
         for (int u = 0; u < S; u++) {
-            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(hi[u], 8), lo[u]);
-            qx = _mm512_sub_epi32(qx, _mm512_slli_epi32(qsum[u], 15));
             __m512 d = _mm512_loadu_ps((const float *)(blks[u] + off));
-            y[u] = _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(qx), scale), y[u]);
+            __m512i offset = _mm512_slli_epi32(qsum[u], 15); /* 32768 sum q */
+            for (int m = 0; m < M; m++) {
+                __m512i qx = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[u][m], 8), lo[u][m]), offset);
+                __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+                y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+            }
         }
     }
+}
+
+static inline __attribute__((always_inline)) int64_t q8_0_streamed(
+    const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N, int64_t G, int64_t t0,
+    int64_t t1, const int streams, const int M) {
+    const int64_t part = (t1 - t0) / streams;
+    for (int64_t i = 0; i < part; i++) {
+        const uint8_t *blks[8];
+        __m512 out[8];
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * Q8_0_BLOCK;
+        q8_0_tiles_streams(blks, G, xs, out, streams, M);
+        for (int u = 0; u < streams; u++)
+            for (int m = 0; m < M; m++)
+                store_tile(y, y_bf16, m * N, (t0 + i + u * part) * TILE, N, out[u * M + m]);
+    }
+    return t0 + streams * part;
 }
 
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     const int64_t G = K / GROUP;
-    if (M == 1) {  /* as for q4_1 */
-        const int64_t part = (t1 - t0) / STREAMS;
-        for (int64_t i = 0; i < part; i++) {
-            const uint8_t *blks[8];
-            __m512 out[8];
-            for (int u = 0; u < STREAMS; u++) blks[u] = w + (t0 + i + u * part) * G * Q8_0_BLOCK;
-            q8_0_tiles_streams(blks, G, xs, out, STREAMS);
-            for (int u = 0; u < STREAMS; u++) store_tile(y, y_bf16, 0, (t0 + i + u * part) * TILE, N, out[u]);
-        }
-        t0 += STREAMS * part;
-    }
+    if (M == 1) /* as for q4_1 */
+        t0 = q8_0_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
+    else if (M == 2)
+        t0 = q8_0_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t *blk = w + t * G * Q8_0_BLOCK;
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {

@@ -1,13 +1,14 @@
-"""One request's decode step through radixflow's C decode kernel (kernels/cpu/decode.c).
+"""Decode steps through radixflow's C decode kernel (kernels/cpu/decode.c).
 
-A lone request decoding on a CPU is the latency case: each token is ~30 layers of a dozen
-small operations, and as torch calls their dispatch costs as much as the arithmetic. The C
-step runs the whole token (all layers, attention over the KV pool in place, the head) in one
-call with the weights in the tiled layouts of kernels/cpu/gemv.c, exactly as the model holds
-them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
+Decoding on a CPU at small batch sizes is the latency case: each token is ~30 layers of a
+dozen small operations, and as torch calls their dispatch costs as much as the arithmetic. The
+C step runs the whole step (all layers, attention over the KV pool in place, the head) for up
+to `max_batch` requests, one token each, in one call, with the weights in the tiled layouts of
+kernels/cpu/gemv.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
 
 It covers a bf16 model on a CPU whose layers are quantized (Int4Linear, as `--quantization
-auto` makes the default model's); batches, prefill and anything else run the eager model.
+auto` makes the default model's); larger batches, prefill, jump-forward rows and anything else
+run the torch model.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
 
 logger = logging.getLogger(__name__)
 
+MAX_BATCH = 8  # requests per C step; more run the torch model (bf16 weights above 8 rows)
+
 
 def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | None:
     if isinstance(linear, (Int4Linear, Q8_0Linear, TiledBF16Linear)):
@@ -41,7 +44,7 @@ def _norm(norm: RMSNorm | None) -> torch.Tensor | None:
 
 
 class NativeDecode:
-    """Callable on a one-token decode batch of one request; `build` says whether it can run."""
+    """`run` one decode step; `build` says whether it can run for a model."""
 
     def __init__(self, model: LlamaForCausalLM, step: cpu_decode.DecodeStep):
         self.model = model
@@ -78,17 +81,24 @@ class NativeDecode:
         if head is None:
             return None, "its output head has no tiled weights"
         step = cpu_decode.DecodeStep(shape, layers, _norm(model.norm), head, max_context,
-                                     torch.get_num_threads())
+                                     torch.get_num_threads(), max_batch=MAX_BATCH)
         return cls(model, step), ""
 
+    @property
+    def max_batch(self) -> int:
+        return self.step.max_batch
+
     @torch.inference_mode()
-    def run(self, token: int, position: int, out_slot: int, slot_row: torch.Tensor
-            ) -> torch.Tensor:
-        """Logits (float32, [1, vocab]) after `token` at `position`; its K/V go to `out_slot`.
-        slot_row: the request's row of the request -> KV slot table (int32), which already
-        holds out_slot at `position`."""
+    def run(self, tokens: list[int], positions: list[int], out_slots: torch.Tensor,
+            rows: list[int], table: torch.Tensor) -> torch.Tensor:
+        """Logits (float32, [B, vocab]) after tokens[r] at positions[r] for B requests; their
+        K/V go to out_slots (int64 [B]). table: the request -> KV slot table (int32), whose
+        row rows[r] already holds out_slots[r] at positions[r]."""
         self.calls += 1
         model = self.model
-        x = model.embed_tokens.weight[token].float()
-        return self.step(x, model.rope.cos[position], model.rope.sin[position], out_slot,
-                         slot_row[:position + 1])
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        x = model.embed_tokens.weight.index_select(0, ids).float()
+        return self.step(x, model.rope.cos.index_select(0, pos),
+                         model.rope.sin.index_select(0, pos), out_slots.to(torch.int64).contiguous(),
+                         table, torch.tensor(rows, dtype=torch.int64), pos + 1)

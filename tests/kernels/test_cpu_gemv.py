@@ -54,7 +54,7 @@ def test_q8_0_quantization_is_exact_on_8bit_groups():
 @needs_kernels
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
-@pytest.mark.parametrize("m", [1, 3, 4, 8, 11])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 11])
 def test_gemm_matches_reference(fmt, n, k, m):
     tiled, dense = _weights(fmt, n, k, seed=3 * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -72,9 +72,10 @@ def test_gemm_matches_reference(fmt, n, k, m):
 @needs_kernels
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
-def test_one_row_reads_tiles_in_streams_and_matches(fmt, n):
+@pytest.mark.parametrize("m", [1, 2])
+def test_one_or_two_rows_read_tiles_in_streams_and_match(fmt, n, m):
     tiled, dense = _weights(fmt, n, 96, seed=n)
-    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(n))
+    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(n))
     scale = x.abs().max() * dense.abs().sum(1).max()
     torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled),
                                atol=float(1e-4 * scale), rtol=0)

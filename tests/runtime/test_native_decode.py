@@ -102,11 +102,13 @@ def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
     with Engine(str(folder), dtype="bfloat16", quantization="int4", max_total_tokens=512) as eng:
         native = eng.scheduler.runner.native_decode
         single = eng.generate("The quick brown fox", greedy, return_logprob=True)
-        batch = eng.generate(["one", "two", "three"], greedy)  # batches run eagerly
+        batch = eng.generate(["one", "two", "three"], greedy)  # one C step a token for all three
+        many = eng.generate([f"request {i}" for i in range(12)], greedy)  # over 8: torch model
         again = eng.generate("The quick brown fox", greedy)  # its prompt from the cache
         eng.scheduler.check_slots()
-        assert native.calls >= 2 * (greedy["max_new_tokens"] - 1)
-    assert len(single["output_ids"]) == 10 and all(len(r["output_ids"]) == 10 for r in batch)
+        assert native.calls >= 3 * (greedy["max_new_tokens"] - 1)
+    assert len(single["output_ids"]) == 10
+    assert all(len(r["output_ids"]) == 10 for r in batch + many)
     assert again["output_ids"] == single["output_ids"]
     assert again["meta_info"]["cached_tokens"] > 0
 
@@ -129,3 +131,38 @@ def test_attention_shapes(tmp_path, shape):
     eager = _teacher_forced(runner, tokens, row=1)
     exact = _teacher_forced(_reference_of(runner, folder), tokens, row=0)
     assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
+
+
+def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """Every request's logits after each of its tokens, the requests decoding side by side: a
+    step holds one token of each request not yet done (so the batch shrinks)."""
+    slots = [runner.kv_pool.alloc(len(seq)) for seq in seqs]
+    for row, (seq, s) in enumerate(zip(seqs, slots)):
+        runner.req_to_token.table[row, :len(seq)] = s.to(torch.int32)
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for i in range(max(map(len, seqs))):
+        live = [r for r, seq in enumerate(seqs) if i < len(seq)]
+        parts = [BatchRequest(row=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0]) for r in live]
+        logits = runner.forward(ForwardMode.DECODE, parts, torch.cat([slots[r][i:i + 1] for r in live]))
+        for j, r in enumerate(live):
+            out[r].append(logits[j:j + 1])
+    for s in slots:
+        runner.kv_pool.free(s)
+    return [torch.cat(o) for o in out]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_batch_of_requests_in_one_c_step(tiny_model_factory, arch):
+    folder = tiny_model_factory(arch)
+    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    seqs = [TOKENS, TOKENS[3:15], (TOKENS * 2)[5:30], TOKENS[:1], TOKENS[::2]]
+    calls = runner.native_decode.calls
+    batched = _teacher_forced_batch(runner, seqs)
+    assert runner.native_decode.calls - calls == max(map(len, seqs))  # one C call a step
+    ref = _reference_of(runner, folder)
+    for seq, got in zip(seqs, batched):
+        exact = _teacher_forced(ref, seq, row=0)
+        runner.native_decode, native = None, runner.native_decode
+        eager = _teacher_forced(runner, seq, row=7)
+        runner.native_decode = native
+        assert (got - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
