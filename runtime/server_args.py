@@ -43,8 +43,8 @@ class ServerArgs:
         False, "compile the single-request decode step with torch.compile (torch_native "
         "attention): faster single-stream decode, about a minute more at start-up")
     disable_native_decode: bool = _arg(
-        False, "run a lone request's decode step as torch ops instead of radixflow's one-call "
-        "C kernel (CPU, bf16, quantized layers: the default model)")
+        False, "run decode steps as torch ops instead of radixflow's one-call C kernel (CPU, "
+        "bf16, quantized layers as the default model's, up to 16 requests a step)")
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
     tp_size: int = _arg(1, "tensor parallel size")
