@@ -166,3 +166,35 @@ def test_a_batch_of_requests_in_one_c_step(tiny_model_factory, arch):
         eager = _teacher_forced(runner, seq, row=7)
         runner.native_decode = native
         assert (got - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
+
+
+def test_requests_sharing_a_cached_prefix(tiny_model_factory):
+    """Rows whose first KV slots are the same (a prompt prefix from the radix cache) attend
+    over them together: the same logits as each request alone."""
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    prefix = (TOKENS * 3)[:45]
+    suffixes = [TOKENS[:9], TOKENS[4:16], TOKENS[7:10], TOKENS[::-1][:11]]
+    shared = runner.kv_pool.alloc(len(prefix))
+    runner.req_to_token.table[0, :len(prefix)] = shared.to(torch.int32)
+    for i, tok in enumerate(prefix):  # the prefix computed once, by row 0
+        runner.forward(ForwardMode.DECODE, [BatchRequest(0, [tok], i, [0])], shared[i:i + 1])
+    own = [runner.kv_pool.alloc(len(s)) for s in suffixes]
+    for row, slots in enumerate(own):
+        runner.req_to_token.table[row, :len(prefix)] = shared.to(torch.int32)
+        runner.req_to_token.table[row, len(prefix):len(prefix) + len(slots)] = slots.to(torch.int32)
+    got: list[list[torch.Tensor]] = [[] for _ in suffixes]
+    for i in range(max(map(len, suffixes))):
+        live = [r for r, s in enumerate(suffixes) if i < len(s)]
+        parts = [BatchRequest(r, [suffixes[r][i]], len(prefix) + i, [0]) for r in live]
+        logits = runner.forward(ForwardMode.DECODE, parts, torch.cat([own[r][i:i + 1] for r in live]))
+        for j, r in enumerate(live):
+            got[r].append(logits[j:j + 1])
+    ref = _reference_of(runner, folder)
+    for suffix, rows in zip(suffixes, got):
+        exact = _teacher_forced(ref, prefix + suffix, row=0)[len(prefix):]
+        runner.native_decode, native = None, runner.native_decode
+        eager = _teacher_forced(runner, prefix + suffix, row=9)[len(prefix):]
+        runner.native_decode = native
+        c_step = torch.cat(rows)
+        assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
