@@ -316,9 +316,14 @@ static void attend_part(const rf_model *m, const rf_layer *L, const uint16_t *qb
     }
     for (int64_t h = 0; h < m->heads; h++) {
         float *s = scores + h * n, *ph = partial + h * (D + 2);
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-        __m512 sum = _mm512_setzero_ps(), vmx = _mm512_set1_ps(mx);
+        __m512 vmx = _mm512_set1_ps(-INFINITY);
+        for (int64_t t = 0; t < n; t += 16) {
+            __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+            vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, s + t));
+        }
+        const float mx = _mm512_reduce_max_ps(vmx);
+        __m512 sum = _mm512_setzero_ps();
+        vmx = _mm512_set1_ps(mx);
         uint16_t *pb = (uint16_t *)s; /* the weights become bf16, in place (written behind the reads) */
         for (int64_t t = 0; t < n; t += 16) {
             __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
