@@ -130,8 +130,10 @@ def profile_decode_step(engine, batch_size: int) -> str:
 
     sched = engine.scheduler
     engine.shutdown()  # drive the scheduler directly, no background thread
+    while not sched.is_idle:  # an earlier profile's requests run to their end first
+        sched.step([])
     ids = engine.tokenizer("Write a long story about a dragon.").input_ids
-    reqs = [GenerateReq(rid=f"p{i}", input_ids=[i + 10] + ids,
+    reqs = [GenerateReq(rid=f"p{batch_size}-{i}", input_ids=[i + 10] + ids,
                         sampling=SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True))
             for i in range(batch_size)]
     sched.step(reqs)
@@ -139,7 +141,7 @@ def profile_decode_step(engine, batch_size: int) -> str:
         sched.step([])
     steps = 10
     native = sched.runner.native_decode
-    if batch_size == 1 and native is not None:  # the C step: its own per-phase timers
+    if native is not None and batch_size <= native.max_batch:  # the C step's own timers
         native.step.profile(True)
         start = time.perf_counter()
         for _ in range(steps):
@@ -147,7 +149,7 @@ def profile_decode_step(engine, batch_size: int) -> str:
         ms = (time.perf_counter() - start) / steps * 1e3
         rows = [f"| {name} | {sec / steps * 1e3:.3f} |"
                 for name, sec in native.step.profile(False).items()]
-        return (f"decode step at batch 1: {ms:.2f} ms, in radixflow's C decode step (thread 0's "
+        return (f"decode step at batch {batch_size}: {ms:.2f} ms, in radixflow's C decode step (thread 0's "
                 "time per phase, waits included):\n\n| phase | ms |\n|---|---|\n"
                 + "\n".join(rows) + "\n")
     start = time.perf_counter()
