@@ -451,11 +451,10 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
 #define PHASE(slot) \
     do { if (prof) { double now_ = omp_get_wtime(); prof[slot] += now_ - last; last = now_; } } while (0)
 #define SYNC() spin_wait(&bar, threads)
+#define MATMUL(w, y, slot) do { gemv_part(w, &b, B, y); SYNC(); PHASE(slot); } while (0)
         for (int64_t l = 0; l < m->num_layers; l++) {
             const rf_layer *L = m->layers + l;
-            gemv_part(&L->qkv, &b, B, b.qkv);
-            SYNC();
-            PHASE(PH_QKV);
+            MATMUL(&L->qkv, b.qkv, PH_QKV);
             if (id == 0)
                 for (int64_t r = 0; r < B; r++) {
                     float *qkv = b.qkv + r * qkv_size;
@@ -495,9 +494,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             PHASE(PH_ATTN);
-            gemv_part(&L->o, &b, B, b.o);
-            SYNC();
-            PHASE(PH_O);
+            MATMUL(&L->o, b.o, PH_O);
             if (id == 0) {
                 for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
                 for (int64_t r = 0; r < B; r++)
@@ -506,9 +503,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             PHASE(PH_NORM);
-            gemv_part(&L->gate_up, &b, B, b.gate_up);
-            SYNC();
-            PHASE(PH_MLP_UP);
+            MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
             if (id == 0) {
                 for (int64_t r = 0; r < B; r++)
                     silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.act + r * m->inter);
@@ -516,9 +511,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             PHASE(PH_ACT);
-            gemv_part(&L->down, &b, B, b.o);
-            SYNC();
-            PHASE(PH_DOWN);
+            MATMUL(&L->down, b.o, PH_DOWN);
             if (id == 0) {  /* the residual, and the next layer's (or the head's) input */
                 for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
                 const int last_layer = l + 1 == m->num_layers;
@@ -530,9 +523,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             SYNC();
             PHASE(PH_NORM);
         }
-        gemv_part(&m->head, &b, B, logits);
-        SYNC();
-        PHASE(PH_HEAD);
+        MATMUL(&m->head, logits, PH_HEAD);
+#undef MATMUL
 #undef SYNC
 #undef PHASE
     }

@@ -169,46 +169,6 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     }
 }
 
-/* Tiles [t0, t1) of one or two rows of x as `streams` streams; returns the first tile left. */
-static inline __attribute__((always_inline)) int64_t q4_1_streamed(
-    const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N, int64_t G, int64_t t0,
-    int64_t t1, const int streams, const int M) {
-    const int64_t part = (t1 - t0) / streams;
-    for (int64_t i = 0; i < part; i++) {  /* tiles t0 + i + u part, u < streams */
-        const uint8_t *blks[8];
-        __m512 out[8];
-        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * Q4_1_BLOCK;
-        q4_1_tiles_streams(blks, G, xs, out, streams, M);
-        for (int u = 0; u < streams; u++)
-            for (int m = 0; m < M; m++)
-                store_tile(y, y_bf16, m * N, (t0 + i + u * part) * TILE, N, out[u * M + m]);
-    }
-    return t0 + streams * part;
-}
-
-void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
-                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
-    const int64_t G = K / GROUP;
-    if (M == 1) /* then the rest of the tiles, fewer than the streams, one at a time */
-        t0 = q4_1_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
-    else if (M == 2)
-        t0 = q4_1_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
-    for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *blk = w + t * G * Q4_1_BLOCK;
-        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
-            __m512 out[ROW_BLOCK];
-            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
-            switch (rows) {
-            case 1: q4_1_tile(blk, G, xs + m0, 1, out); break;
-            case 2: q4_1_tile(blk, G, xs + m0, 2, out); break;
-            case 3: q4_1_tile(blk, G, xs + m0, 3, out); break;
-            default: q4_1_tile(blk, G, xs + m0, 4, out); break;
-            }
-            for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
-        }
-    }
-}
-
 /* ---- q8_0 ---- */
 
 static inline __attribute__((always_inline)) void q8_0_tile(const uint8_t *blk, int64_t G,
@@ -283,15 +243,26 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
     }
 }
 
-static inline __attribute__((always_inline)) int64_t q8_0_streamed(
-    const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N, int64_t G, int64_t t0,
-    int64_t t1, const int streams, const int M) {
+/* ---- the tile loop of both integer formats ---- */
+
+static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
+    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : Q8_0_BLOCK;
+}
+
+/* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
+ * tile left (fewer than `streams` of them). */
+static inline __attribute__((always_inline)) int64_t streamed_tiles(
+    const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N,
+    int64_t G, int64_t t0, int64_t t1, const int streams, const int M) {
     const int64_t part = (t1 - t0) / streams;
-    for (int64_t i = 0; i < part; i++) {
+    for (int64_t i = 0; i < part; i++) {  /* tiles t0 + i + u part, u < streams */
         const uint8_t *blks[8];
         __m512 out[8];
-        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * Q8_0_BLOCK;
-        q8_0_tiles_streams(blks, G, xs, out, streams, M);
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
+        if (fmt == FORMAT_Q4_1)
+            q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else
+            q8_0_tiles_streams(blks, G, xs, out, streams, M);
         for (int u = 0; u < streams; u++)
             for (int m = 0; m < M; m++)
                 store_tile(y, y_bf16, m * N, (t0 + i + u * part) * TILE, N, out[u * M + m]);
@@ -299,27 +270,42 @@ static inline __attribute__((always_inline)) int64_t q8_0_streamed(
     return t0 + streams * part;
 }
 
-void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
-                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+/* Tiles [t0, t1) of y = w x for M rows of x (split by rf_split_x). */
+static inline __attribute__((always_inline)) void quantized_tiles(
+    const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+    int64_t N, int64_t K, int64_t t0, int64_t t1) {
     const int64_t G = K / GROUP;
-    if (M == 1) /* as for q4_1 */
-        t0 = q8_0_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
+    if (M == 1) /* then the rest of the tiles, fewer than the streams, one at a time */
+        t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
     else if (M == 2)
-        t0 = q8_0_streamed(w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
+        t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
     for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *blk = w + t * G * Q8_0_BLOCK;
+        const uint8_t *blk = w + t * G * block_bytes(fmt);
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m512 out[ROW_BLOCK];
-            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
-            switch (rows) {
-            case 1: q8_0_tile(blk, G, xs + m0, 1, out); break;
-            case 2: q8_0_tile(blk, G, xs + m0, 2, out); break;
-            case 3: q8_0_tile(blk, G, xs + m0, 3, out); break;
-            default: q8_0_tile(blk, G, xs + m0, 4, out); break;
+            const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tile(blk, G, xs + m0, R, out) \
+                                         : q8_0_tile(blk, G, xs + m0, R, out))
+            switch (rows) { /* a constant row count per call keeps the accumulators in registers */
+            case 1: TILE_ROWS(1); break;
+            case 2: TILE_ROWS(2); break;
+            case 3: TILE_ROWS(3); break;
+            default: TILE_ROWS(4); break;
             }
+#undef TILE_ROWS
             for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
         }
     }
+}
+
+void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 /* q4_1 and q8_0 for M rows of fp32 x: split x on the calling thread, then the tiles. */
