@@ -1,15 +1,18 @@
-/* One decode step of a Llama-family model for one request, in one call (CPU, AVX-512 BF16).
+/* One decode step of a Llama-family model for up to MAX_BATCH requests, one token each, in one
+ * call (CPU, AVX-512 BF16/VNNI).
  *
- * A single token's forward is ~30 layers x a dozen small operations; run as torch ops each
- * costs microseconds of dispatch, and the whole step pays it ~400 times. Here the step runs in
- * one OpenMP parallel region: the matrix products are split over the threads by tiles
- * (gemv.c), attention by key ranges (each thread keeps a partial softmax that the threads
- * then merge), and the per-token vector work (norms, rope, SiLU) runs on one thread between
- * barriers. K and V are read in place from the KV pool through the request's slot list.
+ * A token's forward is ~30 layers x a dozen small operations; run as torch ops each costs
+ * microseconds of dispatch, and a step pays it ~400 times. Here the step runs in one OpenMP
+ * parallel region: the matrix products are split over the threads by tiles (gemv.c), reading
+ * the weights once for all rows; attention by each request's key ranges (each thread keeps a
+ * partial softmax per request that the threads then merge), K and V read in place from the KV
+ * pool through the request's slot list; the per-row vector work (norms, rope, SiLU, residuals)
+ * by rows, between barriers of our own (spin_wait).
  *
- * Numerics: the residual stream stays fp32; inputs of the matrix products are rounded to
- * bf16, as the bf16 model rounds them; K/V are stored as bf16 (the pool's dtype). The model
- * (runtime/models/native_decode.py) checks this step against its eager forward.
+ * Numerics: the residual stream stays fp32; the inputs of the matrix products are rounded to
+ * bf16 as the bf16 model rounds them (then split into 16-bit integers for the integer weight
+ * formats, gemv.c); K/V are stored as bf16 (the pool's dtype). tests/runtime/
+ * test_native_decode.py holds the step to at least the eager bf16 model's closeness to fp32.
  */
 #include <float.h>
 #include <math.h>
@@ -163,18 +166,26 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* Readies the input of a product with w for rows [0, B) from xf (xb's values as fp32). */
-static void prepare_input(const rf_weight *w, buffers *b, int64_t B) {
-    if (w->format == FORMAT_BF16) return;
-    for (int64_t r = 0; r < B; r++)
-        rf_split_x(b->xf + r * w->k, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
+/* Readies row r's input of a product with w from its xf row (xb's values as fp32). */
+static void prepare_input(const rf_weight *w, buffers *b, int64_t r) {
+    if (w->format != FORMAT_BF16) rf_split_x(b->xf + r * w->k, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
 }
 
-/* Sets the input of a product with w to src (bf16, B rows of w->k). */
-static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b, int64_t B) {
-    memcpy(b->xb, src, B * w->k * sizeof(uint16_t));
-    for (int64_t i = 0; i < B * w->k; i++) b->xf[i] = bf16_to_f32_1(b->xb[i]);
-    prepare_input(w, b, B);
+/* Sets row r's input of a product with w to src (bf16, w->k values). */
+static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b, int64_t r) {
+    uint16_t *xb = b->xb + r * w->k;
+    float *xf = b->xf + r * w->k;
+    memcpy(xb, src, w->k * sizeof(uint16_t));
+    for (int64_t i = 0; i < w->k; i++) xf[i] = bf16_to_f32_1(xb[i]);
+    prepare_input(w, b, r);
+}
+
+/* Row r's residual stream through an RMSNorm into the input of a product with w. */
+static void norm_input(const rf_model *m, const float *weight, const rf_weight *w, buffers *b,
+                       int64_t r) {
+    const int64_t H = m->hidden;
+    rms_norm(b->x + r * H, weight, H, m->eps, b->xb + r * H, b->xf + r * H);
+    prepare_input(w, b, r);
 }
 
 /* This thread's tiles of y = w x for B rows (y: B rows of w->n), input readied before. */
@@ -441,41 +452,41 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
     const int64_t qkv_size = q_size + 2 * kv_size, qs = q_stride(m), part = m->heads * (D + 2);
     spin_barrier bar = {0, 0};
     memcpy(b.x, x_in, B * H * sizeof(float));
-    for (int64_t r = 0; r < B; r++)
-        rms_norm(b.x + r * H, m->layers[0].attn_norm, H, m->eps, b.xb + r * H, b.xf + r * H);
-    prepare_input(&m->layers[0].qkv, &b, B);
+    for (int64_t r = 0; r < B; r++) norm_input(m, m->layers[0].attn_norm, &m->layers[0].qkv, &b, r);
 #pragma omp parallel num_threads(m->nthreads)
     {
         const int id = omp_get_thread_num(), threads = omp_get_num_threads();
         double *prof = id == 0 ? m->profile : NULL, last = prof ? omp_get_wtime() : 0;
+        int64_t r0, r1; /* this thread's rows for the per-row work between products */
+        thread_range(B, &r0, &r1);
 #define PHASE(slot) \
     do { if (prof) { double now_ = omp_get_wtime(); prof[slot] += now_ - last; last = now_; } } while (0)
 #define SYNC() spin_wait(&bar, threads)
 #define MATMUL(w, y, slot) do { gemv_part(w, &b, B, y); SYNC(); PHASE(slot); } while (0)
         for (int64_t l = 0; l < m->num_layers; l++) {
             const rf_layer *L = m->layers + l;
+            const int last_layer = l + 1 == m->num_layers;
             MATMUL(&L->qkv, b.qkv, PH_QKV);
-            if (id == 0)
-                for (int64_t r = 0; r < B; r++) {
-                    float *qkv = b.qkv + r * qkv_size;
-                    if (L->qkv_bias)
-                        for (int64_t i = 0; i < qkv_size; i++) qkv[i] += L->qkv_bias[i];
-                    for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
-                        float *v = qkv + h * D;
-                        const float *norm = h < m->heads ? L->q_norm : L->k_norm;
-                        if (norm) rms_norm_inplace(v, norm, D, m->eps);
-                        rope(v, cos + r * D, sin + r * D, D);
-                    }
-                    uint16_t *qb = b.qb + r * m->heads * qs;
-                    for (int64_t h = 0; h < m->heads; h++)
-                        for (int64_t d = 0; d < qs; d++)
-                            qb[h * qs + d] = d < D ? f32_to_bf16(qkv[h * D + d]) : 0;
-                    const float *k = qkv + q_size, *v = qkv + q_size + kv_size;
-                    for (int64_t i = 0; i < kv_size; i++) {
-                        L->k_cache[out_slots[r] * kv_size + i] = f32_to_bf16(k[i]);
-                        L->v_cache[out_slots[r] * kv_size + i] = f32_to_bf16(v[i]);
-                    }
+            for (int64_t r = r0; r < r1; r++) {
+                float *qkv = b.qkv + r * qkv_size;
+                if (L->qkv_bias)
+                    for (int64_t i = 0; i < qkv_size; i++) qkv[i] += L->qkv_bias[i];
+                for (int64_t h = 0; h < m->heads + m->kv_heads; h++) {
+                    float *v = qkv + h * D;
+                    const float *norm = h < m->heads ? L->q_norm : L->k_norm;
+                    if (norm) rms_norm_inplace(v, norm, D, m->eps);
+                    rope(v, cos + r * D, sin + r * D, D);
                 }
+                uint16_t *qb = b.qb + r * m->heads * qs;
+                for (int64_t h = 0; h < m->heads; h++)
+                    for (int64_t d = 0; d < qs; d++)
+                        qb[h * qs + d] = d < D ? f32_to_bf16(qkv[h * D + d]) : 0;
+                const float *k = qkv + q_size, *v = qkv + q_size + kv_size;
+                for (int64_t i = 0; i < kv_size; i++) {
+                    L->k_cache[out_slots[r] * kv_size + i] = f32_to_bf16(k[i]);
+                    L->v_cache[out_slots[r] * kv_size + i] = f32_to_bf16(v[i]);
+                }
+            }
             SYNC();
             PHASE(PH_ROPE_KV);
             for (int64_t r = 0; r < B; r++) { /* each row's keys split over the threads */
@@ -486,39 +497,32 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
                             b.partial + (r * threads + id) * part);
             }
             SYNC();
-            if (id == 0) {
-                for (int64_t r = 0; r < B; r++)
-                    attend_merge(m, b.partial + r * threads * part, threads, 0, m->heads,
-                                 b.attn + r * q_size);
-                set_input_bf16(&L->o, b.attn, &b, B);
+            for (int64_t r = r0; r < r1; r++) {
+                attend_merge(m, b.partial + r * threads * part, threads, 0, m->heads,
+                             b.attn + r * q_size);
+                set_input_bf16(&L->o, b.attn + r * q_size, &b, r);
             }
             SYNC();
             PHASE(PH_ATTN);
             MATMUL(&L->o, b.o, PH_O);
-            if (id == 0) {
-                for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
-                for (int64_t r = 0; r < B; r++)
-                    rms_norm(b.x + r * H, L->ffn_norm, H, m->eps, b.xb + r * H, b.xf + r * H);
-                prepare_input(&L->gate_up, &b, B);
+            for (int64_t r = r0; r < r1; r++) {
+                for (int64_t i = r * H; i < (r + 1) * H; i++) b.x[i] += b.o[i];
+                norm_input(m, L->ffn_norm, &L->gate_up, &b, r);
             }
             SYNC();
             PHASE(PH_NORM);
             MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
-            if (id == 0) {
-                for (int64_t r = 0; r < B; r++)
-                    silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.act + r * m->inter);
-                set_input_bf16(&L->down, b.act, &b, B);
+            for (int64_t r = r0; r < r1; r++) {
+                silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.act + r * m->inter);
+                set_input_bf16(&L->down, b.act + r * m->inter, &b, r);
             }
             SYNC();
             PHASE(PH_ACT);
             MATMUL(&L->down, b.o, PH_DOWN);
-            if (id == 0) {  /* the residual, and the next layer's (or the head's) input */
-                for (int64_t i = 0; i < B * H; i++) b.x[i] += b.o[i];
-                const int last_layer = l + 1 == m->num_layers;
-                for (int64_t r = 0; r < B; r++)
-                    rms_norm(b.x + r * H, last_layer ? m->final_norm : L[1].attn_norm, H, m->eps,
-                             b.xb + r * H, b.xf + r * H);
-                prepare_input(last_layer ? &m->head : &L[1].qkv, &b, B);
+            for (int64_t r = r0; r < r1; r++) { /* the residual, and the next product's input */
+                for (int64_t i = r * H; i < (r + 1) * H; i++) b.x[i] += b.o[i];
+                norm_input(m, last_layer ? m->final_norm : L[1].attn_norm,
+                           last_layer ? &m->head : &L[1].qkv, &b, r);
             }
             SYNC();
             PHASE(PH_NORM);
