@@ -1,7 +1,7 @@
-"""Where a single-stream decode step's time goes, measured by taking parts away.
+"""Where a decode step's time goes, measured by taking parts away.
 
-One Engine (default model, default settings) decodes one long greedy request; its scheduler is
-stepped directly. Variants are swapped in and out of the same model and measured in turns
+One Engine (default model, default settings) decodes one long greedy request (or --batch N of
+them, each its own prompt of --context tokens); its scheduler is stepped directly. Variants are swapped in and out of the same model and measured in turns
 (A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
 the median over rounds of the mean of `--steps` decode steps.
 
@@ -18,6 +18,7 @@ the median over rounds of the mean of `--steps` decode steps.
 - matmuls + attention stubbed: also attention replaced by a no-op.
 
     python -m bench.decode_step            # writes bench/results/decode-step-<date>.md
+    python -m bench.decode_step --batch 8 --context 600   # ...-batch8.md
 """
 
 from __future__ import annotations
@@ -136,6 +137,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--compile", action="store_true", help="serve with --enable-torch-compile "
                     "(adds a 'not compiled' variant)")
+    ap.add_argument("--batch", type=int, default=1, help="requests decoding together (each its "
+                    "own prompt: no shared KV)")
+    ap.add_argument("--context", type=int, default=0, help="prompt tokens per request (default: "
+                    "a one-line prompt)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
@@ -148,10 +153,17 @@ def main() -> None:
     engine.shutdown()  # step the scheduler directly, no background thread
     info = sched.model_info()
     ids = engine.tokenizer("Write a long story about a dragon.").input_ids
+    if args.context:
+        story = engine.tokenizer("Once upon a time a dragon lived in the hills. " * (args.context // 8 + 1))
+        ids = story.input_ids[:args.context]
     variants = make_variants(sched)
     total_steps = args.rounds * len(variants) * (args.steps + 2) + 10
-    sched.step([GenerateReq(rid="decode", input_ids=ids, sampling=SamplingParams(
-        max_new_tokens=total_steps, temperature=0, ignore_eos=True))])
+    sched.step([GenerateReq(rid=f"decode-{i}", input_ids=ids if args.batch == 1 else [10 + i] + ids,
+                            sampling=SamplingParams(max_new_tokens=total_steps, temperature=0,
+                                                    ignore_eos=True))
+                for i in range(args.batch)])
+    while sched.prefilling or sched.waiting:  # every request decoding before any timing
+        sched.step([])
 
     def mean_step_ms(n: int) -> float:
         start = time.perf_counter()
@@ -176,16 +188,20 @@ def main() -> None:
     served = medians["as served"]
 
     date = datetime.date.today().isoformat()
-    lines = [f"# Single-stream decode step, {date}", "",
+    who = "one request" if args.batch == 1 else f"{args.batch} requests"
+    extra = (f"{' --compile' if args.compile else ''}"
+             f"{f' --batch {args.batch}' if args.batch > 1 else ''}"
+             f"{f' --context {args.context}' if args.context else ''}")
+    lines = [f"# Decode step, {who}, {date}", "",
              f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}"
-             f"{' --compile' if args.compile else ''}`", "",
+             f"{extra}`", "",
              f"Default model, {info['dtype']}, quantization {info['quantization']}, "
-             f"{torch.get_num_threads()} threads; one request decoding (context grows from "
+             f"{torch.get_num_threads()} threads; {who} decoding (context grows from "
              f"{len(ids)} tokens by {total_steps} over the run). Median over {args.rounds} rounds "
              f"of {args.steps} steps, variants in turns.", "",
              "| variant | ms per step | tokens/s | vs as served |", "|---|---|---|---|"]
     for name, ms in medians.items():
-        lines.append(f"| {name} | {ms:.2f} | {1e3 / ms:.1f} | {ms - served:+.2f} ms |")
+        lines.append(f"| {name} | {ms:.2f} | {args.batch * 1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
     if phases:
         measured = args.rounds * args.steps
@@ -198,7 +214,8 @@ def main() -> None:
             lines.append(f"| {phase} | {sec / measured * 1e3:.3f} | {sec / total:.0%} |")
         lines += [f"| all | {total / measured * 1e3:.3f} | |", ""]
     publish("\n".join(lines), None if args.no_write else
-            RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}.md")
+            RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}"
+                      f"{f'-batch{args.batch}' if args.batch > 1 else ''}.md")
 
 
 if __name__ == "__main__":
