@@ -84,45 +84,10 @@ void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
 
 /* ---- q4_1 ---- */
 
-static inline __attribute__((always_inline)) void q4_1_tile(const uint8_t *blk, int64_t G,
-                                                             const split_x *xs, const int M,
-                                                             __m512 *y) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int m = 0; m < M; m++) y[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++, blk += Q4_1_BLOCK) {
-        prefetch(blk, Q4_1_BLOCK);
-        __m512i hi[ROW_BLOCK][2], lo[ROW_BLOCK][2];
-        for (int m = 0; m < M; m++)
-            hi[m][0] = hi[m][1] = lo[m][0] = lo[m][1] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            __m512i w = _mm512_loadu_si512(blk + 64 + 64 * c);
-            __m512i w_lo = _mm512_and_si512(w, low4);
-            __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-            for (int m = 0; m < M; m++) {
-                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
-                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
-                hi[m][0] = _mm512_dpbusd_epi32(hi[m][0], w_lo, _mm512_set1_epi32(h[0]));
-                lo[m][0] = _mm512_dpbusd_epi32(lo[m][0], w_lo, _mm512_set1_epi32(l[0]));
-                hi[m][1] = _mm512_dpbusd_epi32(hi[m][1], w_hi, _mm512_set1_epi32(h[1]));
-                lo[m][1] = _mm512_dpbusd_epi32(lo[m][1], w_hi, _mm512_set1_epi32(l[1]));
-            }
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
-        for (int m = 0; m < M; m++) {
-            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(hi[m][0], hi[m][1]), 8),
-                                          _mm512_add_epi32(lo[m][0], lo[m][1]));
-            __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
-            y[m] = _mm512_fmadd_ps(d, dqx, y[m]);
-            y[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m].sum[g]), y[m]);
-        }
-    }
-}
-
-/* M (1 or 2) rows of x times S tiles from S places in the weights at once: the cores wait on
- * memory less with S independent streams in flight than with one (default model's decode
- * step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4 with 6, 4.8 with
- * 8, where registers run out). y[u * M + m]: stream u, row m. */
+/* M rows of x times S tiles from S places in the weights at once (S x M <= 8, M <= 4): the
+ * cores wait on memory less with S independent streams in flight than with one (default
+ * model's decode step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4
+ * with 6, 4.8 with 8, where registers run out). y[u * M + m]: stream u, row m. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -130,12 +95,12 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q4_1_BLOCK;
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK);
-        __m512i hi[8][2][2], lo[8][2][2]; /* [stream][row][nibble half] */
+        __m512i hi[8][ROW_BLOCK][2], lo[8][ROW_BLOCK][2]; /* [stream][row][nibble half] */
         for (int u = 0; u < S; u++)
             for (int m = 0; m < M; m++)
                 hi[u][m][0] = hi[u][m][1] = lo[u][m][0] = lo[u][m][1] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            __m512i h0[2], h1[2], l0[2], l1[2];
+            __m512i h0[ROW_BLOCK], h1[ROW_BLOCK], l0[ROW_BLOCK], l1[ROW_BLOCK];
             for (int m = 0; m < M; m++) {
                 const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
                 const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
@@ -171,39 +136,6 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
 
 /* ---- q8_0 ---- */
 
-static inline __attribute__((always_inline)) void q8_0_tile(const uint8_t *blk, int64_t G,
-                                                             const split_x *xs, const int M,
-                                                             __m512 *y) {
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int m = 0; m < M; m++) y[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++, blk += Q8_0_BLOCK) {
-        prefetch(blk, Q8_0_BLOCK);
-        __m512i qsum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        __m512i hi[ROW_BLOCK][2], lo[ROW_BLOCK][2];
-        for (int m = 0; m < M; m++)
-            hi[m][0] = hi[m][1] = lo[m][0] = lo[m][1] = _mm512_setzero_si512();
-        for (int p = 0; p < 8; p++) {
-            __m512i w = _mm512_loadu_si512(blk + 64 + 64 * p);
-            qsum[p & 1] = _mm512_dpbusd_epi32(qsum[p & 1], ones, w);
-            for (int m = 0; m < M; m++) {
-                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 4 * p);
-                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 4 * p);
-                hi[m][p & 1] = _mm512_dpbusd_epi32(hi[m][p & 1], _mm512_set1_epi32(h[0]), w);
-                lo[m][p & 1] = _mm512_dpbusd_epi32(lo[m][p & 1], _mm512_set1_epi32(l[0]), w);
-            }
-        }
-        __m512 d = _mm512_loadu_ps((const float *)blk);
-        __m512i offset = _mm512_slli_epi32(_mm512_add_epi32(qsum[0], qsum[1]), 15); /* 32768 sum q */
-        for (int m = 0; m < M; m++) {
-            __m512i qx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(hi[m][0], hi[m][1]), 8),
-                                          _mm512_add_epi32(lo[m][0], lo[m][1]));
-            qx = _mm512_sub_epi32(qx, offset);
-            __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
-            y[m] = _mm512_fmadd_ps(d, dqx, y[m]);
-        }
-    }
-}
-
 static inline __attribute__((always_inline)) void q8_0_tiles_streams(
     const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
     const __m512i ones = _mm512_set1_epi8(1);
@@ -211,13 +143,13 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q8_0_BLOCK;
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q8_0_BLOCK);
-        __m512i qsum[8], hi[8][2], lo[8][2];
+        __m512i qsum[8], hi[8][ROW_BLOCK], lo[8][ROW_BLOCK];
         for (int u = 0; u < S; u++) {
             qsum[u] = _mm512_setzero_si512();
             for (int m = 0; m < M; m++) hi[u][m] = lo[u][m] = _mm512_setzero_si512();
         }
         for (int p = 0; p < 8; p++) {
-            __m512i h[2], l[2];
+            __m512i h[ROW_BLOCK], l[ROW_BLOCK];
             for (int m = 0; m < M; m++) {
                 h[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
                 l[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].lo + g * GROUP))[p]);
@@ -284,8 +216,8 @@ static inline __attribute__((always_inline)) void quantized_tiles(
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m512 out[ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
-#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tile(blk, G, xs + m0, R, out) \
-                                         : q8_0_tile(blk, G, xs + m0, R, out))
+#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                                         : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             case 1: TILE_ROWS(1); break;
             case 2: TILE_ROWS(2); break;
