@@ -57,7 +57,7 @@ class NativeDecode:
               ) -> tuple[NativeDecode | None, str]:
         """(NativeDecode, "") or (None, why not)."""
         if not cpu_kernels.available():
-            return None, "the CPU kernels need AVX-512 BF16 and a C compiler"
+            return None, "the CPU kernels need AVX-512 BF16/VNNI and a C compiler"
         if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype != torch.bfloat16:
             return None, "it runs a bf16 model on the CPU"
         a = model.args
@@ -72,7 +72,7 @@ class NativeDecode:
             weights = [_tiled(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                            mlp.down_proj)]
             if any(w is None for w in weights):
-                return None, "its layers are not quantized (--quantization auto|int4)"
+                return None, "its layers are not in the tiled 4-bit format (--quantization auto|int4)"
             bias = attn.qkv_proj.bias
             layers.append(cpu_decode.LayerWeights(
                 _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
