@@ -1,8 +1,8 @@
 """Where a decode step's time goes, measured by taking parts away.
 
 One Engine (default model, default settings) decodes one long greedy request (or --batch N of
-them, each its own prompt of --context tokens); its scheduler is stepped directly. Variants are swapped in and out of the same model and measured in turns
-(A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
+them, each its own prompt of --context tokens); its scheduler is stepped directly. Variants
+are swapped in and out of the same model and measured in turns (A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
 the median over rounds of the mean of `--steps` decode steps.
 
 - as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows) through
@@ -116,7 +116,8 @@ def make_variants(sched) -> dict[str, Callable]:
     if native:
         variants["torch ops"] = torch_ops
         variants["torch ops, matmuls stubbed"] = as_torch_ops(stub_matmuls)
-        variants["torch ops, matmuls + attention stubbed"] = as_torch_ops(stub_matmuls_and_attention)
+        variants["torch ops, matmuls + attention stubbed"] = \
+            as_torch_ops(stub_matmuls_and_attention)
         return variants
     if sched.runner.compiled_decode is not None:
         variants["not compiled"] = uncompiled
@@ -154,8 +155,8 @@ def main() -> None:
     info = sched.model_info()
     ids = engine.tokenizer("Write a long story about a dragon.").input_ids
     if args.context:
-        story = engine.tokenizer("Once upon a time a dragon lived in the hills. " * (args.context // 8 + 1))
-        ids = story.input_ids[:args.context]
+        story = "Once upon a time a dragon lived in the hills. " * (args.context // 8 + 1)
+        ids = engine.tokenizer(story).input_ids[:args.context]
     variants = make_variants(sched)
     total_steps = args.rounds * len(variants) * (args.steps + 2) + 10
     sched.step([GenerateReq(rid=f"decode-{i}", input_ids=ids if args.batch == 1 else [10 + i] + ids,

@@ -149,8 +149,8 @@ def profile_decode_step(engine, batch_size: int) -> str:
         ms = (time.perf_counter() - start) / steps * 1e3
         rows = [f"| {name} | {sec / steps * 1e3:.3f} |"
                 for name, sec in native.step.profile(False).items()]
-        return (f"decode step at batch {batch_size}: {ms:.2f} ms, in radixflow's C decode step (thread 0's "
-                "time per phase, waits included):\n\n| phase | ms |\n|---|---|\n"
+        return (f"decode step at batch {batch_size}: {ms:.2f} ms, in radixflow's C decode step "
+                "(thread 0's time per phase, waits included):\n\n| phase | ms |\n|---|---|\n"
                 + "\n".join(rows) + "\n")
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

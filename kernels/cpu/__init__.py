@@ -1,11 +1,11 @@
-"""AVX-512 (BF16) weight-only matrix products for CPU decode, and the fused decode step.
+"""AVX-512 (BF16/VNNI) weight-only matrix products for CPU decode, and the fused decode step.
 
 gemv.c multiplies a few rows of x by weights in a tiled layout (16 output rows side by side:
 see its header comment) in three formats: GGUF's Q4_1 and Q8_0, exactly, and bf16. decode.c
-runs a whole single-token decode step of a Llama-family model over those weights (see
-runtime/models/native_decode.py). The C sources are compiled once per machine with the system
+runs a whole decode step of a Llama-family model (up to 16 requests, one token each) over
+those weights (see runtime/models/native_decode.py). The C sources are compiled once per machine with the system
 C compiler into the radixflow cache folder and loaded with ctypes (no torch headers: they
-build in a few seconds). Where the CPU lacks AVX-512 BF16 or there is no compiler,
+build in a few seconds). Where the CPU lacks AVX-512 BF16/VNNI or there is no compiler,
 `available()` is False and callers keep their torch path.
 
 Each format has a torch reference (`unpack` + matmul) that the tests compare against.
@@ -32,8 +32,8 @@ SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "decode.c")]
 HEADER = Path(__file__).with_name("gemv.h")
 TILE = 16
 GROUP = 32
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c", "-mfma",
-         "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni",
+         "-mf16c", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 8  # rows of x per call (gemv.c)
 MAX_GROUPS = 1024  # in_features / 32 per call (gemv.c)
 
@@ -43,7 +43,8 @@ def _cpu_has_avx512_bf16() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c"))
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                                    "avx512_vnni", "f16c"))
 
 
 def _compile(dest: Path) -> None:
@@ -158,7 +159,8 @@ def tile_q4_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> TiledW
     g = k // GROUP
     q = _pad_rows(q.to(torch.uint8), n)
     tiles = q.shape[0] // TILE
-    # [tile, row, group, chunk, half, i] (k = 8 chunk + 4 half + i) -> [tile, group, chunk, row, i, half]
+    # [tile, row, group, chunk, half, i] (k = 8 chunk + 4 half + i)
+    #   -> [tile, group, chunk, row, i, half]
     q = q.view(tiles, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     nibbles = q[..., 0] | (q[..., 1] << 4)
 

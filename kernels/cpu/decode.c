@@ -14,7 +14,6 @@
  * formats, gemv.c); K/V are stored as bf16 (the pool's dtype). tests/runtime/
  * test_native_decode.py holds the step to at least the eager bf16 model's closeness to fp32.
  */
-#include <float.h>
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -376,11 +375,11 @@ static void attend_part(const rf_model *m, const rf_layer *L, const uint16_t *qb
     }
 }
 
-/* Merges the threads' partial softmaxes of heads [h0, h1) into out (bf16 [heads][D]). */
-static void attend_merge(const rf_model *m, const float *partials, int64_t threads, int64_t h0,
-                         int64_t h1, uint16_t *out) {
+/* Merges the threads' partial softmaxes of every head into out (bf16 [heads][D]). */
+static void attend_merge(const rf_model *m, const float *partials, int64_t threads,
+                         uint16_t *out) {
     const int64_t D = m->head_dim, stride = m->heads * (D + 2);
-    for (int64_t h = h0; h < h1; h++) {
+    for (int64_t h = 0; h < m->heads; h++) {
         float mx = -INFINITY, denom = 0, acc[MAX_HEAD_DIM];
         for (int64_t i = 0; i < threads; i++) {
             float v = partials[i * stride + h * (D + 2)];
@@ -498,8 +497,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             for (int64_t r = r0; r < r1; r++) {
-                attend_merge(m, b.partial + r * threads * part, threads, 0, m->heads,
-                             b.attn + r * q_size);
+                attend_merge(m, b.partial + r * threads * part, threads, b.attn + r * q_size);
                 set_input_bf16(&L->o, b.attn + r * q_size, &b, r);
             }
             SYNC();

@@ -1,4 +1,5 @@
-"""ctypes binding of decode.c: one Llama-family decode step for one token, in one C call.
+"""ctypes binding of decode.c: one Llama-family decode step (one token for each of up to 16
+requests) in one C call.
 
 This module knows the C structures and nothing of radixflow's model classes:
 runtime/models/native_decode.py maps a model onto `LayerWeights` and `ModelShape`.

@@ -72,7 +72,8 @@ class NativeDecode:
             weights = [_tiled(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                            mlp.down_proj)]
             if any(w is None for w in weights):
-                return None, "its layers are not in the tiled 4-bit format (--quantization auto|int4)"
+                return None, ("its layers are not in the tiled 4-bit format "
+                              "(--quantization auto|int4)")
             bias = attn.qkv_proj.bias
             layers.append(cpu_decode.LayerWeights(
                 _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
@@ -100,6 +101,6 @@ class NativeDecode:
         ids = torch.tensor(tokens, dtype=torch.int64)
         pos = torch.tensor(positions, dtype=torch.int64)
         x = model.embed_tokens.weight.index_select(0, ids).float()
-        return self.step(x, model.rope.cos.index_select(0, pos),
-                         model.rope.sin.index_select(0, pos), out_slots.to(torch.int64).contiguous(),
-                         table, torch.tensor(rows, dtype=torch.int64), pos + 1)
+        cos, sin = model.rope.cos.index_select(0, pos), model.rope.sin.index_select(0, pos)
+        return self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), table,
+                         torch.tensor(rows, dtype=torch.int64), pos + 1)

@@ -146,7 +146,8 @@ class Q8_0Linear(QuantLinear):
             raise ValueError(f"Q8_0 needs in_features divisible by {GROUP_SIZE}, "
                              f"got {linear.in_features}")
         super().__init__(linear)
-        self.tiled = cpu_kernels.tile_q8_0(weight or cpu_kernels.quantize_q8_0(linear.weight.detach()))
+        weight = weight or cpu_kernels.quantize_q8_0(linear.weight.detach())
+        self.tiled = cpu_kernels.tile_q8_0(weight)
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
@@ -175,12 +176,14 @@ def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
                       only_if_exact: bool = False) -> int:
     """Replace the model's nn.Linears (with in_features divisible by the group size) by
-    Int4Linears; returns how many were replaced. Quantize fp32 weights, before any bf16 cast.
+    Int4Linears; returns how many linears were replaced (a kept one included). Quantize fp32
+    weights, before any bf16 cast.
 
     - `keep`: linears that do not become int4 unless their weights are already 4-bit. Where
       the AVX-512 kernels run, one whose weights are exactly 8-bit groups becomes a
-      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is. For the output head: the default model's GGUF stores its
-      (tied) embedding as Q8_0, and 4-bit logits cost more quality than the bytes are worth.
+      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is. For the output
+      head: the default model's GGUF stores its (tied) embedding as Q8_0, and 4-bit logits
+      cost more quality than the bytes are worth.
     - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
       already 4-bit (see is_exact), i.e. int4 is lossless for this checkpoint.
     """

@@ -116,7 +116,8 @@ def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
 @pytest.mark.parametrize("shape", [
     dict(num_attention_heads=4, num_key_value_heads=1, head_dim=96),  # 3 chunks of 32
     dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256),  # the generic path
-    dict(num_attention_heads=12, num_key_value_heads=1, head_dim=16, hidden_size=96),  # 12 share a KV head
+    # 12 query heads share one KV head
+    dict(num_attention_heads=12, num_key_value_heads=1, head_dim=16, hidden_size=96),
     dict(num_attention_heads=6, num_key_value_heads=3, head_dim=48, hidden_size=96),  # a half chunk
 ])
 def test_attention_shapes(tmp_path, shape):
@@ -142,8 +143,10 @@ def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]]) -> list[to
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
     for i in range(max(map(len, seqs))):
         live = [r for r, seq in enumerate(seqs) if i < len(seq)]
-        parts = [BatchRequest(row=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0]) for r in live]
-        logits = runner.forward(ForwardMode.DECODE, parts, torch.cat([slots[r][i:i + 1] for r in live]))
+        parts = [BatchRequest(row=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0])
+                 for r in live]
+        out_slots = torch.cat([slots[r][i:i + 1] for r in live])
+        logits = runner.forward(ForwardMode.DECODE, parts, out_slots)
         for j, r in enumerate(live):
             out[r].append(logits[j:j + 1])
     for s in slots:
@@ -187,7 +190,8 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
     for i in range(max(map(len, suffixes))):
         live = [r for r, s in enumerate(suffixes) if i < len(s)]
         parts = [BatchRequest(r, [suffixes[r][i]], len(prefix) + i, [0]) for r in live]
-        logits = runner.forward(ForwardMode.DECODE, parts, torch.cat([own[r][i:i + 1] for r in live]))
+        out_slots = torch.cat([own[r][i:i + 1] for r in live])
+        logits = runner.forward(ForwardMode.DECODE, parts, out_slots)
         for j, r in enumerate(live):
             got[r].append(logits[j:j + 1])
     ref = _reference_of(runner, folder)
