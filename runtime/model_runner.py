@@ -136,10 +136,11 @@ class ModelRunner:
         native, why_not = NativeDecode.build(self.model, self.kv_pool, self.attn.scale,
                                              self.context_len)
         if native is None:
-            logger.info("single-request decode runs as torch ops: the C decode step needs "
+            logger.info("decode runs as torch ops: the C decode step needs "
                         "what this model lacks (%s)", why_not)
         else:
-            logger.info("single-request decode runs in radixflow's C decode step")
+            logger.info("decode steps of up to %d requests run in radixflow's C decode step",
+                        native.max_batch)
         return native
 
     def _compile_decode(self) -> SingleRequestDecode | None:
