@@ -15,3 +15,27 @@ def default_model_path():
     from radixflow.runtime.model_loader import resolve_model
 
     return resolve_model(None)
+
+
+def _kernel_levels() -> list:
+    """Each C-kernel level this machine runs (best first), as pytest params; a level the CPU
+    lacks is a skipped param that names it."""
+    from radixflow.kernels.cpu.features import REQUIRED, supported_levels
+
+    here = supported_levels()
+    return [pytest.param(level, marks=pytest.mark.skipif(
+                level not in here, reason=f"needs a CPU with {', '.join(REQUIRED[level])}"))
+            for level in ("avx512", "avx2")]
+
+
+@pytest.fixture(params=_kernel_levels())
+def cpu_level(request):
+    """Runs the test with the CPU kernels forced to each level the machine supports (an AVX-512
+    machine tests its AVX2 build too)."""
+    from radixflow.kernels.cpu import features
+
+    features.set_level(request.param)
+    try:
+        yield request.param
+    finally:
+        features.set_level("auto")

@@ -1,12 +1,18 @@
-"""AVX-512 (BF16/VNNI) weight-only matrix products for CPU decode, and the fused decode step.
+"""Radixflow's CPU kernels: weight-only matrix products for decode, and the fused decode step.
 
-gemv.c multiplies a few rows of x by weights in a tiled layout (16 output rows side by side:
-see its header comment) in three formats: GGUF's Q4_1 and Q8_0, exactly, and bf16. decode.c
-runs a whole decode step of a Llama-family model (up to 16 requests, one token each) over
-those weights (see runtime/models/native_decode.py). The C sources are compiled once per machine with the system
-C compiler into the radixflow cache folder and loaded with ctypes (no torch headers: they
-build in a few seconds). Where the CPU lacks AVX-512 BF16/VNNI or there is no compiler,
-`available()` is False and callers keep their torch path.
+The C sources come in one build per instruction-set level (features.py says which this CPU
+runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
+side by side: see gemv_avx512.c's header comment) in three formats: GGUF's Q4_1 and Q8_0,
+exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax; decode.c,
+the same for every level, runs a whole decode step of a Llama-family model (up to 16 requests,
+one token each) over those weights (see runtime/models/native_decode.py).
+- avx512: the integer formats multiply with VNNI after splitting x per group of 32 into exact
+  16-bit integers; bf16 with vdpbf16ps; attention in bf16 dot products.
+- avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with
+  vpmaddubsw; bf16 weights widened to fp32; attention in fp32 arithmetic over bf16 K/V.
+Each level's build is compiled once per machine with the system C compiler into the radixflow
+cache folder and loaded with ctypes (no torch headers: a few seconds). At the generic level,
+or with no compiler, `available()` is False and callers keep their torch path.
 
 Each format has a torch reference (`unpack` + matmul) that the tests compare against.
 """
@@ -26,56 +32,58 @@ from pathlib import Path
 
 import torch
 
+from .features import LEVEL_FLAGS, cpu_features
+
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "decode.c")]
-HEADER = Path(__file__).with_name("gemv.h")
+HERE = Path(__file__).parent
+HEADERS = [HERE / "gemv.h", HERE / "decode.h"]
 TILE = 16
 GROUP = 32
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni",
-         "-mf16c", "-mfma", "-fopenmp", "-shared", "-fPIC"]
-MAX_ROWS = 8  # rows of x per call (gemv.c)
-MAX_GROUPS = 1024  # in_features / 32 per call (gemv.c)
+COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+MAX_ROWS = 8  # rows of x per call (gemv_*.c)
+MAX_GROUPS = 1024  # in_features / 32 per call (gemv_*.c)
 
 
-def _cpu_has_avx512_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                                    "avx512_vnni", "f16c"))
+def sources(level: str) -> list[Path]:
+    """The C files of one level's build."""
+    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "decode.c"]
 
 
-def _compile(dest: Path) -> None:
+def cache_dir() -> Path:
+    """Where compiled kernels go: $RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else
+    ~/.cache/radixflow (the model cache's rule), then kernels/."""
+    env = os.environ.get("RADIXFLOW_CACHE")
+    if env:
+        return Path(env).expanduser() / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).expanduser().is_absolute() else None
+    return (base or Path.home() / ".cache") / "radixflow" / "kernels"
+
+
+def _compile(level: str, dest: Path) -> None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc/gcc) found")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         out = Path(tmp) / dest.name
-        proc = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(out)],
-                              capture_output=True, text=True, timeout=120, check=False)
+        cmd = [cc, *COMMON_FLAGS, *LEVEL_FLAGS[level], *map(str, sources(level)), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(out, dest)  # atomic: a concurrent process sees the whole library or none
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    if os.environ.get("RADIXFLOW_DISABLE_CPU_KERNELS"):
-        return None
-    if not _cpu_has_avx512_bf16():
-        logger.info("CPU kernels off: this CPU has no AVX-512 BF16")
-        return None
-    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
-    key = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
-    from radixflow.runtime.model_loader.cache import default_cache_dir  # one rule for the cache
-
-    path = default_cache_dir() / "kernels" / f"gemv-{key}.so"
+def _library_for(level: str) -> ctypes.CDLL | None:
+    text = b"".join(p.read_bytes() for p in (*sources(level), *HEADERS))
+    flags = " ".join((*COMMON_FLAGS, *LEVEL_FLAGS[level]))
+    key = hashlib.sha256(text + flags.encode()).hexdigest()[:16]
+    path = cache_dir() / f"cpu-{level}-{key}.so"
     try:
         if not path.is_file():
-            _compile(path)
+            _compile(level, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("CPU kernels off (falling back to torch's): %s", exc)
@@ -89,8 +97,21 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
+def _library() -> ctypes.CDLL | None:
+    """The build for the level in force (features.cpu_features), or None."""
+    if os.environ.get("RADIXFLOW_DISABLE_CPU_KERNELS"):
+        return None
+    level = cpu_features().kernel_level
+    return None if level is None else _library_for(level)
+
+
 def available() -> bool:
     return _library() is not None
+
+
+def level() -> str | None:
+    """The level whose kernels run ("avx512", "avx2"), or None (torch's kernels only)."""
+    return cpu_features().kernel_level if available() else None
 
 
 # ---- weights ----

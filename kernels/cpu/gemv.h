@@ -1,10 +1,13 @@
-/* Shared by gemv.c (weight-only matrix products) and decode.c (the fused decode step). */
+/* What every instruction-set level's weight-only products (gemv_avx512.c, gemv_avx2.c) and the
+ * fused decode step (decode.c) share: the tiled layouts' constants, x prepared for the integer
+ * kernels, the products' entry points, scalar bf16 conversions. */
 #ifndef RADIXFLOW_GEMV_H
 #define RADIXFLOW_GEMV_H
 
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TILE 16  /* output rows side by side in one register */
 #define GROUP 32 /* quantization group along k */
@@ -12,9 +15,10 @@
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 
-/* One row of x split for the integer kernels (rf_split_x): per group g of 32,
- * x ~= scale[g] * (256 hi + lo) (signed), or scale[g] * (256 hi + lo - 32768) (unsigned,
- * hi and lo read as uint8); sum[g] is the exact fp32 sum of the group. */
+/* One row of x prepared for the integer kernels (rf_split_x), per group g of 32; sum[g] is the
+ * exact fp32 sum of the group. AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or
+ * scale[g] * (256 hi + lo - 32768) (unsigned, hi and lo read as uint8). AVX2: x ~= scale[g] *
+ * hi, int8 in -127..127 (lo unused). */
 typedef struct {
     int8_t *hi, *lo;
     float *scale, *sum;
@@ -22,8 +26,18 @@ typedef struct {
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2 };
 
-static inline __m512 bf16_to_f32(__m256i v) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float bf16_to_f32_1(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 /* This thread's share [t0, t1) of n items, inside an OpenMP parallel region. */

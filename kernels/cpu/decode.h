@@ -1,0 +1,56 @@
+/* The decode step's model description (decode.c) and the vector kernels each instruction-set
+ * level implements for it (step_avx512.c, step_avx2.c). */
+#ifndef RADIXFLOW_DECODE_H
+#define RADIXFLOW_DECODE_H
+
+#include "gemv.h"
+
+#define MAX_GROUP 16    /* query heads per KV head */
+#define MAX_BATCH 16    /* requests per step */
+#define MAX_HEAD_DIM 512
+
+typedef struct {
+    int64_t format, n, k;
+    const uint8_t *data;
+} rf_weight;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [hidden] */
+    const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
+    const float *qkv_bias;             /* [q + 2 kv], or NULL (Qwen2 has it) */
+    rf_weight qkv, o, gate_up, down;
+    uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim] */
+} rf_layer;
+
+typedef struct {
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads,
+        max_batch;
+    float eps, scale;
+    const rf_layer *layers;
+    const float *final_norm;
+    rf_weight head;
+    float *scratch; /* rf_decode_scratch_floats(model) floats */
+    double *profile; /* NULL, or PROFILE_PHASES seconds that each step adds to (thread 0) */
+} rf_model;
+
+/* What thread 0 spent where, barrier waits included: the profile's slots. */
+enum { PH_NORM, PH_QKV, PH_ROPE_KV, PH_ATTN, PH_O, PH_MLP_UP, PH_ACT, PH_DOWN, PH_HEAD,
+       PROFILE_PHASES };
+
+/* bf16 values per query head in the step's bf16 queries: head_dim padded to whole 32-value
+ * chunks. */
+static inline int64_t q_stride(const rf_model *m) { return (m->head_dim + 31) / 32 * 32; }
+
+/* This thread's keys [t0, t1) of one request for every head: per head h, partial[h * (D + 2)]
+ * holds its max score, then its sum of exp(score - max), then its exp-weighted V sum (D
+ * values). q: the request's queries, fp32 [heads][D]; qb: the same as bf16 [heads][q_stride];
+ * slots: its KV slots; scores: room for heads * max_context floats. */
+void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
+                    const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial);
+
+/* out[i] = bf16(silu(gate_up[i]) * gate_up[n + i]) for i < n. */
+void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out);
+
+void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out);
+
+#endif

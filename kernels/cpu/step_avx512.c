@@ -1,0 +1,237 @@
+/* The decode step's vector kernels for AVX-512 BF16 (see decode.h): attention over the KV pool
+ * with vdpbf16ps, SiLU, argmax. */
+#include <math.h>
+#include <string.h>
+
+#include "decode.h"
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* ---- attention ---- */
+
+/* r[i] = sum of v[i]'s 16 lanes, for 16 vectors at once (a transposing reduction: ~3
+ * instructions per sum instead of ~8 for each one alone). */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++) /* per 128-bit block: halves of v[2i], v[2i+1] interleaved */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int j = 0; j < 4; j++) { /* per 128-bit block: its sums of v[4j .. 4j + 3] */
+        __m512d c = _mm512_castps_pd(t[2 * j]), d = _mm512_castps_pd(t[2 * j + 1]);
+        u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    __m512 p = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD));
+}
+
+/* Scores of one query head (bf16 qb, head_dim values) against keys
+ * [t0, t0 + n) of one KV head, times scale, into s[0 .. n). CH is a constant at each call,
+ * so the 16 keys' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void head_scores(
+    const rf_model *m, const uint16_t *k_cache, int64_t kvh, const int32_t *slots, int64_t t0,
+    int64_t n, const uint16_t *qb, float *s, const int CH) {
+    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    __m512i q[16];
+    __mmask32 km[16]; /* which of chunk c's 32 values are in the row */
+    for (int c = 0; c < CH; c++) {
+        const int64_t rest = D - 32 * c;
+        km[c] = rest >= 32 ? (__mmask32)0xFFFFFFFF : rest > 0 ? (__mmask32)((1u << rest) - 1) : 0;
+        q[c] = _mm512_maskz_loadu_epi16(km[c], qb + 32 * c);
+    }
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t keys = n - b < 16 ? n - b : 16;
+        __m512 v[16];
+        for (int j = 0; j < 16; j++) { /* past the last key: repeat it, the lane is dropped */
+            const uint16_t *k = k_cache + (int64_t)slots[t0 + b + (j < keys ? j : keys - 1)] * row + kvh * D;
+            v[j] = _mm512_setzero_ps();
+            for (int c = 0; c < CH; c++) {
+                __m512i kc = _mm512_maskz_loadu_epi16(km[c], k + 32 * c);
+                v[j] = _mm512_dpbf16_ps(v[j], (__m512bh)kc, (__m512bh)q[c]);
+            }
+        }
+        __m512 r = _mm512_mul_ps(sum16(v), _mm512_set1_ps(m->scale));
+        _mm512_mask_storeu_ps(s + b, (__mmask16)((1u << keys) - 1), r);
+    }
+}
+
+/* The exp-weighted V sum of G query heads (their bf16 weights w[g], pairs of keys per dword)
+ * over keys [t0, t0 + n) of one KV head, for 32 values of d from d0, added into out[g]. Two
+ * keys at a time: their V rows interleaved into bf16 pairs times the pair of weights
+ * (vdpbf16ps). Lanes come out in unpacklo/hi's order (d = 8 block + i, and + 4), put back at
+ * the end. G is a constant at each call (registers again). */
+static inline __attribute__((always_inline)) void weighted_values(
+    const rf_model *m, const uint16_t *v_cache, int64_t kvh, const int32_t *slots, int64_t t0,
+    int64_t n, int64_t d0, const uint32_t *const *w, float *const *out, const int G) {
+    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
+    const uint16_t *base = v_cache + kvh * D + d0;
+    __m512 lo[8], hi[8];
+    for (int g = 0; g < G; g++) lo[g] = hi[g] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 2) {
+        __m512i a = _mm512_maskz_loadu_epi16(dm, base + (int64_t)slots[t0 + t] * row);
+        __m512i b = t + 1 < n ? _mm512_maskz_loadu_epi16(dm, base + (int64_t)slots[t0 + t + 1] * row)
+                              : _mm512_setzero_si512(); /* its weight is 0 too */
+        __m512bh ab_lo = (__m512bh)_mm512_unpacklo_epi16(a, b), ab_hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        for (int g = 0; g < G; g++) {
+            __m512bh wt = (__m512bh)_mm512_set1_epi32((int)w[g][t / 2]);
+            lo[g] = _mm512_dpbf16_ps(lo[g], ab_lo, wt);
+            hi[g] = _mm512_dpbf16_ps(hi[g], ab_hi, wt);
+        }
+    }
+    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int g = 0; g < G; g++) {
+        float *o = out[g] + d0;
+        __m512 first = _mm512_permutex2var_ps(lo[g], order_lo, hi[g]);
+        _mm512_mask_storeu_ps(o, (__mmask16)dm, _mm512_add_ps(_mm512_maskz_loadu_ps((__mmask16)dm, o), first));
+        if (D - d0 > 16) {
+            __m512 second = _mm512_permutex2var_ps(lo[g], order_hi, hi[g]);
+            __mmask16 k = (__mmask16)(dm >> 16);
+            _mm512_mask_storeu_ps(o + 16, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + 16), second));
+        }
+    }
+}
+
+static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, int64_t from,
+                                 int64_t to, int64_t row) {
+    for (int64_t t = from; t < to; t++)
+        for (int64_t byte = 0; byte < row * 2; byte += 64)
+            _mm_prefetch((const char *)(cache + (int64_t)slots[t] * row) + byte, _MM_HINT_T0);
+}
+
+/* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
+ * Keys go in blocks of 16 whose K (then V) rows every head reads while they sit in L1, the
+ * next block's rows prefetched meanwhile (slots need not be consecutive). */
+void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
+                    const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial) {
+    (void)q; /* the bf16 queries are what vdpbf16ps multiplies */
+    const int64_t D = m->head_dim, group = m->heads / m->kv_heads, n = t1 - t0;
+    const int64_t row = m->kv_heads * D, qs = q_stride(m);
+    for (int64_t h = 0; h < m->heads; h++) {
+        float *ph = partial + h * (D + 2);
+        ph[0] = -INFINITY;
+        ph[1] = 0;
+        memset(ph + 2, 0, D * sizeof(float));
+    }
+    if (n <= 0) return;
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t keys = n - b < 16 ? n - b : 16;
+        prefetch_rows(L->k_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        for (int64_t h = 0; h < m->heads; h++) {
+            const int64_t kvh = h / group;
+            const uint16_t *qh = qb + h * qs;
+            float *s = scores + h * n + b;
+            switch (qs / 32) {
+            case 1: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 1); break;
+            case 2: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 2); break;
+            case 3: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 3); break;
+            case 4: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 4); break;
+            default: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 16); break;
+            }
+        }
+    }
+    for (int64_t h = 0; h < m->heads; h++) {
+        float *s = scores + h * n, *ph = partial + h * (D + 2);
+        __m512 vmx = _mm512_set1_ps(-INFINITY);
+        for (int64_t t = 0; t < n; t += 16) {
+            __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+            vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_loadu_ps(k, s + t));
+        }
+        const float mx = _mm512_reduce_max_ps(vmx);
+        __m512 sum = _mm512_setzero_ps();
+        vmx = _mm512_set1_ps(mx);
+        uint16_t *pb = (uint16_t *)s; /* the weights become bf16, in place (written behind the reads) */
+        for (int64_t t = 0; t < n; t += 16) {
+            __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), vmx)));
+            sum = _mm512_add_ps(sum, e);
+            _mm256_mask_storeu_epi16(pb + t, k, (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        if (n % 2) pb[n] = 0; /* pairs of keys below: the odd one out pairs with a zero weight */
+        ph[0] = mx;
+        ph[1] = _mm512_reduce_add_ps(sum);
+    }
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t keys = n - b < 16 ? n - b : 16;
+        prefetch_rows(L->v_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        for (int64_t kvh = 0; kvh < m->kv_heads; kvh++)
+            for (int64_t g0 = 0; g0 < group; g0 += 8) { /* up to 8 heads' accumulators at once */
+                const uint32_t *w[8];
+                float *out[8];
+                const int count = group - g0 < 8 ? (int)(group - g0) : 8;
+                for (int g = 0; g < count; g++) {
+                    w[g] = (const uint32_t *)(scores + (kvh * group + g0 + g) * n) + b / 2;
+                    out[g] = partial + (kvh * group + g0 + g) * (D + 2) + 2;
+                }
+                for (int64_t d0 = 0; d0 < D; d0 += 32) {
+                    const uint16_t *vc = L->v_cache;
+                    const int64_t tb = t0 + b;
+                    switch (count) {
+                    case 1: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 1); break;
+                    case 2: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 2); break;
+                    case 3: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 3); break;
+                    case 4: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 4); break;
+                    case 5: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 5); break;
+                    case 6: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 6); break;
+                    case 7: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 7); break;
+                    default: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 8); break;
+                    }
+                }
+            }
+    }
+}
+
+void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate_up + i), u = _mm512_loadu_ps(gate_up + n + i);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, u)));
+    }
+    for (; i < n; i++) {
+        float g = gate_up[i];
+        out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * gate_up[n + i]);
+    }
+}
+
+/* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
+ * as torch.argmax answers (greedy sampling: torch's argmax takes ~0.1-0.2 ms over a 49k
+ * vocabulary on this CPU, this ~10 us). */
+void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        __m512 best = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            best = _mm512_max_ps(best, v);
+        }
+        float mx = _mm512_reduce_max_ps(best);
+        for (; i < n; i++) {
+            nan |= xr[i] != xr[i];
+            mx = xr[i] > mx ? xr[i] : mx;
+        }
+        int64_t at = 0;
+        for (i = 0; i < n; i++)
+            if (nan ? xr[i] != xr[i] : xr[i] == mx) { at = i; break; }
+        out[r] = at;
+    }
+}
