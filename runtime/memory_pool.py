@@ -70,5 +70,6 @@ class KVPool:
         self._num_free += n
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer_id].index_copy_(0, slots, k)
-        self.v[layer_id].index_copy_(0, slots, v)
+        # (a 16-bit pool under an fp32 model rounds K/V here)
+        self.k[layer_id].index_copy_(0, slots, k.to(self.k[layer_id].dtype))
+        self.v[layer_id].index_copy_(0, slots, v.to(self.v[layer_id].dtype))

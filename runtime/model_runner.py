@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+from radixflow.kernels import cpu as cpu_kernels
+from radixflow.kernels.cpu.features import cpu_features, set_level
 
 from .attention import create_attention_backend
 from .forward_batch import ForwardBatch, ForwardMode
@@ -22,15 +24,6 @@ from .server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 
-def cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,10 +34,13 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        if device.type == "cuda" or cpu_has_bf16():
+        if device.type == "cuda" or cpu_features().bf16:
             return torch.bfloat16
         return torch.float32
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+    return DTYPES[name]
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -62,6 +58,11 @@ class ModelRunner:
         self.args = args
         self.model_args = ModelArgs.from_hf_config(hf_config)
         self.device = resolve_device(args.device)
+        if self.device.type == "cpu":
+            self.cpu = set_level(args.cpu_isa)
+            self.kernel_level = cpu_kernels.active_level()
+            logger.info("CPU: %s; kernels: %s", self.cpu.describe(),
+                        f"radixflow C ({self.kernel_level})" if self.kernel_level else "torch's")
         self.dtype = resolve_dtype(args.dtype, self.device)
         if args.num_threads and self.device.type == "cpu":
             torch.set_num_threads(args.num_threads)
@@ -69,10 +70,12 @@ class ModelRunner:
         self.context_len = min(args.context_length or ma.max_position_embeddings,
                                ma.max_position_embeddings)
         self.model = self._load_model(model_folder)
-        per_token = KVPool.bytes_per_token(ma.num_layers, ma.num_kv_heads, ma.head_dim, self.dtype)
+        self.kv_dtype = self._kv_dtype()
+        per_token = KVPool.bytes_per_token(ma.num_layers, ma.num_kv_heads, ma.head_dim,
+                                           self.kv_dtype)
         num_slots = args.max_total_tokens or self._default_num_slots(per_token)
         self.kv_pool = KVPool(num_slots, ma.num_layers, ma.num_kv_heads, ma.head_dim,
-                              self.dtype, self.device)
+                              self.kv_dtype, self.device)
         self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
                                              ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
@@ -80,10 +83,27 @@ class ModelRunner:
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.native_decode is None
                                 else None)
-        logger.info("model %s loaded: %s on %s, KV pool %d tokens (%.2f GiB)",
-                    ma.architecture, self.dtype, self.device, num_slots,
+        logger.info("model %s loaded: %s on %s, KV pool %d tokens of %s (%.2f GiB)",
+                    ma.architecture, self.dtype, self.device, num_slots, self.kv_dtype,
                     num_slots * per_token / 2**30)
 
+    def _kv_dtype(self) -> torch.dtype:
+        """--kv-cache-dtype; auto: the model's, but 16-bit where the C decode step can run
+        (its K/V are bf16 at every CPU level; an fp32 model at level avx2 keeps fp32
+        arithmetic and halves the bytes attention reads)."""
+        if self.args.kv_cache_dtype != "auto":
+            return DTYPES[self.args.kv_cache_dtype]
+        if (self.device.type == "cpu" and self.quantization != "none"
+                and not self.args.disable_native_decode and cpu_kernels.available()):
+            return torch.bfloat16
+        return self.dtype
+
+    def cpu_info(self) -> dict | None:
+        """The CPU level and the kernels chosen (start-up log, /get_server_info)."""
+        if self.device.type != "cpu":
+            return None
+        return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
+                "decode_step": "C" if self.native_decode is not None else "torch ops"}
     def _default_num_slots(self, per_token: int) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -109,9 +129,10 @@ class ModelRunner:
     def _quantize(self, model: LlamaForCausalLM) -> str:
         """Apply --quantization; returns what was applied ("int4" or "none").
 
-        auto: int4 on a bf16 CPU when the checkpoint's weights are already 4-bit groups (a
-        Q4_0/Q4_1 GGUF such as the default model's), where it is lossless and halves a decode
-        step; otherwise none.
+        auto: int4 on a CPU whose level has radixflow's kernels (avx512, avx2) when the
+        checkpoint's weights are already 4-bit groups (a Q4_0/Q4_1 GGUF such as the default
+        model's), where it is lossless and a decode step reads a third of the bytes, unless
+        --dtype float32 was asked for; otherwise none.
         """
         choice = self.args.quantization
         if choice == "none":
@@ -120,10 +141,10 @@ class ModelRunner:
             if choice == "auto":
                 return "none"
             raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
-        if choice == "auto" and self.dtype != torch.bfloat16:
-            return "none"
-        count = quantize_linears_(model, keep=(model.lm_head,),
-                                       only_if_exact=choice == "auto")
+        if choice == "auto" and (self.args.dtype == "float32" or not cpu_kernels.available()):
+            return "none"  # (an explicit float32 asks for fp32 numerics throughout)
+        count = quantize_linears_(model, keep=(model.lm_head,), only_if_exact=choice == "auto",
+                                  dtype=self.dtype)
         if count:
             logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"
@@ -139,8 +160,8 @@ class ModelRunner:
             logger.info("decode runs as torch ops: the C decode step needs "
                         "what this model lacks (%s)", why_not)
         else:
-            logger.info("decode steps of up to %d requests run in radixflow's C decode step",
-                        native.max_batch)
+            logger.info("decode steps of up to %d requests run in radixflow's C decode step "
+                        "(%s kernels)", native.max_batch, cpu_kernels.active_level())
         return native
 
     def _compile_decode(self) -> SingleRequestDecode | None:

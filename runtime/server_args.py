@@ -21,11 +21,17 @@ class ServerArgs:
     served_model_name: str | None = _arg(None, "model name reported by the APIs")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
         "auto", "auto: bf16 on GPUs and CPUs with AVX512-BF16/AMX, else fp32")
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
+        "auto", "dtype of the KV cache; auto: the model's, except bf16 on a CPU whose C decode "
+        "step runs (it reads 16-bit K/V at every CPU level)")
+    cpu_isa: Literal["auto", "avx512", "avx2", "generic"] = _arg(
+        "auto", "instruction-set level of radixflow's CPU kernels; a level below the CPU's "
+        "best runs exactly what a CPU of that level would (generic: torch's kernels only)")
     device: Literal["auto", "cpu", "cuda"] = _arg("auto", "auto: cuda when available")
     quantization: Literal["auto", "none", "int4"] = _arg(
         "auto", "int4: weight-only 4-bit linear layers (CPU), ~3x fewer bytes per decode step; "
-        "auto: int4 layers and a Q8_0 head where that is lossless (bf16 on CPU, weights already "
-        "4-bit/8-bit groups as in the default model's GGUF)")
+        "auto: int4 layers and a Q8_0 head where that is lossless (a CPU whose level has "
+        "radixflow's kernels, weights already 4-bit/8-bit groups as in the default model's GGUF)")
     context_length: int | None = _arg(None, "max tokens per request (default: the model's)")
     kv_cache_gb: float = _arg(1.0, "KV cache size in GiB on CPU")
     mem_fraction: float = _arg(0.85, "fraction of free GPU memory for weights + KV cache")
@@ -43,8 +49,9 @@ class ServerArgs:
         False, "compile the single-request decode step with torch.compile (torch_native "
         "attention): faster single-stream decode, about a minute more at start-up")
     disable_native_decode: bool = _arg(
-        False, "run decode steps as torch ops instead of radixflow's one-call C kernel (CPU, "
-        "bf16, quantized layers as the default model's, up to 16 requests a step)")
+        False, "run decode steps as torch ops instead of radixflow's one-call C kernel (CPU at "
+        "level avx512 or avx2, quantized layers as the default model's, up to 16 requests a "
+        "step)")
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
     tp_size: int = _arg(1, "tensor parallel size")
@@ -69,6 +76,10 @@ class ServerArgs:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
+        if self.cpu_isa != "auto" and self.device != "cuda":
+            from radixflow.kernels.cpu.features import check_level
+
+            check_level(self.cpu_isa)  # a level the CPU lacks: a start-up error, never SIGILL
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name, hint in typing.get_type_hints(type(self)).items():

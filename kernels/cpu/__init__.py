@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -97,19 +97,20 @@ def _library_for(level: str) -> ctypes.CDLL | None:
     return lib
 
 
-def _library() -> ctypes.CDLL | None:
-    """The build for the level in force (features.cpu_features), or None."""
+def _library(at: str | None = None) -> ctypes.CDLL | None:
+    """The build of level `at`, by default the level in force (features.cpu_features); None
+    where it cannot load."""
     if os.environ.get("RADIXFLOW_DISABLE_CPU_KERNELS"):
         return None
-    level = cpu_features().kernel_level
-    return None if level is None else _library_for(level)
+    at = at or cpu_features().kernel_level
+    return None if at is None else _library_for(at)
 
 
 def available() -> bool:
     return _library() is not None
 
 
-def level() -> str | None:
+def active_level() -> str | None:
     """The level whose kernels run ("avx512", "avx2"), or None (torch's kernels only)."""
     return cpu_features().kernel_level if available() else None
 
@@ -144,12 +145,15 @@ def unpack_q8_0(w: Q8_0Weight) -> torch.Tensor:
 
 @dataclass
 class TiledWeight:
-    """Weights [n, k] in one of gemv.c's tiled layouts: 16 output rows side by side."""
+    """Weights [n, k] in one of the tiled layouts (gemv_avx512.c): 16 output rows side by side.
+    The layouts are the same at every level; `level` is the build that multiplies them, the
+    one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
     format: str  # "q4_1" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
+    level: str | None = field(default_factory=lambda: active_level())
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -253,7 +257,7 @@ def _input(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
 def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """x [M, K] @ w.T -> [M, N] in out_dtype (float32 or bfloat16); fp32 sums."""
     x = _input(x, w)
-    lib = _library()
+    lib = _library(w.level) if w.level else None
     if lib is None:
         return reference(x, w).to(out_dtype)
     if out_dtype not in (torch.float32, torch.bfloat16):

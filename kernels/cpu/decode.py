@@ -1,5 +1,5 @@
 """ctypes binding of decode.c: one Llama-family decode step (one token for each of up to 16
-requests) in one C call.
+requests) in one C call, in the build of the CPU level its weights were tiled at.
 
 This module knows the C structures and nothing of radixflow's model classes:
 runtime/models/native_decode.py maps a model onto `LayerWeights` and `ModelShape`.
@@ -96,7 +96,11 @@ class DecodeStep:
 
     def __init__(self, shape: ModelShape, layers: list[LayerWeights], final_norm: torch.Tensor,
                  head: TiledWeight, max_context: int, num_threads: int, max_batch: int = 8):
-        lib = _library()
+        levels = {w.level for lw in layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)}
+        if len(levels | {head.level}) != 1:
+            raise ValueError(f"weights tiled at different CPU levels: {levels | {head.level}}")
+        self.level = head.level
+        lib = _library(self.level) if self.level else None
         if lib is None:
             raise RuntimeError("the CPU kernels are not available on this machine")
         reason = check_shape(shape)

@@ -158,15 +158,20 @@ def _at_level(cpu: CpuFeatures, level: str) -> CpuFeatures:
 _forced: str | None = None
 
 
+def check_level(choice: str) -> CpuFeatures:
+    """The features at `choice` ("auto" or a level); CpuLevelError names what the CPU lacks."""
+    if choice not in CHOICES:
+        raise CpuLevelError(f"--cpu-isa must be one of {', '.join(CHOICES)}, got {choice!r}")
+    return _at_level(detect(), detect().detected_level if choice == "auto" else choice)
+
+
 def set_level(choice: str) -> CpuFeatures:
     """Force a level ("auto" lifts it) for this process; raises CpuLevelError for one the CPU
     lacks. Returns the features now in force."""
     global _forced
-    if choice not in CHOICES:
-        raise CpuLevelError(f"--cpu-isa must be one of {', '.join(CHOICES)}, got {choice!r}")
-    features = _at_level(detect(), detect().detected_level if choice == "auto" else choice)
+    check_level(choice)
     _forced = None if choice == "auto" else choice
-    return features
+    return cpu_features()
 
 
 def cpu_features() -> CpuFeatures:

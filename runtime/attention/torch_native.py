@@ -129,15 +129,16 @@ class TorchNativeAttnBackend:
         kvh, g, d = self.num_kv_heads, self.group, self.head_dim
         queries = q.view(bs, kvh, g, d)  # the heads of a group ride the query axis
         # [bs, kv_heads, suffix, head_dim]
-        keys = _read(k_pool, plan.kv_slots, plan.kv_run_start).transpose(1, 2)
-        values = _read(v_pool, plan.kv_slots, plan.kv_run_start).transpose(1, 2)
-        out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=plan.mask, scale=self.scale)
+        keys = _read(k_pool, plan.kv_slots, plan.kv_run_start, q.dtype).transpose(1, 2)
+        values = _read(v_pool, plan.kv_slots, plan.kv_run_start, q.dtype).transpose(1, 2)
+        mask = None if plan.mask is None else plan.mask.to(q.dtype)
+        out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=mask, scale=self.scale)
         if plan.prefix_slots is not None:
             # all requests' queries against the shared prefix, gathered once
             shared_q = queries.transpose(0, 1).reshape(1, kvh, bs * g, d)
             run = plan.prefix_run_start
-            shared_k = _read(k_pool, plan.prefix_slots, run).transpose(0, 1).unsqueeze(0)
-            shared_v = _read(v_pool, plan.prefix_slots, run).transpose(0, 1).unsqueeze(0)
+            shared_k = _read(k_pool, plan.prefix_slots, run, q.dtype).transpose(0, 1).unsqueeze(0)
+            shared_v = _read(v_pool, plan.prefix_slots, run, q.dtype).transpose(0, 1).unsqueeze(0)
             out_p, lse_p = _flash(shared_q, shared_k, shared_v, 0.0, False, scale=self.scale)
             out_p = out_p.view(kvh, bs, g, d).transpose(0, 1)
             lse_p = lse_p.view(kvh, bs, g).transpose(0, 1)
@@ -147,8 +148,8 @@ class TorchNativeAttnBackend:
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 plan: _ExtendPlan, bs: int) -> torch.Tensor:
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
-        keys = _gather(k_pool, plan.kv_slots).transpose(1, 2)
-        values = _gather(v_pool, plan.kv_slots).transpose(1, 2)
+        keys = _gather(k_pool, plan.kv_slots).to(q.dtype).transpose(1, 2)
+        values = _gather(v_pool, plan.kv_slots).to(q.dtype).transpose(1, 2)
         if plan.q_rows is not None:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
@@ -172,11 +173,13 @@ def _run_start(slots: torch.Tensor) -> int | None:
     return start if bool((slots.diff() == 1).all()) else None
 
 
-def _read(pool: torch.Tensor, slots: torch.Tensor, run_start: int | None) -> torch.Tensor:
-    """pool[slots] for [..., n] slots: a view when they are the run run_start.. (one request)."""
+def _read(pool: torch.Tensor, slots: torch.Tensor, run_start: int | None,
+          dtype: torch.dtype) -> torch.Tensor:
+    """pool[slots] for [..., n] slots as `dtype`: a view when they are the run run_start..
+    (one request) and the pool holds that dtype (a 16-bit pool under an fp32 model: a copy)."""
     if run_start is None:
-        return _gather(pool, slots)
-    return pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:])
+        return _gather(pool, slots).to(dtype)
+    return pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:]).to(dtype)
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from radixflow.kernels.cpu.features import cpu_features
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16
+    return (device.type == "cpu" and dtype == torch.bfloat16 and cpu_features().onednn_bf16
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 

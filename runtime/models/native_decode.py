@@ -6,9 +6,9 @@ C step runs the whole step (all layers, attention over the KV pool in place, the
 to `max_batch` requests, one token each, in one call, with the weights in the tiled layouts of
 kernels/cpu/gemv.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
 
-It covers a bf16 model on a CPU whose layers are quantized (Int4Linear, as `--quantization
-auto` makes the default model's); larger batches, prefill, jump-forward rows and anything else
-run the torch model.
+It covers a model on a CPU at level avx512 or avx2 (kernels/cpu/features.py) whose layers are
+quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool;
+larger batches, prefill, jump-forward rows and anything else run the torch model.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ class NativeDecode:
               ) -> tuple[NativeDecode | None, str]:
         """(NativeDecode, "") or (None, why not)."""
         if not cpu_kernels.available():
-            return None, "the CPU kernels need AVX-512 BF16/VNNI and a C compiler"
+            return None, ("radixflow's CPU kernels do not run here (they need level avx512 or "
+                          "avx2 and a C compiler)")
         if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype != torch.bfloat16:
-            return None, "it runs a bf16 model on the CPU"
+            return None, "it reads a bf16 KV cache on the CPU"
         a = model.args
         shape = cpu_decode.ModelShape(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim,
                                       a.intermediate_size, a.vocab_size, a.rms_norm_eps, scale)

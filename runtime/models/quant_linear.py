@@ -5,12 +5,13 @@ fewer milliseconds per token:
 - Int4Linear: groups of 32 input features, asymmetric min-max (GGUF's Q4_1, the scheme of the
   default model's layers), multiplied by torch's packed int4 CPU kernel.
 - Q8_0Linear: symmetric int8 groups of 32 (GGUF's Q8_0, the default model's embedding, which
-  it ties to its output head), multiplied by radixflow's AVX-512 kernel (kernels/cpu).
+  it ties to its output head), multiplied by radixflow's kernel (kernels/cpu, per CPU level).
 Both are exact for weights that came from those formats (see is_exact_*): the default model
 is served with its own weights, not an approximation of them.
 
-The quantized kernels only win for a few rows. Each layer keeps a bf16 copy of its
-(dequantized) weights for prefill and large decode batches, and QUANT_MAX_ROWS is where the
+The quantized kernels only win for a few rows. Each layer keeps a copy of its (dequantized)
+weights in the model's dtype (bf16, or fp32 on a CPU without bf16 arithmetic) for prefill and
+large decode batches, and QUANT_MAX_ROWS is where the
 default model's whole decode step (weights streamed from memory, interleaved A/B) turned:
 6 rows 70.6 ms int4 vs 87.0 ms bf16, 8 rows 92.3 vs 102.4 ms, 12 rows 78.0 vs 70.5 ms,
 16 rows 124 vs 96 ms. (With the weights hot in cache the int4 kernel already lost at 6 rows.)
@@ -61,26 +62,26 @@ def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, tor
 
 
 class QuantLinear(nn.Module):
-    """Quantized weights for up to `max_rows` rows, a bf16 copy for more."""
+    """Quantized weights for up to `max_rows` rows, a copy in `dtype` (the model's) for more."""
 
     max_rows = QUANT_MAX_ROWS
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None,
-                          dtype=torch.bfloat16, device="meta")
-        dense.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+                          dtype=dtype, device="meta")
+        dense.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
         if linear.bias is not None:
             dense.bias = nn.Parameter(self.bias, requires_grad=False)
-        self.dense = PackedLinear(dense) if can_pack(dense.weight.device, torch.bfloat16) else dense
+        self.dense = PackedLinear(dense) if can_pack(dense.weight.device, dtype) else dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > self.max_rows:
-            # (a plain nn.Linear fallback follows the model's .to(dtype); PackedLinear stays bf16)
+            # (a plain nn.Linear fallback follows the model's .to(dtype); PackedLinear keeps its)
             dense_dtype = getattr(getattr(self.dense, "weight", None), "dtype", torch.bfloat16)
             out = self.dense(rows.to(dense_dtype))
         else:
@@ -89,22 +90,27 @@ class QuantLinear(nn.Module):
                 out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
 
+    @staticmethod
+    def _out_dtype(rows: torch.Tensor) -> torch.dtype:
+        return torch.float32 if rows.dtype == torch.float32 else torch.bfloat16
+
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
 
 class Int4Linear(QuantLinear):
-    """Q4_1-style groups: radixflow's tiled AVX-512 kernel (kernels/cpu) where it runs and the
-    scales survive fp16 (as they do for a GGUF's, stored as fp16), else torch's int4 kernel
-    (bf16 scales)."""
+    """Q4_1-style groups: radixflow's tiled kernel (kernels/cpu) where it runs and the scales
+    survive fp16 (as they do for a GGUF's, stored as fp16), else torch's int4 kernel (bf16
+    scales)."""
 
     def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
-                 groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+                 groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 dtype: torch.dtype = torch.bfloat16):
         """`groups`: `quantize_groups(linear.weight)` when the caller already has it."""
         if linear.in_features % group_size:
             raise ValueError(f"int4 needs in_features divisible by {group_size}, "
                              f"got {linear.in_features}")
-        super().__init__(linear)
+        super().__init__(linear, dtype)
         self.group_size = group_size
         q, scale, low = groups or quantize_groups(linear.weight.detach(), group_size)
         self.tiled = _tile_q4_1(q, scale, low) if group_size == cpu_kernels.GROUP else None
@@ -117,9 +123,9 @@ class Int4Linear(QuantLinear):
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         if self.tiled is not None:
-            return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
+            return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, self.group_size, self.scales_and_zeros)
+            rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
 
 
 def _tile_q4_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
@@ -140,17 +146,18 @@ class Q8_0Linear(QuantLinear):
     # the kernel reads each weight once per call, for up to 8 rows at once
     max_rows = 2
 
-    def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None):
+    def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None,
+                 dtype: torch.dtype = torch.bfloat16):
         """`weight`: `cpu_kernels.quantize_q8_0(linear.weight)` when the caller already has it."""
         if linear.in_features % GROUP_SIZE:
             raise ValueError(f"Q8_0 needs in_features divisible by {GROUP_SIZE}, "
                              f"got {linear.in_features}")
-        super().__init__(linear)
+        super().__init__(linear, dtype)
         weight = weight or cpu_kernels.quantize_q8_0(linear.weight.detach())
         self.tiled = cpu_kernels.tile_q8_0(weight)
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
+        return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
 class TiledBF16Linear(QuantLinear):
@@ -159,12 +166,12 @@ class TiledBF16Linear(QuantLinear):
     oneDNN's bf16 kernel does not reach memory speed for one row; it is also the layout the C
     decode step reads."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
+        super().__init__(linear, dtype)
         self.tiled = cpu_kernels.tile_bf16(linear.weight.detach())
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.gemm(rows, self.tiled, torch.bfloat16)
+        return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
 def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -174,14 +181,15 @@ def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 
 def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
-                      only_if_exact: bool = False) -> int:
+                      only_if_exact: bool = False, dtype: torch.dtype = torch.bfloat16) -> int:
     """Replace the model's nn.Linears (with in_features divisible by the group size) by
     Int4Linears; returns how many linears were replaced (a kept one included). Quantize fp32
     weights, before any bf16 cast.
 
     - `keep`: linears that do not become int4 unless their weights are already 4-bit. Where
-      the AVX-512 kernels run, one whose weights are exactly 8-bit groups becomes a
-      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is. For the output
+      radixflow's kernels run, one whose weights are exactly 8-bit groups becomes a
+      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is.
+    - `dtype`: of the dense copies kept for many rows (the model's dtype). For the output
       head: the default model's GGUF stores its (tied) embedding as Q8_0, and 4-bit logits
       cost more quality than the bytes are worth.
     - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
@@ -204,5 +212,5 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
         else:
             plan.append((module, name, Int4Linear, {"groups": groups}))
     for module, name, kind, extra in plan:
-        setattr(module, name, kind(getattr(module, name), **extra))
+        setattr(module, name, kind(getattr(module, name), dtype=dtype, **extra))
     return len(plan)

@@ -85,6 +85,8 @@ class Scheduler:
             "dtype": str(self.runner.dtype).removeprefix("torch."),
             "quantization": self.runner.quantization,
             "device": str(self.runner.device),
+            "kv_cache_dtype": str(self.runner.kv_dtype).removeprefix("torch."),
+            "cpu": self.runner.cpu_info(),
         }
 
     def step(self, inbox: list[Message]) -> list[Message]:

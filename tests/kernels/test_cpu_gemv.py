@@ -1,12 +1,24 @@
-"""The AVX-512 tiled matrix products (kernels/cpu/gemv.c) against their torch reference."""
+"""The tiled matrix products (kernels/cpu/gemv_<level>.c) against their torch reference, at
+each instruction-set level this machine runs (the cpu_level fixture)."""
 
 from __future__ import annotations
+
+import os
+import shutil
 
 import pytest
 import torch
 from radixflow.kernels import cpu
 
-needs_kernels = pytest.mark.skipif(not cpu.available(), reason="no AVX-512 BF16/VNNI kernels here")
+
+@pytest.fixture
+def level(cpu_level):
+    """The level in force, its build loaded: a build that fails to compile fails the test,
+    except where there is no C compiler at all."""
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    assert cpu.available(), f"the {cpu_level} build did not load (see the log)"
+    return cpu_level
 
 
 def _q4_1_groups(n: int, k: int, seed: int):
@@ -18,24 +30,67 @@ def _q4_1_groups(n: int, k: int, seed: int):
     return q, scale, low
 
 
-def _weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWeight, torch.Tensor]:
-    """A tiled weight and the fp32 weights it must hold."""
+def _weights(fmt: str, n: int, k: int, seed: int = 0):
+    """A tiled weight, the fp32 weights it must hold, and the part of them that multiplies the
+    exact x in the integer kernels (q4_1's minimums, per weight; zero for the other formats):
+    w = low + d q, and the kernels take sum w x = sum low x + d sum q x."""
     if fmt == "q4_1":
         q, scale, low = _q4_1_groups(n, k, seed)
-        dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
-        return cpu.tile_q4_1(q, scale, low), dense
+        low = low.repeat_interleave(32, 1)
+        return cpu.tile_q4_1(q, scale, low[:, ::32]), low + q * scale.repeat_interleave(32, 1), low
     gen = torch.Generator().manual_seed(seed)
     if fmt == "q8_0":
         w = cpu.quantize_q8_0(torch.randn(n, k, generator=gen) * 0.05)
-        return cpu.tile_q8_0(w), cpu.unpack_q8_0(w)
+        dense = cpu.unpack_q8_0(w)
+        return cpu.tile_q8_0(w), dense, torch.zeros_like(dense)
     dense = torch.randn(n, k, generator=gen).bfloat16().float()
-    return cpu.tile_bf16(dense), dense
+    return cpu.tile_bf16(dense), dense, torch.zeros_like(dense)
+
+
+def _int8_x(x: torch.Tensor) -> torch.Tensor:
+    """x as the AVX2 build's rf_split_x quantizes it, in float64: per group of 32, s =
+    max|x| / 127 and X = round(x * (127 / max|x|)) (to nearest even, fp32 arithmetic as the C
+    code's), x ~= s X; a group of zeros gives s = 0, X = 0."""
+    groups = x.float().view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = (groups * inv).round()
+    return (q.double() * (amax / 127).double()).view(x.shape)
+
+
+def _int8_bound(x: torch.Tensor, dense: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Per output, a bound on what quantizing x to int8 (_int8_x) costs: each value moves by at
+    most s / 2 = max|x_group| / 254, times the weights it multiplies (|w - low|, low meeting
+    the exact x): sum over groups of max|x_group| / 254 * sum |w - low| in the group."""
+    amax = x.abs().view(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, 1)
+    return (amax.double() / 254) @ (dense - low).abs().double().T
+
+
+def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor,
+                   low: torch.Tensor) -> torch.Tensor:
+    """The most each output may differ from cpu.reference (fp32 x times the weights)."""
+    scale = x.abs().max() * dense.abs().sum(1).max()  # bound on any output's magnitude
+    if fmt == "bf16":  # exact products of bf16 values, fp32 sums, at every level
+        return torch.full((x.shape[0], dense.shape[0]), 1e-6 * float(scale), dtype=torch.float64)
+    if level == "avx512":
+        # x split into 16-bit steps of max|x_group| / 32639: ~3e-5 of the scale
+        return torch.full((x.shape[0], dense.shape[0]), 1e-4 * float(scale), dtype=torch.float64)
+    # avx2: x quantized to int8 per group (_int8_bound), plus fp32 sums' rounding
+    return _int8_bound(x, dense, low) + 1e-5 * float(scale)
+
+
+def _assert_within(out: torch.Tensor, ref: torch.Tensor, allowed: torch.Tensor) -> None:
+    err = (out.double() - ref.double()).abs()
+    worst = int((err - allowed).argmax())
+    assert (err <= allowed).all(), (
+        f"|error| {float(err.flatten()[worst]):.3g} over the bound "
+        f"{float(allowed.flatten()[worst]):.3g} at flat index {worst}")
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 def test_tiling_keeps_every_weight(fmt, n, k):
-    tiled, dense = _weights(fmt, n, k, seed=n + k)
+    tiled, dense, _ = _weights(fmt, n, k, seed=n + k)
     assert tiled.shape == (n, k)
     torch.testing.assert_close(cpu.unpack(tiled), dense, atol=0, rtol=0)
 
@@ -51,41 +106,37 @@ def test_q8_0_quantization_is_exact_on_8bit_groups():
     torch.testing.assert_close(cpu.unpack_q8_0(w), dense, atol=0, rtol=1e-6)
 
 
-@needs_kernels
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 11])
-def test_gemm_matches_reference(fmt, n, k, m):
-    tiled, dense = _weights(fmt, n, k, seed=3 * n + k)
+def test_gemm_matches_reference(level, fmt, n, k, m):
+    tiled, dense, low = _weights(fmt, n, k, seed=3 * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     x[0, :32] = 0  # an all-zero group: scale 0 must not divide by zero
     ref = cpu.reference(x, tiled)
-    scale = x.abs().max() * dense.abs().sum(1).max()  # bound on any output's magnitude
-    # integer kernels split x into 16-bit steps of max|x_group| / 32639: ~3e-5 of the scale
-    tol = 1e-4 if fmt != "bf16" else 1e-6
-    torch.testing.assert_close(cpu.gemm(x, tiled), ref, atol=float(tol * scale), rtol=0)
+    allowed = _allowed_error(level, fmt, x, dense, low)
+    _assert_within(cpu.gemm(x, tiled), ref, allowed)
     out = cpu.gemm(x, tiled, torch.bfloat16)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, atol=float(tol * scale), rtol=1e-2)
+    _assert_within(out.float(), ref, allowed + 1e-2 * ref.abs().double())
 
 
-@needs_kernels
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
-def test_one_or_two_rows_read_tiles_in_streams_and_match(fmt, n, m):
-    tiled, dense = _weights(fmt, n, 96, seed=n)
+def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
+    tiled, dense, low = _weights(fmt, n, 96, seed=n)
     x = torch.randn(m, 96, generator=torch.Generator().manual_seed(n))
-    scale = x.abs().max() * dense.abs().sum(1).max()
-    torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled),
-                               atol=float(1e-4 * scale), rtol=0)
+    _assert_within(cpu.gemm(x, tiled), cpu.reference(x, tiled),
+                   _allowed_error(level, fmt, x, dense, low))
 
 
-@needs_kernels
-def test_gemm_is_closer_to_exact_than_bf16_activations():
-    """The integer kernels' split of x (16 bits per group) loses far less than rounding x to
+def test_gemm_is_closer_to_exact_than_bf16_activations(level):
+    """The AVX-512 kernels' split of x (16 bits per group) loses far less than rounding x to
     bf16, which is what the bf16 model does anyway."""
-    tiled, dense = _weights("q4_1", 64, 576, seed=9)
+    if level != "avx512":
+        pytest.skip("the AVX-512 split of x; avx2 quantizes x to int8 (next test)")
+    tiled, dense, _ = _weights("q4_1", 64, 576, seed=9)
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(9))
     exact = x.double() @ dense.double().T
     kernel = (cpu.gemm(x, tiled).double() - exact).abs().max()
@@ -93,16 +144,40 @@ def test_gemm_is_closer_to_exact_than_bf16_activations():
     assert kernel < bf16 / 20
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize(("n", "k"), [(64, 576), (200, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 4, 5])
+def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
+    """The AVX2 kernels compute exactly x quantized to int8 per group (_int8_x) times the
+    weights, up to fp32 sums' rounding, and so stay within the int8 bound of exact."""
+    if level != "avx2":
+        pytest.skip("the AVX2 quantization of x")
+    tiled, dense, low = _weights(fmt, n, k, seed=n + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k + m)) * 3
+    x[:, 32:64] *= 1e-3  # groups of very different magnitudes
+    x[-1, :32] = 0
+    kernel = cpu.gemm(x, tiled).double()
+    exact = x.double() @ dense.double().T
+    emulated = _int8_x(x) @ (dense - low).double().T + x.double() @ low.double().T
+    magnitude = float((x.abs().double() @ (dense.abs() + 2 * low.abs()).double().T).max())
+    # fp32 sums over k / 32 groups: ~1e-7 of the magnitude, where int8 x costs ~1e-3
+    torch.testing.assert_close(kernel, emulated, atol=2e-6 * magnitude, rtol=0)
+    bound = _int8_bound(x, dense, low)
+    assert ((emulated - exact).abs() <= bound).all()  # the bound holds (tiny slack not needed)
+    _assert_within(kernel, exact, bound + 2e-6 * magnitude)
+    assert (kernel - exact).abs().max() > 1e-3 * (exact - emulated).abs().max()  # not exact x
+
+
 def test_without_the_library_the_reference_answers(monkeypatch):
     monkeypatch.setattr(cpu, "_library", lambda: None)
-    tiled, _ = _weights("q8_0", 6, 64)
+    tiled, _, _ = _weights("q8_0", 6, 64)
     x = torch.randn(2, 64)
     torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled))
     assert not cpu.available()
 
 
 def test_bad_shapes_are_named():
-    tiled, _ = _weights("q4_1", 4, 64)
+    tiled, _, _ = _weights("q4_1", 4, 64)
     with pytest.raises(ValueError, match=r"expected x of shape \[M, 64\]"):
         cpu.gemm(torch.randn(1, 32), tiled)
     with pytest.raises(ValueError, match="multiple of 2"):
@@ -114,8 +189,8 @@ def test_bad_shapes_are_named():
 def test_compile_failure_turns_the_kernels_off(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    cpu._library.cache_clear()
+    cpu._library_for.cache_clear()
     try:
         assert not cpu.available()
     finally:
-        cpu._library.cache_clear()
+        cpu._library_for.cache_clear()

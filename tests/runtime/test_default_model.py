@@ -1,5 +1,5 @@
 """The default model (SmolLM2-135M-Instruct): greedy outputs token-identical to Hugging Face
-transformers in fp32 for 8 prompts x 32 tokens, a sensible bf16 chat answer, and its int4
+transformers in fp32 for 8 prompts x 32 tokens, a sensible chat answer at each CPU level, and its int4
 weights (quantization auto) as close to fp32 as bf16 weights are."""
 
 from __future__ import annotations
@@ -42,10 +42,24 @@ def test_greedy_matches_hf_fp32(default_model_path):
     assert [r["output_ids"] for r in results] == expected
 
 
-def test_bf16_chat_answer(default_model_path):
-    with Engine(None, max_total_tokens=4096) as engine:  # dtype auto: bf16 on this CPU
-        # the GGUF's layer weights are 4-bit groups: quantization auto serves them as such
-        assert engine.scheduler.model_info()["quantization"] == "int4"
+def _levels() -> list:
+    from radixflow.kernels.cpu.features import supported_levels
+
+    return supported_levels()
+
+
+@pytest.mark.parametrize("level", _levels())
+def test_chat_answer_at_each_cpu_level(default_model_path, level):
+    """What each CPU level serves by default (avx512: bf16 with int4 layers and the C step;
+    avx2: fp32 with int4 layers and the C step; generic: fp32 torch ops) answers sensibly."""
+    with Engine(None, max_total_tokens=4096, cpu_isa=level) as engine:
+        info = engine.scheduler.model_info()
+        # the GGUF's layer weights are 4-bit groups: where radixflow's kernels run,
+        # quantization auto serves them as such
+        assert info["quantization"] == ("none" if level == "generic" else "int4")
+        assert info["dtype"] == ("bfloat16" if level == "avx512" else "float32")
+        assert info["cpu"]["level"] == level
+        assert info["cpu"]["decode_step"] == ("torch ops" if level == "generic" else "C")
         tok = engine.tokenizer
         prompt = tok.apply_chat_template(
             # NOTE: not the bare question: its first token is a coin flip even in fp32 ("The"
@@ -83,7 +97,7 @@ def _prompt_logprobs(**engine_args) -> tuple[torch.Tensor, list[int]]:
 def test_int4_weights_are_as_close_to_fp32_as_bf16(default_model_path):
     ref, ref_top = _prompt_logprobs(dtype="float32")
     errors = {}
-    for name, args in {"bf16": {"quantization": "none"}, "int4": {}}.items():
+    for name, args in {"bf16": {"dtype": "bfloat16", "quantization": "none"}, "int4": {}}.items():
         logprobs, top = _prompt_logprobs(**args)
         agree = sum(a == b for a, b in zip(top, ref_top)) / len(top)
         errors[name] = (logprobs - ref).abs().mean().item()

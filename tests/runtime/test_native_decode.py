@@ -1,9 +1,10 @@
 """The C decode step (kernels/cpu/decode.c via runtime/models/native_decode.py) against the
-model it stands in for.
+model it stands in for, at every CPU level this machine runs (the `cpu_level` fixture): a bf16
+model at avx512, an fp32 model (with a bf16 KV cache) at avx2, as each level serves by default.
 
-The reference is the fp32 forward of exactly the weights the bf16 model holds (its int4
-layers dequantized, its bf16 norms and embedding widened): the C step must be at least as
-close to it as the eager bf16 path it replaces.
+The reference is the fp32 forward of exactly the weights the model holds (its int4 layers
+dequantized, its bf16 norms and embedding widened): the C step must be at least as close to it
+as the eager path it replaces.
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from radixflow.runtime.forward_batch import ForwardMode
 from radixflow.runtime.model_runner import BatchRequest, ModelRunner
 from radixflow.runtime.server_args import ServerArgs
 
-pytestmark = pytest.mark.skipif(not cpu.available(), reason="no AVX-512 BF16/VNNI kernels here")
+LEVEL = {}  # the level and dtype of the test running (set by the autouse fixture)
+
+
+@pytest.fixture(autouse=True)
+def _at_each_level(cpu_level):
+    LEVEL.update(cpu_isa=cpu_level, dtype="bfloat16" if cpu_level == "avx512" else "float32")
+    yield
+    LEVEL.clear()
 
 TOKENS = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64, 128, 2, 77, 401, 9, 18, 33, 250, 251, 6]
 
 
 def _runner(folder, **args) -> ModelRunner:
+    """A runner at the test's CPU level, in its dtype unless `args` say otherwise."""
     config = json.loads((folder / "config.json").read_text())
+    args = {**LEVEL, **args}
     return ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, **args), folder, config)
 
 
@@ -59,9 +69,9 @@ def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.T
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama3_rope", "smollm2"])
 def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, arch):
     folder = tiny_model_factory(arch)
-    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    runner = _runner(folder, quantization="int4")
     native = runner.native_decode
-    assert native is not None, "the C step should take a bf16 model with int4 layers"
+    assert native is not None, "the C step should take a model with int4 layers"
     c_step = _teacher_forced(runner, TOKENS, row=0)
     assert native.calls == len(TOKENS)
     runner.native_decode = None
@@ -77,7 +87,7 @@ def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, a
 def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_factory):
     """Attention over many keys whose slots are not one run (as after cache reuse)."""
     folder = tiny_model_factory("llama")
-    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    runner = _runner(folder, quantization="int4")
     tokens = (TOKENS * 8)[:150]
     free_first = runner.kv_pool.alloc(7)  # later slots come from after a gap
     c_step = _teacher_forced(runner, tokens, row=0)
@@ -91,15 +101,14 @@ def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_facto
 def test_it_declines_what_it_cannot_run(tiny_model_factory):
     folder = tiny_model_factory("llama")
     assert _runner(folder, dtype="float32", quantization="none").native_decode is None
-    assert _runner(folder, dtype="bfloat16", quantization="none").native_decode is None
-    assert _runner(folder, dtype="bfloat16", quantization="int4",
-                   disable_native_decode=True).native_decode is None
+    assert _runner(folder, quantization="none").native_decode is None
+    assert _runner(folder, quantization="int4", disable_native_decode=True).native_decode is None
 
 
 def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
     folder = tiny_model_factory("qwen3")
     greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
-    with Engine(str(folder), dtype="bfloat16", quantization="int4", max_total_tokens=512) as eng:
+    with Engine(str(folder), quantization="int4", max_total_tokens=512, **LEVEL) as eng:
         native = eng.scheduler.runner.native_decode
         single = eng.generate("The quick brown fox", greedy, return_logprob=True)
         batch = eng.generate(["one", "two", "three"], greedy)  # one C step a token for all three
@@ -124,7 +133,7 @@ def test_attention_shapes(tmp_path, shape):
     from helpers.tiny_models import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "m", "llama", num_hidden_layers=1, **shape)
-    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    runner = _runner(folder, quantization="int4")
     assert runner.native_decode is not None
     tokens = (TOKENS * 3)[:41]  # odd: a key pairs with a zero weight; blocks of 16 and a rest
     c_step = _teacher_forced(runner, tokens, row=0)
@@ -157,7 +166,7 @@ def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]]) -> list[to
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_a_batch_of_requests_in_one_c_step(tiny_model_factory, arch):
     folder = tiny_model_factory(arch)
-    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    runner = _runner(folder, quantization="int4")
     seqs = [TOKENS, TOKENS[3:15], (TOKENS * 2)[5:30], TOKENS[:1], TOKENS[::2]]
     calls = runner.native_decode.calls
     batched = _teacher_forced_batch(runner, seqs)
@@ -175,7 +184,7 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
     """Rows whose first KV slots are the same (a prompt prefix from the radix cache) attend
     over them together: the same logits as each request alone."""
     folder = tiny_model_factory("llama")
-    runner = _runner(folder, dtype="bfloat16", quantization="int4")
+    runner = _runner(folder, quantization="int4")
     prefix = (TOKENS * 3)[:45]
     suffixes = [TOKENS[:9], TOKENS[4:16], TOKENS[7:10], TOKENS[::-1][:11]]
     shared = runner.kv_pool.alloc(len(prefix))

@@ -83,22 +83,38 @@ def test_dead_scheduler_fails_requests_and_stops_server(keyed_server):
     children = keyed_server.children()
     assert {info["processes"]["scheduler"], info["processes"]["detokenizer"]} <= children
     result: dict = {}
+    streaming = threading.Event()
 
     def long_request() -> None:
-        body = {"text": "Once", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+        # streamed, so the kill below lands once generation is under way: at most a few of
+        # the 480 tokens are out by then (a non-streamed request could finish first)
+        body = {"text": "Once", "stream": True,
+                "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
+        events: list[bytes] = []
         try:
-            r = requests.post(keyed_server.url + "/generate", json=body, headers=auth, timeout=60)
-            result["status"] = r.status_code
+            with requests.post(keyed_server.url + "/generate", json=body, headers=auth,
+                               stream=True, timeout=60) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line.startswith(b"data:"):
+                        events.append(line)
+                        streaming.set()
         except requests.RequestException as exc:  # the server went away mid-request
             result["error"] = exc
+        finally:
+            result["events"] = events
+            streaming.set()
 
     waiter = threading.Thread(target=long_request)
     waiter.start()
-    time.sleep(0.5)
+    assert streaming.wait(60), "the request never started streaming"
     os.kill(info["processes"]["scheduler"], signal.SIGKILL)
     waiter.join(60)
     assert not waiter.is_alive(), "a request hung after the scheduler died"
-    assert result.get("status") in (None, 503), result
+    assert result.get("status") in (None, 200), result
+    assert len(result["events"]) < 100, "the request was not cut short by the dead scheduler"
+    assert not any(b'"finish_reason": {"type": "length"' in e or b'"finish_reason":{"type":"length"'
+                   in e for e in result["events"]), "it finished as if nothing had happened"
     assert keyed_server.proc.wait(60) == 1
     assert "the scheduler process died unexpectedly" in keyed_server.log()
     assert not wait_gone(children), "child processes outlived the server"

@@ -1,0 +1,380 @@
+/* Weight-only matrix products for a few rows (CPU decode), AVX2 + FMA + F16C.
+ *
+ * The same products, entry points and tiled weight layouts as gemv_avx512.c (read its header
+ * comment for the layouts byte by byte), for CPUs without AVX-512: only AVX2, FMA, F16C and SSE
+ * instructions (no VNNI, which most AVX2 CPUs lack). A 16-row tile is two 256-bit halves, rows
+ * 0-7 and 8-15 (bytes 0-31 and 32-63 of each 64-byte chunk), each 32-bit lane holding one output
+ * row's partial sum; x values are broadcast and nothing is summed across lanes.
+ *
+ * The quantized formats multiply bytes with vpmaddubsw (unsigned x signed bytes, adjacent
+ * products summed into int16) after rf_split_x quantizes x per group of 32 to int8, as
+ * llama.cpp does on AVX2: x ~= s X with s = max|x| / 127 and X in -127..127 rounded to nearest,
+ * so |error| <= s / 2 per value (bf16 rounding of x loses up to max|x| / 256 per value: the
+ * same order).
+ *
+ * - q4_1: w = m + d q with q in 0..15. The nibbles are the unsigned operand and X the signed
+ *   one; each vpmaddubsw pair sum is at most 2 * 15 * 127 = 3810 in magnitude, so the 8 of a
+ *   group (4 chunks x 2 nibble halves) add up in int16 (<= 30480) before one vpmaddwd widens
+ *   them to int32. sum w x = d s sum q X + m sum x, with sum x the exact fp32 sum of the group
+ *   (only the d q part sees the rounding of x).
+ * - q8_0: w = d q with q signed, so the sign moves onto q: |X| is the unsigned operand and
+ *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
+ *   too much to add two in int16: each is widened by vpmaddwd at once.
+ * - bf16: each dword (w[2p], w[2p + 1]) of a row becomes two fp32 values (a bf16 is the top
+ *   half of an fp32), multiplied by x's fp32-widened bf16 values with FMA: exact products,
+ *   fp32 sums.
+ *
+ * Tiles are split over OpenMP threads (one thread pool with torch's libgomp). For one or two
+ * rows of x each thread reads its tiles as several streams at once, which keeps more of
+ * memory's latency in flight; AVX2's 16 registers allow fewer streams than AVX-512's 32.
+ */
+#include "gemv.h"
+
+#include <stdlib.h>
+
+#define ROW_BLOCK 4 /* rows of x per pass over a tile */
+#ifndef STREAMS
+#define STREAMS 4 /* weight streams per thread for one row of x */
+#endif
+#ifndef STREAMS_2ROWS
+#define STREAMS_2ROWS 2 /* ... and for two */
+#endif
+#ifndef PREFETCH
+#define PREFETCH 2048 /* bytes ahead of each stream */
+#endif
+
+static inline void prefetch(const uint8_t *p, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch((const char *)p + PREFETCH + line, _MM_HINT_T0);
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* v's 8 values rounded to bf16 (nearest even; NaN stays NaN, as f32_to_bf16), one per dword. */
+static inline __m256i bf16_bits(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+/* One tile's 16 outputs of one row of y: lo holds rows n0..n0+7, hi n0+8..n0+15; a last partial
+ * tile writes only those below N. */
+static inline void store_tile(void *y, int y_bf16, int64_t row_stride, int64_t n0, int64_t N,
+                              __m256 lo, __m256 hi) {
+    const int64_t count = N - n0 < TILE ? N - n0 : TILE;
+    if (y_bf16) {
+        /* packus interleaves the 128-bit lanes: lo0-3 hi0-3 lo4-7 hi4-7, put back in order */
+        __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(lo), bf16_bits(hi)), 0xD8);
+        uint16_t *dst = (uint16_t *)y + row_stride + n0;
+        if (count == TILE) {
+            _mm256_storeu_si256((__m256i *)dst, b);
+        } else {
+            uint16_t tmp[TILE];
+            _mm256_storeu_si256((__m256i *)tmp, b);
+            memcpy(dst, tmp, count * sizeof(uint16_t));
+        }
+    } else {
+        float *dst = (float *)y + row_stride + n0;
+        if (count == TILE) {
+            _mm256_storeu_ps(dst, lo);
+            _mm256_storeu_ps(dst + 8, hi);
+        } else {
+            float tmp[TILE];
+            _mm256_storeu_ps(tmp, lo);
+            _mm256_storeu_ps(tmp + 8, hi);
+            memcpy(dst, tmp, count * sizeof(float));
+        }
+    }
+}
+
+/* ---- quantizing x to int8 ---- */
+
+void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
+    (void)is_unsigned; /* both formats take signed X */
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xg + 8 * i);
+        __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        const float a = hmax8(amax);
+        out.sum[g] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        out.scale[g] = a / 127.0f;
+        const __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
+        __m256i X[4];
+        for (int i = 0; i < 4; i++) X[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)); /* nearest even */
+        /* the packs work per 128-bit lane: dwords come out as X0[0:4] X1[0:4] X2[0:4] X3[0:4]
+         * X0[4:8] X1[4:8] X2[4:8] X3[4:8] */
+        __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(X[0], X[1]), _mm256_packs_epi32(X[2], X[3]));
+        _mm256_storeu_si256((__m256i *)(out.hi + g * GROUP), _mm256_permutevar8x32_epi32(b, order));
+    }
+}
+
+/* ---- q4_1 ---- */
+
+/* M rows of x times S tiles from S places in the weights at once (M <= 4). y[2 (u M + m) + h]:
+ * stream u, row m, half h. */
+static inline __attribute__((always_inline)) void q4_1_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t off = g * Q4_1_BLOCK;
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK);
+        __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
+        for (int u = 0; u < S; u++)
+            for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i x0[ROW_BLOCK], x1[ROW_BLOCK]; /* X[8c .. 8c+3], X[8c+4 .. 8c+7] */
+            for (int m = 0; m < M; m++) {
+                const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+                x0[m] = _mm256_set1_epi32(xq[0]), x1[m] = _mm256_set1_epi32(xq[1]);
+            }
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(blks[u] + off + 64 + 64 * c + 32 * h));
+                    __m256i w_lo = _mm256_and_si256(w, low4);
+                    __m256i w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                    for (int m = 0; m < M; m++)
+                        acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w_lo, x0[m]), _mm256_maddubs_epi16(w_hi, x1[m])));
+                }
+        }
+        for (int u = 0; u < S; u++)
+            for (int h = 0; h < 2; h++) {
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 16 * h)));
+                __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 32 + 16 * h)));
+                for (int m = 0; m < M; m++) {
+                    __m256 *out = y + 2 * (u * M + m) + h;
+                    __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+                    *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
+                    *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
+                }
+            }
+    }
+}
+
+/* ---- q8_0 ---- */
+
+static inline __attribute__((always_inline)) void q8_0_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t off = g * Q8_0_BLOCK;
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q8_0_BLOCK);
+        __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int32 sums of the group */
+        for (int u = 0; u < S; u++)
+            for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p++) {
+            __m256i xq[ROW_BLOCK], xabs[ROW_BLOCK]; /* X[4p .. 4p+3] and their magnitudes */
+            for (int m = 0; m < M; m++) {
+                xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                xabs[m] = _mm256_sign_epi8(xq[m], xq[m]);
+            }
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(blks[u] + off + 64 + 64 * p + 32 * h));
+                    for (int m = 0; m < M; m++) {
+                        __m256i pairs = _mm256_maddubs_epi16(xabs[m], _mm256_sign_epi8(w, xq[m]));
+                        acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+        }
+        for (int u = 0; u < S; u++)
+            for (int h = 0; h < 2; h++) {
+                __m256 d = _mm256_loadu_ps((const float *)(blks[u] + off) + 8 * h);
+                for (int m = 0; m < M; m++) {
+                    __m256 *out = y + 2 * (u * M + m) + h;
+                    __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xs[m].scale[g]));
+                    *out = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(acc[u][m][h]), *out);
+                }
+            }
+    }
+}
+
+/* ---- the tile loop of both integer formats ---- */
+
+static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
+    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : Q8_0_BLOCK;
+}
+
+/* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
+ * tile left (fewer than `streams` of them). */
+static inline __attribute__((always_inline)) int64_t streamed_tiles(
+    const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t N,
+    int64_t G, int64_t t0, int64_t t1, const int streams, const int M) {
+    const int64_t part = (t1 - t0) / streams;
+    for (int64_t i = 0; i < part; i++) { /* tiles t0 + i + u part, u < streams */
+        const uint8_t *blks[8];
+        __m256 out[16];
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
+        if (fmt == FORMAT_Q4_1)
+            q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else
+            q8_0_tiles_streams(blks, G, xs, out, streams, M);
+        for (int u = 0; u < streams; u++)
+            for (int m = 0; m < M; m++)
+                store_tile(y, y_bf16, m * N, (t0 + i + u * part) * TILE, N,
+                           out[2 * (u * M + m)], out[2 * (u * M + m) + 1]);
+    }
+    return t0 + streams * part;
+}
+
+/* Tiles [t0, t1) of y = w x for M rows of x (quantized by rf_split_x). */
+static inline __attribute__((always_inline)) void quantized_tiles(
+    const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+    int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    const int64_t G = K / GROUP;
+    if (M == 1) /* then the rest of the tiles, fewer than the streams, one at a time */
+        t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
+    else if (M == 2)
+        t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS_2ROWS, 2);
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * G * block_bytes(fmt);
+        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            __m256 out[2 * ROW_BLOCK];
+            const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                                         : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
+            switch (rows) { /* a constant row count per call keeps the accumulators in registers */
+            case 1: TILE_ROWS(1); break;
+            case 2: TILE_ROWS(2); break;
+            case 3: TILE_ROWS(3); break;
+            default: TILE_ROWS(4); break;
+            }
+#undef TILE_ROWS
+            for (int m = 0; m < rows; m++)
+                store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[2 * m], out[2 * m + 1]);
+        }
+    }
+}
+
+void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+/* q4_1 and q8_0 for M rows of fp32 x: quantize x on the calling thread, then the tiles. */
+static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y, int y_bf16,
+                           int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / GROUP, row_bytes = K + 2 * G * sizeof(float);
+    split_x xs[MAX_ROWS];
+    if (M > MAX_ROWS) abort(); /* the Python side checks M */
+    uint8_t *mem = malloc(M * row_bytes);
+    if (mem == NULL) abort();
+    for (int64_t m = 0; m < M; m++) {
+        uint8_t *base = mem + m * row_bytes;
+        xs[m] = (split_x){(int8_t *)base, NULL, (float *)(base + K), (float *)(base + K) + G};
+        rf_split_x(x + m * K, K, is_q8, xs[m]);
+    }
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        if (is_q8)
+            rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else
+            rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+    }
+    free(mem);
+}
+
+void rf_q4_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(0, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(1, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+/* ---- bf16 ---- */
+
+/* One tile for M rows of x (bf16 pairs xp). Each FMA chain waits ~4 cycles per step, so one or
+ * two rows keep even and odd k in separate accumulators to have enough chains in flight. */
+static inline __attribute__((always_inline)) void bf16_tile(const uint8_t *blk, const uint32_t *xp,
+                                                             int64_t K, const int M, __m256 *y) {
+    const int split = M <= 2;
+    const __m256i top = _mm256_set1_epi32((int)0xFFFF0000);
+    __m256 even[ROW_BLOCK][2], odd[ROW_BLOCK][2];
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < 2; h++) even[m][h] = odd[m][h] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < K / 2; p++) {
+        if ((p & 7) == 0) prefetch(blk + 64 * p, 512);
+        __m256 we[2], wo[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i wp = _mm256_loadu_si256((const __m256i *)(blk + 64 * p + 32 * h));
+            we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(wp, 16));
+            wo[h] = _mm256_castsi256_ps(_mm256_and_si256(wp, top));
+        }
+        for (int m = 0; m < M; m++) {
+            __m256i xj = _mm256_set1_epi32((int)xp[m * (K / 2) + p]);
+            __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(xj, 16));
+            __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(xj, top));
+            for (int h = 0; h < 2; h++) {
+                even[m][h] = _mm256_fmadd_ps(we[h], xe, even[m][h]);
+                if (split)
+                    odd[m][h] = _mm256_fmadd_ps(wo[h], xo, odd[m][h]);
+                else
+                    even[m][h] = _mm256_fmadd_ps(wo[h], xo, even[m][h]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < 2; h++) y[2 * m + h] = split ? _mm256_add_ps(even[m][h], odd[m][h]) : even[m][h];
+}
+
+void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    const uint32_t *xp = (const uint32_t *)x;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * (K / 2) * 64;
+        for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            __m256 out[2 * ROW_BLOCK];
+            const uint32_t *xm = xp + m0 * (K / 2);
+            int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
+            switch (rows) {
+            case 1: bf16_tile(blk, xm, K, 1, out); break;
+            case 2: bf16_tile(blk, xm, K, 2, out); break;
+            case 3: bf16_tile(blk, xm, K, 3, out); break;
+            default: bf16_tile(blk, xm, K, 4, out); break;
+            }
+            for (int m = 0; m < rows; m++)
+                store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[2 * m], out[2 * m + 1]);
+        }
+    }
+}
+
+void rf_bf16_gemm(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
+                  int64_t N, int64_t K, int nthreads) {
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        rf_bf16_gemm_tiles(w, x, y, y_bf16, M, N, K, t0, t1);
+    }
+}

@@ -1,0 +1,108 @@
+"""kernels/cpu/features.py: the CPU's level, forcing lower levels, and refusing higher ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from radixflow.kernels import cpu
+from radixflow.kernels.cpu import features
+from radixflow.runtime.server_args import ServerArgs
+
+AVX2_LAPTOP = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+AVX512_SERVER = AVX2_LAPTOP | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                               "avx512_vnni", "amx_bf16", "amx_tile"}
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """fake_cpu(flags): detect() answers as a CPU with these flags would."""
+
+    def install(flags: frozenset[str]) -> features.CpuFeatures:
+        level = features.best_level(flags)
+        cpu_ = features.CpuFeatures("x86_64", "Test CPU", flags, level, level)
+        monkeypatch.setattr(features, "detect", lambda: cpu_)
+        return cpu_
+
+    yield install
+    features.set_level("auto")
+
+
+@pytest.mark.parametrize(("flags", "level"), [
+    (AVX512_SERVER, "avx512"),
+    (AVX512_SERVER - {"avx512_bf16"}, "avx2"),  # AVX-512 without BF16 runs the AVX2 build
+    (AVX2_LAPTOP, "avx2"),
+    (AVX2_LAPTOP - {"fma"}, "generic"),
+    (frozenset({"sse2"}), "generic"),
+])
+def test_best_level(flags, level):
+    assert features.best_level(flags) == level
+
+
+def test_forcing_a_lower_level_hides_the_better_features(fake_cpu, monkeypatch):
+    monkeypatch.delenv("RADIXFLOW_CPU_ISA", raising=False)
+    fake_cpu(AVX512_SERVER)
+    assert features.cpu_features().bf16 and features.cpu_features().amx
+    at_avx2 = features.set_level("avx2")
+    assert at_avx2.level == "avx2" and at_avx2.detected_level == "avx512"
+    assert not at_avx2.bf16 and not at_avx2.amx and not at_avx2.onednn_bf16
+    assert at_avx2.has("avx2", "fma", "f16c") and at_avx2.kernel_level == "avx2"
+    assert "forced" in at_avx2.describe()
+    generic = features.set_level("generic")
+    assert not generic.has("avx2") and generic.kernel_level is None
+    assert features.set_level("auto").level == "avx512"
+
+
+def test_a_level_the_cpu_lacks_is_refused_with_the_missing_flags(fake_cpu):
+    fake_cpu(AVX2_LAPTOP)
+    with pytest.raises(features.CpuLevelError,
+                       match=r"lacks avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni.*"
+                             r"best level is avx2"):
+        features.set_level("avx512")
+    assert features.cpu_features().level == "avx2"  # nothing was changed
+    # the server refuses it at start-up, before any process runs a kernel
+    with pytest.raises(ValueError, match="lacks avx512f"):
+        ServerArgs(cpu_isa="avx512")
+    with pytest.raises(ValueError, match="--cpu-isa must be one of"):
+        ServerArgs(cpu_isa="sse9")
+
+
+def test_environment_variable_forces_a_level(fake_cpu, monkeypatch):
+    fake_cpu(AVX512_SERVER)
+    monkeypatch.setenv("RADIXFLOW_CPU_ISA", "avx2")
+    assert features.cpu_features().level == "avx2"
+    monkeypatch.setenv("RADIXFLOW_CPU_ISA", "avx9000")
+    with pytest.raises(features.CpuLevelError, match="RADIXFLOW_CPU_ISA must be one of"):
+        features.cpu_features()
+    monkeypatch.delenv("RADIXFLOW_CPU_ISA")
+
+
+def test_arm_is_reported_without_kernels(monkeypatch):
+    monkeypatch.setattr(features.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(features, "_read_cpuinfo",
+                        lambda: (frozenset({"fp", "asimd", "sve", "bf16"}), "0xd40"))
+    features.detect.cache_clear()
+    try:
+        arm = features.detect()
+        assert arm.level == "generic" and arm.neon and arm.sve and arm.kernel_level is None
+        assert "NEON/SVE" in arm.describe()
+    finally:
+        features.detect.cache_clear()
+
+
+def test_this_machine_supports_its_own_level_and_every_lower_one():
+    levels = features.supported_levels()
+    assert levels[-1] == "generic" and levels[0] == features.detect().detected_level
+
+
+def test_each_level_builds_only_its_own_instructions(cpu_level):
+    """Every kernel level this machine has compiles and loads; weights tiled at a level keep
+    that level's build whatever is forced later."""
+    lib = cpu._library()
+    assert lib is not None and cpu.active_level() == cpu_level
+    tiled = cpu.tile_q8_0(cpu.quantize_q8_0(torch.randn(16, 64)))
+    assert tiled.level == cpu_level
+    features.set_level("generic")
+    assert not cpu.available()
+    x = torch.randn(1, 64)
+    # still multiplied by its own build (the reference is only within int8 error of it)
+    torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled), atol=0.05, rtol=0)
