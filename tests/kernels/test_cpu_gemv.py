@@ -160,12 +160,13 @@ def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
     exact = x.double() @ dense.double().T
     emulated = _int8_x(x) @ (dense - low).double().T + x.double() @ low.double().T
     magnitude = float((x.abs().double() @ (dense.abs() + 2 * low.abs()).double().T).max())
-    # fp32 sums over k / 32 groups: ~1e-7 of the magnitude, where int8 x costs ~1e-3
-    torch.testing.assert_close(kernel, emulated, atol=2e-6 * magnitude, rtol=0)
+    # fp32 sums' rounding: ~1e-8 of the magnitude; int8 x moves the outputs by ~4e-4 of it
+    tol = 2e-7 * magnitude
+    torch.testing.assert_close(kernel, emulated, atol=tol, rtol=0)
+    assert (emulated - exact).abs().max() > 100 * tol  # so the emulation is what is matched
     bound = _int8_bound(x, dense, low)
-    assert ((emulated - exact).abs() <= bound).all()  # the bound holds (tiny slack not needed)
-    _assert_within(kernel, exact, bound + 2e-6 * magnitude)
-    assert (kernel - exact).abs().max() > 1e-3 * (exact - emulated).abs().max()  # not exact x
+    assert ((emulated - exact).abs() <= bound).all()
+    _assert_within(kernel, exact, bound + tol)
 
 
 def test_without_the_library_the_reference_answers(monkeypatch):

@@ -1,0 +1,353 @@
+/* The decode step's vector kernels for AVX2 + FMA + F16C (see decode.h): attention over the
+ * bf16 KV pool in fp32 arithmetic, SiLU, argmax.
+ *
+ * K and V widen from bf16 to fp32 without shuffles: a 256-bit load of 16 values holds them as
+ * 8 dwords, value 2i in the low half of dword i and value 2i + 1 in its high half, so (dword <<
+ * 16) is the 8 even values and (dword & 0xffff0000) the 8 odd ones, exactly. The dot products
+ * take the queries in that order (each 16 values permuted once per call into their 8 even then
+ * their 8 odd ones, times the softmax scale), and the V sums stay in it until the end. */
+#include <math.h>
+#include <string.h>
+
+#include "decode.h"
+
+#define SCORE_HEADS 3 /* query heads whose dot products one pass over a K slice computes */
+#define VALUE_HEADS 4 /* query heads whose V sums one pass over a V slice accumulates */
+#define BLOCK 16      /* keys per block (K or V rows read by all of a group's heads in L1) */
+
+/* e^x: x = n ln2 + r, e^r by its Taylor polynomial, times 2^n made in the exponent bits. AVX2
+ * has no scalef: 2^n is 2 * 2^(n - 1) (the 2 folded into the polynomial) so that n = 128
+ * still has an exponent and overflows to inf; below x ~ -87.3 the result is 0. NaN stays NaN
+ * (max/min return their second operand when one is NaN). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-87.5f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(2.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
+/* 8 floats rounded to bf16 (to nearest even, NaN kept: gemv.h's f32_to_bf16), in the low
+ * halves of 8 dwords. */
+static inline __m256i bf16_round(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_set1_epi32(0x7fff));
+    r = _mm256_add_epi32(r, _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    r = _mm256_srli_epi32(r, 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(r, quiet, nan);
+}
+
+/* ---- attention ---- */
+
+/* r[i] = sum of v[i]'s 8 lanes, for 8 vectors at once (a transposing reduction). */
+static inline __m256 sum8(const __m256 *v) {
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    /* a: per 128-bit half, v[0..3]'s sums of that half's lanes; b: v[4..7]'s */
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* The dot products of S query heads (permuted queries qp, D floats apart) with J keys (K
+ * slices k[j0 .. j0 + J), D bf16 values), not yet summed: acc[g][j0 + j] gets 8 partial sums. S and J are
+ * constants at each call, so the S * J accumulators stay in registers; each K chunk is widened
+ * once for the S heads. */
+static inline __attribute__((always_inline)) void dots(const float *qp, const uint16_t *const *k,
+                                                       int64_t D, __m256 (*acc)[BLOCK], int j0,
+                                                       const int S, const int J) {
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
+    __m256 a[SCORE_HEADS][8];
+    for (int g = 0; g < S; g++)
+        for (int j = 0; j < J; j++) a[g][j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+        for (int j = 0; j < J; j++) {
+            __m256i kv = _mm256_loadu_si256((const __m256i *)(k[j0 + j] + c));
+            __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(kv, 16));
+            __m256 o = _mm256_castsi256_ps(_mm256_and_si256(kv, odd));
+            for (int g = 0; g < S; g++) {
+                a[g][j] = _mm256_fmadd_ps(e, _mm256_load_ps(qp + g * D + c), a[g][j]);
+                a[g][j] = _mm256_fmadd_ps(o, _mm256_load_ps(qp + g * D + c + 8), a[g][j]);
+            }
+        }
+    }
+    for (int g = 0; g < S; g++)
+        for (int j = 0; j < J; j++) acc[g][j0 + j] = a[g][j];
+}
+
+/* S query heads' scores against one block's keys (K slices k[0 .. BLOCK), the ones past
+ * `keys` repeating the last) into s[g][0 .. keys). Keys J at a time: S * J accumulators, and
+ * enough of them that the FMA chains do not wait on each other. */
+static inline __attribute__((always_inline)) void block_scores(const float *qp,
+                                                               const uint16_t *const *k,
+                                                               int64_t D, int64_t keys,
+                                                               float *const *s, const int S) {
+    const int J = S == 1 ? 8 : S == 2 ? 4 : 2;
+    __m256 acc[SCORE_HEADS][BLOCK];
+    int j0 = 0;
+    for (; j0 < keys; j0 += J) dots(qp, k, D, acc, j0, S, J);
+    for (; j0 < BLOCK; j0++) /* lanes summed below but not stored */
+        for (int g = 0; g < S; g++) acc[g][j0] = _mm256_setzero_ps();
+    for (int g = 0; g < S; g++)
+        for (j0 = 0; j0 < keys; j0 += 8) {
+            __m256 r = sum8(acc[g] + j0);
+            if (keys - j0 >= 8) {
+                _mm256_storeu_ps(s[g] + j0, r);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, r);
+                memcpy(s[g] + j0, tmp, (keys - j0) * sizeof(float));
+            }
+        }
+}
+
+/* The exp-weighted V sum of S query heads (weights w[g][0 .. keys)) over one block's keys (V
+ * slices v[0 .. keys)), for CC chunks of 16 values from d0, added into out[g] (the permuted
+ * order: per chunk, its 8 even values' sums then its 8 odd ones'). S and CC are constants at
+ * each call: 2 S CC accumulators in registers. */
+static inline __attribute__((always_inline)) void weighted_values(
+    const uint16_t *const *v, int64_t keys, int64_t d0, const float *const *w, float *const *out,
+    const int S, const int CC) {
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
+    __m256 acc[VALUE_HEADS][4][2];
+    for (int g = 0; g < S; g++)
+        for (int c = 0; c < CC; c++) acc[g][c][0] = acc[g][c][1] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < keys; t++) {
+        for (int c = 0; c < CC; c++) {
+            __m256i vv = _mm256_loadu_si256((const __m256i *)(v[t] + d0 + 16 * c));
+            __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(vv, 16));
+            __m256 o = _mm256_castsi256_ps(_mm256_and_si256(vv, odd));
+            for (int g = 0; g < S; g++) {
+                __m256 wt = _mm256_broadcast_ss(w[g] + t);
+                acc[g][c][0] = _mm256_fmadd_ps(e, wt, acc[g][c][0]);
+                acc[g][c][1] = _mm256_fmadd_ps(o, wt, acc[g][c][1]);
+            }
+        }
+    }
+    for (int g = 0; g < S; g++)
+        for (int c = 0; c < CC; c++) {
+            float *o = out[g] + d0 + 16 * c;
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[g][c][0]));
+            _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[g][c][1]));
+        }
+}
+
+/* Prefetches the D-value slices at `off` of the rows of slots [from, to). */
+static inline void prefetch_slices(const uint16_t *cache, const int32_t *slots, int64_t from,
+                                   int64_t to, int64_t row, int64_t off, int64_t D) {
+    for (int64_t t = from; t < to; t++) {
+        const char *p = (const char *)(cache + (int64_t)slots[t] * row + off);
+        for (int64_t byte = 0; byte < D * 2; byte += 64) _mm_prefetch(p + byte, _MM_HINT_T0);
+        _mm_prefetch(p + D * 2 - 1, _MM_HINT_T0); /* a slice need not start on a line */
+    }
+}
+
+/* A group of G heads as subgroups of at most `most`, as even as they come: the size of the
+ * one starting at g0. */
+static inline int subgroup(int64_t G, int64_t g0, int most) {
+    const int64_t parts = (G + most - 1) / most, small = G / parts;
+    const int64_t big = G - small * parts; /* the first `big` parts have one more */
+    return (int)(g0 < big * (small + 1) ? small + 1 : small);
+}
+
+/* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
+ * Per KV head, keys go in blocks of 16 whose K (then V) slices all of its query heads read
+ * while they sit in L1, the next block's slices prefetched meanwhile (slots need not be
+ * consecutive). Scores are laid out [head][key]. */
+void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
+                    const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial) {
+    (void)qb; /* fp32 arithmetic: the fp32 queries */
+    const int64_t D = m->head_dim, G = m->heads / m->kv_heads, n = t1 - t0;
+    const int64_t row = m->kv_heads * D;
+    for (int64_t h = 0; h < m->heads; h++) {
+        float *ph = partial + h * (D + 2);
+        ph[0] = -INFINITY;
+        ph[1] = 0;
+        memset(ph + 2, 0, D * sizeof(float));
+    }
+    if (n <= 0) return;
+    slots += t0;
+    float qp[MAX_GROUP * MAX_HEAD_DIM] __attribute__((aligned(32)));
+    const __m256 scale = _mm256_set1_ps(m->scale);
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        const uint16_t *kc = L->k_cache + kvh * D;
+        for (int64_t g = 0; g < G; g++) /* this group's queries, permuted and scaled */
+            for (int64_t c = 0; c < D; c += 16) {
+                const float *x = q + (kvh * G + g) * D + c;
+                __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+                __m256 even = _mm256_shuffle_ps(a, b, 0x88), odd = _mm256_shuffle_ps(a, b, 0xDD);
+                even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xD8));
+                odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xD8));
+                _mm256_store_ps(qp + g * D + c, _mm256_mul_ps(even, scale));
+                _mm256_store_ps(qp + g * D + c + 8, _mm256_mul_ps(odd, scale));
+            }
+        for (int64_t b = 0; b < n; b += BLOCK) {
+            const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
+            prefetch_slices(L->k_cache, slots, b + BLOCK, b + 2 * BLOCK < n ? b + 2 * BLOCK : n, row,
+                            kvh * D, D);
+            const uint16_t *k[BLOCK];
+            for (int j = 0; j < BLOCK; j++) k[j] = kc + (int64_t)slots[b + (j < keys ? j : keys - 1)] * row;
+            for (int64_t g0 = 0; g0 < G;) {
+                const int S = subgroup(G, g0, SCORE_HEADS);
+                float *s[SCORE_HEADS];
+                for (int g = 0; g < S; g++) s[g] = scores + (kvh * G + g0 + g) * n + b;
+                const float *qs = qp + g0 * D;
+                switch (S) {
+                case 1: block_scores(qs, k, D, keys, s, 1); break;
+                case 2: block_scores(qs, k, D, keys, s, 2); break;
+                default: block_scores(qs, k, D, keys, s, 3); break;
+                }
+                g0 += S;
+            }
+        }
+    }
+    for (int64_t h = 0; h < m->heads; h++) { /* scores -> exp(score - max), in place */
+        float *s = scores + h * n, *ph = partial + h * (D + 2);
+        __m256 vmx = _mm256_set1_ps(-INFINITY);
+        int64_t t = 0;
+        for (; t + 8 <= n; t += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(s + t));
+        float tail[8] __attribute__((aligned(32)));
+        for (int i = 0; i < 8; i++) tail[i] = t + i < n ? s[t + i] : -INFINITY;
+        vmx = _mm256_max_ps(vmx, _mm256_load_ps(tail));
+        vmx = _mm256_max_ps(vmx, _mm256_permute2f128_ps(vmx, vmx, 1));
+        vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0x4E));
+        vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0xB1));
+        __m256 sum = _mm256_setzero_ps();
+        for (t = 0; t + 8 <= n; t += 8) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_storeu_ps(s + t, e);
+        }
+        __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(tail), vmx)); /* -inf lanes: 0 */
+        sum = _mm256_add_ps(sum, e);
+        _mm256_store_ps(tail, e);
+        for (int64_t i = t; i < n; i++) s[i] = tail[i - t];
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        ph[0] = _mm256_cvtss_f32(vmx);
+        ph[1] = _mm_cvtss_f32(s4);
+    }
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        const uint16_t *vc = L->v_cache + kvh * D;
+        for (int64_t b = 0; b < n; b += BLOCK) {
+            const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
+            prefetch_slices(L->v_cache, slots, b + BLOCK, b + 2 * BLOCK < n ? b + 2 * BLOCK : n, row,
+                            kvh * D, D);
+            const uint16_t *v[BLOCK];
+            for (int j = 0; j < keys; j++) v[j] = vc + (int64_t)slots[b + j] * row;
+            for (int64_t g0 = 0; g0 < G;) {
+                const int S = subgroup(G, g0, VALUE_HEADS);
+                const float *w[VALUE_HEADS];
+                float *out[VALUE_HEADS];
+                for (int g = 0; g < S; g++) {
+                    w[g] = scores + (kvh * G + g0 + g) * n + b;
+                    out[g] = partial + (kvh * G + g0 + g) * (D + 2) + 2;
+                }
+                int64_t d0 = 0;
+                switch (S) { /* chunks of 16 values at a time: 8 or more accumulators */
+                case 1:
+                    for (; d0 + 64 <= D; d0 += 64) weighted_values(v, keys, d0, w, out, 1, 4);
+                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 1, 1);
+                    break;
+                case 2:
+                    for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 2, 2);
+                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 2, 1);
+                    break;
+                case 3:
+                    for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 3, 2);
+                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 3, 1);
+                    break;
+                default:
+                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 4, 1);
+                    break;
+                }
+                g0 += S;
+            }
+        }
+    }
+    for (int64_t h = 0; h < m->heads; h++) /* the V sums back from the permuted order */
+        for (int64_t c = 0; c < D; c += 16) {
+            float *o = partial + h * (D + 2) + 2 + c;
+            __m256 e = _mm256_loadu_ps(o), od = _mm256_loadu_ps(o + 8);
+            __m256 lo = _mm256_unpacklo_ps(e, od), hi = _mm256_unpackhi_ps(e, od);
+            _mm256_storeu_ps(o, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+}
+
+void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int half = 0; half < 2; half++) {
+            __m256 g = _mm256_loadu_ps(gate_up + i + 8 * half);
+            __m256 u = _mm256_loadu_ps(gate_up + n + i + 8 * half);
+            __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                                      exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+            r[half] = bf16_round(_mm256_mul_ps(s, u));
+        }
+        /* packus works per 128-bit half: the 64-bit quarters come out as 0, 2, 1, 3 */
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8));
+    }
+    for (; i < n; i++) {
+        float g = gate_up[i];
+        out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * gate_up[n + i]);
+    }
+}
+
+/* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
+ * as torch.argmax answers: one pass for the max (and whether there is a NaN), one for where it
+ * first is. */
+void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        __m256 best[4], nan = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) best[j] = _mm256_set1_ps(-INFINITY);
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32)
+            for (int j = 0; j < 4; j++) {
+                __m256 v = _mm256_loadu_ps(xr + i + 8 * j);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                best[j] = _mm256_max_ps(best[j], v);
+            }
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            best[0] = _mm256_max_ps(best[0], v);
+        }
+        __m256 b = _mm256_max_ps(_mm256_max_ps(best[0], best[1]), _mm256_max_ps(best[2], best[3]));
+        b = _mm256_max_ps(b, _mm256_permute2f128_ps(b, b, 1));
+        b = _mm256_max_ps(b, _mm256_shuffle_ps(b, b, 0x4E));
+        b = _mm256_max_ps(b, _mm256_shuffle_ps(b, b, 0xB1));
+        float mx = _mm256_cvtss_f32(b);
+        int any_nan = _mm256_movemask_ps(nan) != 0;
+        for (; i < n; i++) {
+            any_nan |= xr[i] != xr[i];
+            mx = xr[i] > mx ? xr[i] : mx;
+        }
+        /* what to find: the first NaN, or the first value equal to the max */
+        const __m256 target = _mm256_set1_ps(mx);
+        int64_t at = -1;
+        for (i = 0; i + 8 <= n && at < 0; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            int hit = _mm256_movemask_ps(any_nan ? _mm256_cmp_ps(v, v, _CMP_UNORD_Q)
+                                                 : _mm256_cmp_ps(v, target, _CMP_EQ_OQ));
+            if (hit) at = i + __builtin_ctz((unsigned)hit);
+        }
+        for (; i < n && at < 0; i++)
+            if (any_nan ? xr[i] != xr[i] : xr[i] == mx) at = i;
+        out[r] = at < 0 ? 0 : at;
+    }
+}
