@@ -19,6 +19,10 @@ the median over rounds of the mean of `--steps` decode steps.
 
     python -m bench.decode_step            # writes bench/results/decode-step-<date>.md
     python -m bench.decode_step --batch 8 --context 600   # ...-batch8.md
+    python -m bench.decode_step --cpu-isa avx2    # what an AVX2 machine runs: ...-avx2.md
+
+The report names the CPU and its level, and sets the step against the memory-bandwidth bound
+of the bytes it reads (weights, once a step, measured here with a large copy).
 """
 
 from __future__ import annotations
@@ -142,6 +146,8 @@ def main() -> None:
                     "own prompt: no shared KV)")
     ap.add_argument("--context", type=int, default=0, help="prompt tokens per request (default: "
                     "a one-line prompt)")
+    ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"],
+                    help="force radixflow's CPU kernels to this level (see README)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
@@ -149,7 +155,7 @@ def main() -> None:
     from radixflow.runtime.messages import GenerateReq
     from radixflow.runtime.sampling_params import SamplingParams
 
-    engine = Engine(None, enable_torch_compile=args.compile)
+    engine = Engine(None, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa)
     sched = engine.scheduler
     engine.shutdown()  # step the scheduler directly, no background thread
     info = sched.model_info()
@@ -191,11 +197,13 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     who = "one request" if args.batch == 1 else f"{args.batch} requests"
     extra = (f"{' --compile' if args.compile else ''}"
+             f"{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
              f"{f' --batch {args.batch}' if args.batch > 1 else ''}"
              f"{f' --context {args.context}' if args.context else ''}")
     lines = [f"# Decode step, {who}, {date}", "",
              f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}"
              f"{extra}`", "",
+             f"CPU: {sched.runner.cpu.describe()}; kernels: {info['cpu']['kernels']}.", "",
              f"Default model, {info['dtype']}, quantization {info['quantization']}, "
              f"{torch.get_num_threads()} threads; {who} decoding (context grows from "
              f"{len(ids)} tokens by {total_steps} over the run). Median over {args.rounds} rounds "
@@ -204,6 +212,13 @@ def main() -> None:
     for name, ms in medians.items():
         lines.append(f"| {name} | {ms:.2f} | {args.batch * 1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
+    weight_bytes, bandwidth = bytes_per_step(sched.runner.model), copy_bandwidth()
+    bound_ms = weight_bytes / bandwidth * 1e3
+    lines += [f"Bytes a step must read: {weight_bytes / 1e6:.1f} MB of weights (once for the "
+              f"whole batch; K/V on top). Memory bandwidth here (a {COPY_MB} MB copy, "
+              f"{torch.get_num_threads()} threads, median of 5): {bandwidth / 1e9:.1f} GB/s, so "
+              f"a step cannot take less than {bound_ms:.2f} ms ({1e3 / bound_ms:.0f} steps/s); "
+              f"as served is {bound_ms / served:.0%} of that bound.", ""]
     if phases:
         measured = args.rounds * args.steps
         lines += ["Inside the C decode step (\"as served\"): thread 0's time per phase, waits for "
@@ -216,7 +231,36 @@ def main() -> None:
         lines += [f"| all | {total / measured * 1e3:.3f} | |", ""]
     publish("\n".join(lines), None if args.no_write else
             RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}"
+                      f"{f'-{args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
                       f"{f'-batch{args.batch}' if args.batch > 1 else ''}.md")
+
+
+COPY_MB = 512
+
+
+def bytes_per_step(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: each linear's quantized (tiled) or dense weights,
+    plus one embedding row (negligible) and the norms."""
+    total = 0
+    for module in model.modules():
+        tiled = getattr(module, "tiled", None)
+        if tiled is not None:
+            total += tiled.nbytes
+        elif type(module) is torch.nn.Linear:
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s moved by a large tensor copy (read + write), the median of 5."""
+    src = torch.ones(COPY_MB * 2**20 // 4)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(times)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ workloads, one server at a time: start it, run every workload, stop it, next ser
         --workloads random_short --num-requests 8 --concurrency 1
     python -m bench.peers --vllm-venv /tmp/anchor-vllm/venv \\
         --workloads shared_prefix random_short --num-requests 32 --concurrency 16
+    python -m bench.peers --llama-server ... --cpu-isa avx2 --alternate   # AVX2 level, and
+        # every server twice in the order radixflow, peers, peers, radixflow
+
+Each file names the CPU and the level radixflow ran at.
 """
 
 from __future__ import annotations
@@ -76,6 +80,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--compile", action="store_true", help="radixflow serve --enable-torch-compile")
+    ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"],
+                    help="radixflow serve --cpu-isa (the level of its CPU kernels)")
+    ap.add_argument("--alternate", action="store_true", help="run every server twice, in the "
+                    "order radixflow, peers, peers reversed, radixflow (a drifting machine then "
+                    "cannot make the result)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "peers")
     args = ap.parse_args()
     if args.llama_server is None and args.vllm_venv is None:
@@ -92,36 +101,64 @@ def main() -> None:
     def run_all(url: str) -> dict[str, dict]:
         return {name: asyncio.run(run_workload(url, w)) for name, w in workloads.items()}
 
+    from radixflow.kernels.cpu.features import check_level
+
+    cpu = check_level(args.cpu_isa)
     runs: dict[str, dict[str, dict]] = {}
-    setups = [f"radixflow: `radixflow serve{' --enable-torch-compile' if args.compile else ''}`"
-              ", otherwise its defaults (int4 + Q8_0 weights, bf16)"]
-    with Runtime(None, port=30124, enable_torch_compile=args.compile) as rt:
-        runs["radixflow"] = run_all(rt.url)
-    if args.llama_server is not None:
+    setups = [f"radixflow: `radixflow serve --cpu-isa {args.cpu_isa}"
+              f"{' --enable-torch-compile' if args.compile else ''}`, otherwise its defaults "
+              f"({'bf16' if cpu.bf16 else 'fp32'}, int4 + Q8_0 weights)"]
+
+    def radixflow(label: str) -> None:
+        with Runtime(None, port=30124, enable_torch_compile=args.compile,
+                     cpu_isa=args.cpu_isa) as rt:
+            runs[label] = run_all(rt.url)
+
+    def llama_cpp(label: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             gguf = args.gguf or fetch_default_gguf(Path(tmp))
             cmd = llama_cpp_command(args, gguf)
             with serving(cmd, "http://127.0.0.1:18081") as url:
-                runs["llama.cpp"] = run_all(url)
-        setups.append(f"llama.cpp: `llama-server {' '.join(cmd[1:]).replace(str(gguf), gguf.name)}`"
-                      " on the default model's own Q4_1 GGUF")
-    if args.vllm_venv is not None:
+                runs[label] = run_all(url)
+        if not any(s.startswith("llama.cpp") for s in setups):
+            setups.append(f"llama.cpp: `llama-server "
+                          f"{' '.join(cmd[1:]).replace(str(gguf), gguf.name)}` on the default "
+                          f"model's own Q4_1 GGUF")
+
+    def vllm(label: str) -> None:
         env = {**os.environ, "VENV": str(args.vllm_venv), "PORT": "18090",
                "MODEL": str(resolve_model(None)), "THREADS": str(args.threads)}
         with serving(["bash", str(PEERS_DIR / "vllm-serve.sh")], "http://127.0.0.1:18090",
                      env=env) as url:
-            runs["vLLM CPU"] = run_all(url)
-        setups.append("vLLM CPU 0.32: `../shared/peers/vllm-serve.sh` (bf16, prefix caching) on "
-                      "the default model's cached Hugging Face folder")
+            runs[label] = run_all(url)
+        if not any(s.startswith("vLLM") for s in setups):
+            setups.append("vLLM CPU 0.32: `../shared/peers/vllm-serve.sh` (bf16, prefix "
+                          "caching) on the default model's cached Hugging Face folder")
+
+    order = [("radixflow", radixflow)]
+    if args.llama_server is not None:
+        order.append(("llama.cpp", llama_cpp))
+    if args.vllm_venv is not None:
+        order.append(("vLLM CPU", vllm))
+    passes = [order, order[::-1]] if args.alternate else [order]
+    for i, servers in enumerate(passes):
+        for name, run in servers:
+            run(f"{name} #{i + 1}" if args.alternate else name)
 
     date = datetime.date.today().isoformat()
-    peers = "-".join(n.split()[0].lower() for n in runs if n != "radixflow")
+    peers = "-".join(dict.fromkeys(n.split()[0].lower() for n in runs
+                                   if not n.startswith("radixflow")))
     command = (f"python -m bench.peers{' --llama-server ' + str(args.llama_server) if args.llama_server else ''}"
                f"{' --vllm-venv ' + str(args.vllm_venv) if args.vllm_venv else ''} --workloads "
                f"{' '.join(args.workloads)} --num-requests {args.num_requests} --concurrency "
-               f"{args.concurrency}{' --compile' if args.compile else ''}")
-    lines = [f"# radixflow vs {', '.join(n for n in runs if n != 'radixflow')}, {date}", "",
-             f"Command: `{command}`", "", *[f"- {s}" for s in setups], "",
+               f"{args.concurrency}{' --compile' if args.compile else ''}"
+               f"{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
+               f"{' --alternate' if args.alternate else ''}"
+               f"{f' --llama-args={args.llama_args!r}' if args.llama_server else ''}")
+    lines = [f"# radixflow vs {peers}, {date}", "",
+             f"Command: `{command}`", "",
+             f"CPU: {cpu.describe()}, {args.threads} threads.", "",
+             *[f"- {s}" for s in setups], "",
              "Streaming chat completions, greedy, fixed output lengths (ignore_eos); one server "
              "at a time, each running every workload before the next starts.", ""]
     for name in args.workloads:
@@ -131,7 +168,8 @@ def main() -> None:
         table, paths = write_comparison(by_server, args.out_dir)
         lines += [table, f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
     out = RESULTS / (f"peers-{peers}-{'-'.join(args.workloads)}-c{args.concurrency}"
-                     f"{'-compiled' if args.compile else ''}-{date}.md")
+                     f"{'-compiled' if args.compile else ''}"
+                     f"{f'-{args.cpu_isa}' if args.cpu_isa != 'auto' else ''}-{date}.md")
     out.write_text("\n".join(lines))
     print("\n".join(lines))
 
