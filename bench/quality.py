@@ -7,8 +7,10 @@ fp32's, and the mean negative log-likelihood of the text.
 
 Prefill runs in chunks of --chunk tokens; 4 (the default) keeps every matmul within the int4
 kernel's rows (QUANT_MAX_ROWS; more rows use the bf16 copy of the weights, see
-runtime/models/quant_linear.py). The last row feeds the same text one token at a time as
-decode steps, through radixflow's C decode step (what a lone request's decoding runs).
+runtime/models/quant_linear.py). The "decode steps" rows feed the same text one token at a
+time as decode steps, through radixflow's C decode step (what a lone request's decoding runs),
+at each CPU level this machine runs (kernels/cpu/features.py): avx512 (bf16 model, x split into
+16-bit integers), avx2 (fp32 model, x quantized to 8-bit groups).
 
     python -m bench.quality                # writes bench/results/quality-<date>.md
 """
@@ -26,7 +28,9 @@ from .report import RESULTS, publish
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none"},
     "bf16": {"dtype": "bfloat16", "quantization": "none"},
-    "bf16 + int4 (quantization auto)": {"dtype": "bfloat16", "quantization": "auto"},
+    "bf16 + int4 (quantization auto), avx512": {"dtype": "bfloat16", "quantization": "auto",
+                                                "cpu_isa": "avx512"},
+    "fp32 + int4 (quantization auto), avx2": {"quantization": "auto", "cpu_isa": "avx2"},
 }
 
 
@@ -46,13 +50,14 @@ def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int]
     return logprobs, top, applied, ids
 
 
-def score_decode(ids: list[int]) -> tuple[torch.Tensor, list[int], str, list[int]]:
-    """As `score`, the default engine's weights, every token fed as a one-token decode step."""
+def score_decode(ids: list[int], level: str) -> tuple[torch.Tensor, list[int], str, list[int]]:
+    """As `score`, the default engine's weights at CPU level `level`, every token fed as a
+    one-token decode step."""
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.forward_batch import ForwardMode
     from radixflow.runtime.model_runner import BatchRequest
 
-    with Engine(None, max_total_tokens=8192) as engine:
+    with Engine(None, max_total_tokens=8192, cpu_isa=level) as engine:
         runner = engine.scheduler.runner  # idle: the engine has no request
         if runner.native_decode is None:
             raise SystemExit("the C decode step does not run on this machine")
@@ -77,9 +82,14 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
+    from radixflow.kernels.cpu.features import detect, supported_levels
+
+    levels = [lv for lv in supported_levels() if lv != "generic"]
     text = args.text.read_text()[:args.chars]
-    scored = {name: score(text, args.chunk, **engine_args) for name, engine_args in FORMATS.items()}
-    scored["bf16 + int4, decode steps (C step)"] = score_decode(scored["fp32"][3])
+    scored = {name: score(text, args.chunk, **engine_args) for name, engine_args in FORMATS.items()
+              if engine_args.get("cpu_isa", "generic") in levels + ["generic"]}
+    for level in levels:
+        scored[f"int4, decode steps (C step), {level}"] = score_decode(scored["fp32"][3], level)
     ref, ref_top, _, _ = scored["fp32"]
     rows = ["| weights | applied | mean abs d logprob | max abs d logprob | top-1 agrees with fp32 "
             "| mean NLL |", "|---|---|---|---|---|---|"]
@@ -91,11 +101,13 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     lines = [f"# Weight formats vs fp32, default model, {date}", "",
              f"Command: `python -m bench.quality --chars {args.chars} --chunk {args.chunk}`", "",
+             f"CPU: {detect().describe()}; levels measured: {', '.join(levels)}.", "",
              f"Text: the first {args.chars} characters of `{args.text.name}` ({len(ref)} scored "
-             f"tokens), prefilled in chunks of {args.chunk} tokens; the last row feeds it one "
-             "token at a time as decode steps through the C decode step (fp32 residual stream, "
-             "matmul inputs split into 16-bit integers per group: closer to fp32 than the bf16 "
-             "model's own ops).", "", *rows, ""]
+             f"tokens), prefilled in chunks of {args.chunk} tokens; the decode-step rows feed it "
+             "one token at a time through the C decode step (fp32 residual stream, bf16 K/V; "
+             "matmul inputs split into 16-bit integers per group at avx512, closer to fp32 than "
+             "the bf16 model's own ops; quantized to 8-bit groups at avx2, as llama.cpp does).",
+             "", *rows, ""]
     publish("\n".join(lines), None if args.no_write else RESULTS / f"quality-{date}.md")
 
 
