@@ -128,16 +128,23 @@ def test_abandoned_stream_is_aborted(engine):
 
 def test_abort_by_rid(engine):
     result = {}
+    streaming = threading.Event()
 
     def run():
-        result["r"] = engine.generate("The quick", {"max_new_tokens": 2000, **GREEDY}, rid="job-1")
+        # streamed, so the abort lands once generation is under way (a request of this tiny
+        # model can reach its context limit before a fixed sleep ends)
+        for event in engine.generate("The quick", {"max_new_tokens": 2000, **GREEDY},
+                                     rid="job-1", stream=True):
+            result["last"] = event
+            streaming.set()
+        streaming.set()
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.3)
+    assert streaming.wait(30)
     engine.abort("job-1")
     t.join(timeout=30)
-    assert result["r"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert result["last"]["meta_info"]["finish_reason"]["type"] == "abort"
     settle(engine)
 
 
