@@ -13,11 +13,12 @@
 
 #define SCORE_HEADS 3 /* query heads whose dot products one pass over a K slice computes */
 #define VALUE_HEADS 4 /* query heads whose V sums one pass over a V slice accumulates */
-#define BLOCK 16      /* keys per block (K or V rows read by all of a group's heads in L1) */
+#define BLOCK 16      /* keys per block (K or V slices read by all of a group's heads in L1) */
+#define PREFETCH 3    /* blocks ahead (DRAM latency: ~3 blocks' work at D = 64, G = 3) */
 
 /* e^x: x = n ln2 + r, e^r by its Taylor polynomial, times 2^n made in the exponent bits. AVX2
  * has no scalef: 2^n is 2 * 2^(n - 1) (the 2 folded into the polynomial) so that n = 128
- * still has an exponent and overflows to inf; below x ~ -87.3 the result is 0. NaN stays NaN
+ * still has an exponent and overflows to inf; from x ~ -87 down the result is 0. NaN stays NaN
  * (max/min return their second operand when one is NaN). */
 static inline __m256 exp256(__m256 x) {
     x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-87.5f), x));
@@ -60,39 +61,46 @@ static inline __m256 sum8(const __m256 *v) {
 }
 
 /* The dot products of S query heads (permuted queries qp, D floats apart) with J keys (K
- * slices k[j0 .. j0 + J), D bf16 values), not yet summed: acc[g][j0 + j] gets 8 partial sums. S and J are
- * constants at each call, so the S * J accumulators stay in registers; each K chunk is widened
- * once for the S heads. */
+ * slices k[j0 .. j0 + J), D bf16 values), not yet summed: acc[g][j0 + j] gets 8 partial sums.
+ * S and J are constants at each call, so the S * J accumulators stay in registers (the pragmas
+ * unroll the small loops early enough for gcc to keep their arrays out of memory); each K
+ * chunk is widened once for the S heads. */
 static inline __attribute__((always_inline)) void dots(const float *qp, const uint16_t *const *k,
                                                        int64_t D, __m256 (*acc)[BLOCK], int j0,
                                                        const int S, const int J) {
     const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
     __m256 a[SCORE_HEADS][8];
+#pragma GCC unroll 8
     for (int g = 0; g < S; g++)
+#pragma GCC unroll 8
         for (int j = 0; j < J; j++) a[g][j] = _mm256_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
+#pragma GCC unroll 8
         for (int j = 0; j < J; j++) {
             __m256i kv = _mm256_loadu_si256((const __m256i *)(k[j0 + j] + c));
             __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(kv, 16));
             __m256 o = _mm256_castsi256_ps(_mm256_and_si256(kv, odd));
+#pragma GCC unroll 8
             for (int g = 0; g < S; g++) {
                 a[g][j] = _mm256_fmadd_ps(e, _mm256_load_ps(qp + g * D + c), a[g][j]);
                 a[g][j] = _mm256_fmadd_ps(o, _mm256_load_ps(qp + g * D + c + 8), a[g][j]);
             }
         }
     }
+#pragma GCC unroll 8
     for (int g = 0; g < S; g++)
+#pragma GCC unroll 8
         for (int j = 0; j < J; j++) acc[g][j0 + j] = a[g][j];
 }
 
 /* S query heads' scores against one block's keys (K slices k[0 .. BLOCK), the ones past
- * `keys` repeating the last) into s[g][0 .. keys). Keys J at a time: S * J accumulators, and
- * enough of them that the FMA chains do not wait on each other. */
+ * `keys` repeating the last) into s[g][0 .. keys). Keys J at a time: 8 or 12 accumulators,
+ * enough that the FMA chains (2 FMAs per accumulator per chunk) do not wait on each other. */
 static inline __attribute__((always_inline)) void block_scores(const float *qp,
                                                                const uint16_t *const *k,
                                                                int64_t D, int64_t keys,
                                                                float *const *s, const int S) {
-    const int J = S == 1 ? 8 : S == 2 ? 4 : 2;
+    const int J = S == 1 ? 8 : 4;
     __m256 acc[SCORE_HEADS][BLOCK];
     int j0 = 0;
     for (; j0 < keys; j0 += J) dots(qp, k, D, acc, j0, S, J);
@@ -119,36 +127,51 @@ static inline __attribute__((always_inline)) void weighted_values(
     const uint16_t *const *v, int64_t keys, int64_t d0, const float *const *w, float *const *out,
     const int S, const int CC) {
     const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
-    __m256 acc[VALUE_HEADS][4][2];
-    for (int g = 0; g < S; g++)
-        for (int c = 0; c < CC; c++) acc[g][c][0] = acc[g][c][1] = _mm256_setzero_ps();
+    __m256 acc[12]; /* [g][c][even, odd] */
+#pragma GCC unroll 12
+    for (int i = 0; i < 2 * S * CC; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t t = 0; t < keys; t++) {
+#pragma GCC unroll 4
         for (int c = 0; c < CC; c++) {
             __m256i vv = _mm256_loadu_si256((const __m256i *)(v[t] + d0 + 16 * c));
             __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(vv, 16));
             __m256 o = _mm256_castsi256_ps(_mm256_and_si256(vv, odd));
+#pragma GCC unroll 4
             for (int g = 0; g < S; g++) {
                 __m256 wt = _mm256_broadcast_ss(w[g] + t);
-                acc[g][c][0] = _mm256_fmadd_ps(e, wt, acc[g][c][0]);
-                acc[g][c][1] = _mm256_fmadd_ps(o, wt, acc[g][c][1]);
+                acc[2 * (g * CC + c)] = _mm256_fmadd_ps(e, wt, acc[2 * (g * CC + c)]);
+                acc[2 * (g * CC + c) + 1] = _mm256_fmadd_ps(o, wt, acc[2 * (g * CC + c) + 1]);
             }
         }
     }
+#pragma GCC unroll 4
     for (int g = 0; g < S; g++)
+#pragma GCC unroll 4
         for (int c = 0; c < CC; c++) {
             float *o = out[g] + d0 + 16 * c;
-            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[g][c][0]));
-            _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[g][c][1]));
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[2 * (g * CC + c)]));
+            _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[2 * (g * CC + c) + 1]));
         }
 }
 
-/* Prefetches the D-value slices at `off` of the rows of slots [from, to). */
-static inline void prefetch_slices(const uint16_t *cache, const int32_t *slots, int64_t from,
-                                   int64_t to, int64_t row, int64_t off, int64_t D) {
-    for (int64_t t = from; t < to; t++) {
-        const char *p = (const char *)(cache + (int64_t)slots[t] * row + off);
-        for (int64_t byte = 0; byte < D * 2; byte += 64) _mm_prefetch(p + byte, _MM_HINT_T0);
-        _mm_prefetch(p + D * 2 - 1, _MM_HINT_T0); /* a slice need not start on a line */
+/* Prefetches the K or V slices that the walk over KV heads and their blocks of keys reads
+ * PREFETCH blocks after KV head kvh's block at b: on into the next KV head's blocks, and past
+ * K's last block into V's first (`then`, or NULL). */
+static inline void prefetch_ahead(const rf_model *m, const uint16_t *cache, const uint16_t *then,
+                                  const int32_t *slots, int64_t n, int64_t kvh, int64_t b) {
+    const int64_t D = m->head_dim, row = m->kv_heads * D, blocks = (n + BLOCK - 1) / BLOCK;
+    int64_t i = kvh * blocks + b / BLOCK + PREFETCH;
+    if (i >= m->kv_heads * blocks) {
+        if (!then) return;
+        cache = then;
+        i -= m->kv_heads * blocks;
+        if (i >= m->kv_heads * blocks) return;
+    }
+    const int64_t at = i % blocks * BLOCK, end = at + BLOCK < n ? at + BLOCK : n;
+    for (int64_t t = at; t < end; t++) {
+        const char *p = (const char *)(cache + (int64_t)slots[t] * row + i / blocks * D);
+        for (uintptr_t line = (uintptr_t)p & ~(uintptr_t)63; line < (uintptr_t)(p + 2 * D); line += 64)
+            _mm_prefetch((const char *)line, _MM_HINT_T0);
     }
 }
 
@@ -162,7 +185,7 @@ static inline int subgroup(int64_t G, int64_t g0, int most) {
 
 /* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
  * Per KV head, keys go in blocks of 16 whose K (then V) slices all of its query heads read
- * while they sit in L1, the next block's slices prefetched meanwhile (slots need not be
+ * while they sit in L1, the slices PREFETCH blocks on prefetched meanwhile (slots need not be
  * consecutive). Scores are laid out [head][key]. */
 void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
                     const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial) {
@@ -177,7 +200,7 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     }
     if (n <= 0) return;
     slots += t0;
-    float qp[MAX_GROUP * MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float qp[MAX_GROUP * MAX_HEAD_DIM] __attribute__((aligned(32))); /* one group's queries */
     const __m256 scale = _mm256_set1_ps(m->scale);
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
         const uint16_t *kc = L->k_cache + kvh * D;
@@ -193,8 +216,7 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
             }
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
-            prefetch_slices(L->k_cache, slots, b + BLOCK, b + 2 * BLOCK < n ? b + 2 * BLOCK : n, row,
-                            kvh * D, D);
+            prefetch_ahead(m, L->k_cache, L->v_cache, slots, n, kvh, b);
             const uint16_t *k[BLOCK];
             for (int j = 0; j < BLOCK; j++) k[j] = kc + (int64_t)slots[b + (j < keys ? j : keys - 1)] * row;
             for (int64_t g0 = 0; g0 < G;) {
@@ -242,8 +264,7 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         const uint16_t *vc = L->v_cache + kvh * D;
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
-            prefetch_slices(L->v_cache, slots, b + BLOCK, b + 2 * BLOCK < n ? b + 2 * BLOCK : n, row,
-                            kvh * D, D);
+            prefetch_ahead(m, L->v_cache, NULL, slots, n, kvh, b);
             const uint16_t *v[BLOCK];
             for (int j = 0; j < keys; j++) v[j] = vc + (int64_t)slots[b + j] * row;
             for (int64_t g0 = 0; g0 < G;) {
