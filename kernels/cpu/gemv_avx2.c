@@ -9,14 +9,17 @@
  * The quantized formats multiply bytes with vpmaddubsw (unsigned x signed bytes, adjacent
  * products summed into int16) after rf_split_x quantizes x per group of 32 to int8, as
  * llama.cpp does on AVX2: x ~= s X with s = max|x| / 127 and X in -127..127 rounded to nearest,
- * so |error| <= s / 2 per value (bf16 rounding of x loses up to max|x| / 256 per value: the
- * same order).
+ * so |error| <= s / 2 = max|x| / 254 per value (rounding x to bf16 loses up to |x| / 256 of
+ * each value: as much on the group's largest, less on the rest). Every format then multiplies
+ * that same x' = s X: y = w x' up to fp32 sums' rounding.
  *
  * - q4_1: w = m + d q with q in 0..15. The nibbles are the unsigned operand and X the signed
  *   one; each vpmaddubsw pair sum is at most 2 * 15 * 127 = 3810 in magnitude, so the 8 of a
  *   group (4 chunks x 2 nibble halves) add up in int16 (<= 30480) before one vpmaddwd widens
- *   them to int32. sum w x = d s sum q X + m sum x, with sum x the exact fp32 sum of the group
- *   (only the d q part sees the rounding of x).
+ *   them to int32. sum w x' = d s sum q X + m s sum X, as llama.cpp's Q8_1 keeps s sum X.
+ *   (The exact sum x in the m term, as the AVX-512 build takes it, would leave the error
+ *   sum (w - m) (x - x'), and Q4_1's m sits near -max|w|: the default model's logits, int4
+ *   decode step against fp32, came out with rms error 0.72 that way, 0.33 this way.)
  * - q8_0: w = d q with q signed, so the sign moves onto q: |X| is the unsigned operand and
  *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
  *   too much to add two in int16: each is widened by vpmaddwd at once.
@@ -26,7 +29,9 @@
  *
  * Tiles are split over OpenMP threads (one thread pool with torch's libgomp). For one or two
  * rows of x each thread reads its tiles as several streams at once, which keeps more of
- * memory's latency in flight; AVX2's 16 registers allow fewer streams than AVX-512's 32.
+ * memory's latency in flight; AVX2's 16 registers allow fewer streams than AVX-512's 32 (the
+ * default model's products for one row, 2 threads of an AMD EPYC: ~6% faster with 2 or 3
+ * streams than with 1, slower again with 4 or 6).
  */
 #include "gemv.h"
 
@@ -34,7 +39,7 @@
 
 #define ROW_BLOCK 4 /* rows of x per pass over a tile */
 #ifndef STREAMS
-#define STREAMS 4 /* weight streams per thread for one row of x */
+#define STREAMS 3 /* weight streams per thread for one row of x */
 #endif
 #ifndef STREAMS_2ROWS
 #define STREAMS_2ROWS 2 /* ... and for two */
@@ -113,11 +118,13 @@ void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
         __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
         const float a = hmax8(amax);
-        out.sum[g] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
         out.scale[g] = a / 127.0f;
         const __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
         __m256i X[4];
         for (int i = 0; i < 4; i++) X[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)); /* nearest even */
+        /* the sum of x' = s X, not of x (see the header comment): |sum X| <= 4064, exact */
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(X[0], X[1]), _mm256_add_epi32(X[2], X[3]));
+        out.sum[g] = out.scale[g] * hsum8(_mm256_cvtepi32_ps(sum));
         /* the packs work per 128-bit lane: dwords come out as X0[0:4] X1[0:4] X2[0:4] X3[0:4]
          * X0[4:8] X1[4:8] X2[4:8] X3[4:8] */
         __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(X[0], X[1]), _mm256_packs_epi32(X[2], X[3]));
@@ -139,6 +146,9 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
         for (int u = 0; u < S; u++)
             for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+        /* a loop, not unrolled: unrolled, GCC regroups the group's int16 sums into a tree
+         * of all its products and spills them (M = 4 ran at 0.8 of the speed) */
+#pragma GCC unroll 1
         for (int c = 0; c < 4; c++) {
             __m256i x0[ROW_BLOCK], x1[ROW_BLOCK]; /* X[8c .. 8c+3], X[8c+4 .. 8c+7] */
             for (int m = 0; m < M; m++) {
@@ -181,6 +191,7 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int32 sums of the group */
         for (int u = 0; u < S; u++)
             for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* as q4_1's chunks */
         for (int p = 0; p < 8; p++) {
             __m256i xq[ROW_BLOCK], xabs[ROW_BLOCK]; /* X[4p .. 4p+3] and their magnitudes */
             for (int m = 0; m < M; m++) {

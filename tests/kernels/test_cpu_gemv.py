@@ -30,21 +30,18 @@ def _q4_1_groups(n: int, k: int, seed: int):
     return q, scale, low
 
 
-def _weights(fmt: str, n: int, k: int, seed: int = 0):
-    """A tiled weight, the fp32 weights it must hold, and the part of them that multiplies the
-    exact x in the integer kernels (q4_1's minimums, per weight; zero for the other formats):
-    w = low + d q, and the kernels take sum w x = sum low x + d sum q x."""
+def _weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWeight, torch.Tensor]:
+    """A tiled weight and the fp32 weights it must hold."""
     if fmt == "q4_1":
         q, scale, low = _q4_1_groups(n, k, seed)
-        low = low.repeat_interleave(32, 1)
-        return cpu.tile_q4_1(q, scale, low[:, ::32]), low + q * scale.repeat_interleave(32, 1), low
+        dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
+        return cpu.tile_q4_1(q, scale, low), dense
     gen = torch.Generator().manual_seed(seed)
     if fmt == "q8_0":
         w = cpu.quantize_q8_0(torch.randn(n, k, generator=gen) * 0.05)
-        dense = cpu.unpack_q8_0(w)
-        return cpu.tile_q8_0(w), dense, torch.zeros_like(dense)
+        return cpu.tile_q8_0(w), cpu.unpack_q8_0(w)
     dense = torch.randn(n, k, generator=gen).bfloat16().float()
-    return cpu.tile_bf16(dense), dense, torch.zeros_like(dense)
+    return cpu.tile_bf16(dense), dense
 
 
 def _int8_x(x: torch.Tensor) -> torch.Tensor:
@@ -58,16 +55,14 @@ def _int8_x(x: torch.Tensor) -> torch.Tensor:
     return (q.double() * (amax / 127).double()).view(x.shape)
 
 
-def _int8_bound(x: torch.Tensor, dense: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+def _int8_bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """Per output, a bound on what quantizing x to int8 (_int8_x) costs: each value moves by at
-    most s / 2 = max|x_group| / 254, times the weights it multiplies (|w - low|, low meeting
-    the exact x): sum over groups of max|x_group| / 254 * sum |w - low| in the group."""
+    most s / 2 = max|x_group| / 254, so sum over groups of max|x_group| / 254 * sum |w| there."""
     amax = x.abs().view(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, 1)
-    return (amax.double() / 254) @ (dense - low).abs().double().T
+    return (amax.double() / 254) @ dense.abs().double().T
 
 
-def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor,
-                   low: torch.Tensor) -> torch.Tensor:
+def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """The most each output may differ from cpu.reference (fp32 x times the weights)."""
     scale = x.abs().max() * dense.abs().sum(1).max()  # bound on any output's magnitude
     if fmt == "bf16":  # exact products of bf16 values, fp32 sums, at every level
@@ -76,7 +71,7 @@ def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor,
         # x split into 16-bit steps of max|x_group| / 32639: ~3e-5 of the scale
         return torch.full((x.shape[0], dense.shape[0]), 1e-4 * float(scale), dtype=torch.float64)
     # avx2: x quantized to int8 per group (_int8_bound), plus fp32 sums' rounding
-    return _int8_bound(x, dense, low) + 1e-5 * float(scale)
+    return _int8_bound(x, dense) + 1e-5 * float(scale)
 
 
 def _assert_within(out: torch.Tensor, ref: torch.Tensor, allowed: torch.Tensor) -> None:
@@ -90,7 +85,7 @@ def _assert_within(out: torch.Tensor, ref: torch.Tensor, allowed: torch.Tensor) 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 def test_tiling_keeps_every_weight(fmt, n, k):
-    tiled, dense, _ = _weights(fmt, n, k, seed=n + k)
+    tiled, dense = _weights(fmt, n, k, seed=n + k)
     assert tiled.shape == (n, k)
     torch.testing.assert_close(cpu.unpack(tiled), dense, atol=0, rtol=0)
 
@@ -110,11 +105,11 @@ def test_q8_0_quantization_is_exact_on_8bit_groups():
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 11])
 def test_gemm_matches_reference(level, fmt, n, k, m):
-    tiled, dense, low = _weights(fmt, n, k, seed=3 * n + k)
+    tiled, dense = _weights(fmt, n, k, seed=3 * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     x[0, :32] = 0  # an all-zero group: scale 0 must not divide by zero
     ref = cpu.reference(x, tiled)
-    allowed = _allowed_error(level, fmt, x, dense, low)
+    allowed = _allowed_error(level, fmt, x, dense)
     _assert_within(cpu.gemm(x, tiled), ref, allowed)
     out = cpu.gemm(x, tiled, torch.bfloat16)
     assert out.dtype == torch.bfloat16
@@ -125,10 +120,10 @@ def test_gemm_matches_reference(level, fmt, n, k, m):
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
-    tiled, dense, low = _weights(fmt, n, 96, seed=n)
+    tiled, dense = _weights(fmt, n, 96, seed=n)
     x = torch.randn(m, 96, generator=torch.Generator().manual_seed(n))
     _assert_within(cpu.gemm(x, tiled), cpu.reference(x, tiled),
-                   _allowed_error(level, fmt, x, dense, low))
+                   _allowed_error(level, fmt, x, dense))
 
 
 def test_gemm_is_closer_to_exact_than_bf16_activations(level):
@@ -136,7 +131,7 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
     bf16, which is what the bf16 model does anyway."""
     if level != "avx512":
         pytest.skip("the AVX-512 split of x; avx2 quantizes x to int8 (next test)")
-    tiled, dense, _ = _weights("q4_1", 64, 576, seed=9)
+    tiled, dense = _weights("q4_1", 64, 576, seed=9)
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(9))
     exact = x.double() @ dense.double().T
     kernel = (cpu.gemm(x, tiled).double() - exact).abs().max()
@@ -149,36 +144,37 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
 @pytest.mark.parametrize("m", [1, 2, 4, 5])
 def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
     """The AVX2 kernels compute exactly x quantized to int8 per group (_int8_x) times the
-    weights, up to fp32 sums' rounding, and so stay within the int8 bound of exact."""
+    weights (q4_1's minimums included), up to fp32 sums' rounding, and so stay within the int8
+    bound of exact."""
     if level != "avx2":
         pytest.skip("the AVX2 quantization of x")
-    tiled, dense, low = _weights(fmt, n, k, seed=n + m)
+    tiled, dense = _weights(fmt, n, k, seed=n + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k + m)) * 3
     x[:, 32:64] *= 1e-3  # groups of very different magnitudes
     x[-1, :32] = 0
     kernel = cpu.gemm(x, tiled).double()
     exact = x.double() @ dense.double().T
-    emulated = _int8_x(x) @ (dense - low).double().T + x.double() @ low.double().T
-    magnitude = float((x.abs().double() @ (dense.abs() + 2 * low.abs()).double().T).max())
-    # fp32 sums' rounding: ~1e-8 of the magnitude; int8 x moves the outputs by ~4e-4 of it
+    emulated = _int8_x(x) @ dense.double().T
+    magnitude = float((x.abs().double() @ dense.abs().double().T).max())
+    # fp32 sums' rounding: ~3e-8 of the magnitude; int8 x moves the outputs by ~5e-4 to 1e-3
     tol = 2e-7 * magnitude
     torch.testing.assert_close(kernel, emulated, atol=tol, rtol=0)
     assert (emulated - exact).abs().max() > 100 * tol  # so the emulation is what is matched
-    bound = _int8_bound(x, dense, low)
+    bound = _int8_bound(x, dense)
     assert ((emulated - exact).abs() <= bound).all()
     _assert_within(kernel, exact, bound + tol)
 
 
 def test_without_the_library_the_reference_answers(monkeypatch):
     monkeypatch.setattr(cpu, "_library", lambda: None)
-    tiled, _, _ = _weights("q8_0", 6, 64)
+    tiled, _ = _weights("q8_0", 6, 64)
     x = torch.randn(2, 64)
     torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled))
     assert not cpu.available()
 
 
 def test_bad_shapes_are_named():
-    tiled, _, _ = _weights("q4_1", 4, 64)
+    tiled, _ = _weights("q4_1", 4, 64)
     with pytest.raises(ValueError, match=r"expected x of shape \[M, 64\]"):
         cpu.gemm(torch.randn(1, 32), tiled)
     with pytest.raises(ValueError, match="multiple of 2"):
