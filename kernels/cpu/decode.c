@@ -1,18 +1,20 @@
 /* One decode step of a Llama-family model for up to MAX_BATCH requests, one token each, in one
- * call (CPU, AVX-512 BF16/VNNI).
+ * call (CPU; the same source in every instruction-set level's build: the products come from
+ * gemv_<level>.c, attention, SiLU and argmax from step_<level>.c).
  *
  * A token's forward is ~30 layers x a dozen small operations; run as torch ops each costs
  * microseconds of dispatch, and a step pays it ~400 times. Here the step runs in one OpenMP
- * parallel region: the matrix products are split over the threads by tiles (gemv.c), reading
+ * parallel region: the matrix products are split over the threads by tiles (gemv_*.c), reading
  * the weights once for all rows; attention by each request's key ranges (each thread keeps a
  * partial softmax per request that the threads then merge), K and V read in place from the KV
  * pool through the request's slot list; the per-row vector work (norms, rope, SiLU, residuals)
  * by rows, between barriers of our own (spin_wait).
  *
- * Numerics: the residual stream stays fp32; the inputs of the matrix products are rounded to
- * bf16 as the bf16 model rounds them (then split into 16-bit integers for the integer weight
- * formats, gemv.c); K/V are stored as bf16 (the pool's dtype). tests/runtime/
- * test_native_decode.py holds the step to at least the eager bf16 model's closeness to fp32.
+ * Numerics: the residual stream stays fp32; for a bf16 model the inputs of the matrix products
+ * are rounded to bf16 as the torch model rounds them (an fp32 model's stay fp32), then prepared
+ * for the integer weight formats as the level does it (gemv_<level>.c: exact 16-bit integers
+ * at avx512, 8-bit groups at avx2); K/V are stored as bf16 (the pool's dtype).
+ * tests/runtime/test_native_decode.py holds the step to the eager model's closeness to fp32.
  */
 #include <math.h>
 #include <sched.h>
@@ -28,7 +30,7 @@
  * have rows of the product's in_features; the outputs have rows of its out_features. */
 typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial;
-    uint16_t *xb, *attn, *act, *qb;
+    uint16_t *xb, *qb;
     split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
 } buffers;
 
@@ -60,8 +62,6 @@ static int64_t layout(const rf_model *m, float *base, buffers *b) {
     TAKE(scores, float, m->nthreads * m->heads * m->max_context);
     TAKE(partial, float, B * m->nthreads * part);
     TAKE(xb, uint16_t, B * w / 2 + 1);
-    TAKE(attn, uint16_t, B * q / 2 + 1);
-    TAKE(act, uint16_t, B * m->inter / 2 + 1);
     TAKE(qb, uint16_t, B * m->heads * q_stride(m) / 2);
 #undef TAKE
     return at;
@@ -71,16 +71,12 @@ int64_t rf_decode_scratch_floats(const rf_model *m) { return layout(m, NULL, NUL
 
 /* ---- per-row helpers ---- */
 
-/* out = x / rms(x) * weight, rounded to bf16 (out_b) and kept as fp32 of that (out_f). */
-static void rms_norm(const float *x, const float *weight, int64_t n, float eps, uint16_t *out_b,
-                     float *out_f) {
+/* out = x / rms(x) * weight (fp32). */
+static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float inv = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int64_t i = 0; i < n; i++) {
-        out_b[i] = f32_to_bf16(x[i] * inv * weight[i]);
-        out_f[i] = bf16_to_f32_1(out_b[i]);
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * weight[i];
 }
 
 static void rms_norm_inplace(float *x, const float *weight, int64_t n, float eps) {
@@ -100,26 +96,25 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* Readies row r's input of a product with w from its xf row (xb's values as fp32). */
-static void prepare_input(const rf_weight *w, buffers *b, int64_t r) {
-    if (w->format != FORMAT_BF16) rf_split_x(b->xf + r * w->k, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
-}
-
-/* Sets row r's input of a product with w to src (bf16, w->k values). */
-static void set_input_bf16(const rf_weight *w, const uint16_t *src, buffers *b, int64_t r) {
+/* Readies row r's input of a product with w, whose fp32 values are in its xf row: xb gets
+ * them as bf16 (what the bf16 weight format multiplies). A bf16 model rounds every product's
+ * input to bf16 (m->bf16_inputs), so xf takes the rounded values too, as the torch model would
+ * have them; an fp32 model's stay exact. The integer formats then split xf (rf_split_x). */
+static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
     uint16_t *xb = b->xb + r * w->k;
     float *xf = b->xf + r * w->k;
-    memcpy(xb, src, w->k * sizeof(uint16_t));
-    for (int64_t i = 0; i < w->k; i++) xf[i] = bf16_to_f32_1(xb[i]);
-    prepare_input(w, b, r);
+    for (int64_t i = 0; i < w->k; i++) xb[i] = f32_to_bf16(xf[i]);
+    if (m->bf16_inputs)
+        for (int64_t i = 0; i < w->k; i++) xf[i] = bf16_to_f32_1(xb[i]);
+    if (w->format != FORMAT_BF16) rf_split_x(xf, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
 }
 
 /* Row r's residual stream through an RMSNorm into the input of a product with w. */
 static void norm_input(const rf_model *m, const float *weight, const rf_weight *w, buffers *b,
                        int64_t r) {
     const int64_t H = m->hidden;
-    rms_norm(b->x + r * H, weight, H, m->eps, b->xb + r * H, b->xf + r * H);
-    prepare_input(w, b, r);
+    rms_norm(b->x + r * H, weight, H, m->eps, b->xf + r * H);
+    set_input(m, w, b, r);
 }
 
 /* This thread's tiles of y = w x for B rows (y: B rows of w->n), input readied before. */
@@ -135,9 +130,9 @@ static void gemv_part(const rf_weight *w, const buffers *b, int64_t B, float *y)
         rf_bf16_gemm_tiles(w->data, b->xb, y, 0, B, w->n, w->k, t0, t1);
 }
 
-/* Merges the threads' partial softmaxes of every head into out (bf16 [heads][D]). */
+/* Merges the threads' partial softmaxes of every head into out (fp32 [heads][D]). */
 static void attend_merge(const rf_model *m, const float *partials, int64_t threads,
-                         uint16_t *out) {
+                         float *out) {
     const int64_t D = m->head_dim, stride = m->heads * (D + 2);
     for (int64_t h = 0; h < m->heads; h++) {
         float mx = -INFINITY, denom = 0, acc[MAX_HEAD_DIM];
@@ -153,7 +148,7 @@ static void attend_merge(const rf_model *m, const float *partials, int64_t threa
             denom += w * p[1];
             for (int64_t d = 0; d < D; d++) acc[d] += w * p[2 + d];
         }
-        for (int64_t d = 0; d < D; d++) out[h * D + d] = f32_to_bf16(acc[d] / denom);
+        for (int64_t d = 0; d < D; d++) out[h * D + d] = acc[d] / denom;
     }
 }
 
@@ -243,8 +238,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             for (int64_t r = r0; r < r1; r++) {
-                attend_merge(m, b.partial + r * threads * part, threads, b.attn + r * q_size);
-                set_input_bf16(&L->o, b.attn + r * q_size, &b, r);
+                attend_merge(m, b.partial + r * threads * part, threads, b.xf + r * L->o.k);
+                set_input(m, &L->o, &b, r);
             }
             SYNC();
             PHASE(PH_ATTN);
@@ -257,8 +252,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             PHASE(PH_NORM);
             MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
             for (int64_t r = r0; r < r1; r++) {
-                rf_silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.act + r * m->inter);
-                set_input_bf16(&L->down, b.act + r * m->inter, &b, r);
+                rf_silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.xf + r * L->down.k);
+                set_input(m, &L->down, &b, r);
             }
             SYNC();
             PHASE(PH_ACT);

@@ -25,6 +25,7 @@ typedef struct {
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads,
         max_batch;
+    int64_t bf16_inputs; /* 1: a bf16 model (its products' inputs rounded to bf16), 0: fp32 */
     float eps, scale;
     const rf_layer *layers;
     const float *final_norm;
@@ -48,8 +49,8 @@ static inline int64_t q_stride(const rf_model *m) { return (m->head_dim + 31) / 
 void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
                     const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial);
 
-/* out[i] = bf16(silu(gate_up[i]) * gate_up[n + i]) for i < n. */
-void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out);
+/* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
+void rf_silu_mul(const float *gate_up, int64_t n, float *out);
 
 void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out);
 

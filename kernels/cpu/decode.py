@@ -36,7 +36,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "max_context",
-        "nthreads", "max_batch")] + [
+        "nthreads", "max_batch", "bf16_inputs")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
         ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
@@ -95,7 +95,9 @@ class DecodeStep:
     """Callable: one token for each of up to `max_batch` requests -> their logits (float32)."""
 
     def __init__(self, shape: ModelShape, layers: list[LayerWeights], final_norm: torch.Tensor,
-                 head: TiledWeight, max_context: int, num_threads: int, max_batch: int = 8):
+                 head: TiledWeight, max_context: int, num_threads: int, max_batch: int = 8,
+                 bf16_inputs: bool = True):
+        """bf16_inputs: the model is bf16 (its products' inputs are rounded to bf16), else fp32."""
         levels = {w.level for lw in layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)}
         if len(levels | {head.level}) != 1:
             raise ValueError(f"weights tiled at different CPU levels: {levels | {head.level}}")
@@ -117,7 +119,8 @@ class DecodeStep:
             for lw in layers])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
-                             num_threads, max_batch, shape.eps, shape.scale, self._layers,
+                             num_threads, max_batch, int(bf16_inputs), shape.eps, shape.scale,
+                             self._layers,
                              _ptr(final_norm), _weight(head), None, None)
         lib.rf_decode_scratch_floats.argtypes = [ctypes.POINTER(_Model)]
         lib.rf_decode_scratch_floats.restype = ctypes.c_int64

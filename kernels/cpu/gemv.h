@@ -15,10 +15,12 @@
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 
-/* One row of x prepared for the integer kernels (rf_split_x), per group g of 32; sum[g] is the
- * exact fp32 sum of the group. AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or
- * scale[g] * (256 hi + lo - 32768) (unsigned, hi and lo read as uint8). AVX2: x ~= scale[g] *
- * hi, int8 in -127..127 (lo unused). */
+/* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
+ * AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or scale[g] * (256 hi + lo - 32768)
+ * (unsigned, hi and lo read as uint8); sum[g] is the exact fp32 sum of the group.
+ * AVX2: x ~= scale[g] * hi, int8 in -127..127 (lo unused); sum[g] = scale[g] * sum of hi, the
+ * sum of the values the products see (llama.cpp's Q8_1: with Q4_1's minimums near -max|w|,
+ * the exact sum would add their product with the rounding error, 2-3x the error). */
 typedef struct {
     int8_t *hi, *lo;
     float *scale, *sum;
@@ -29,8 +31,9 @@ enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2 };
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    const uint16_t rounded = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    const uint16_t quiet_nan = (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (u & 0x7fffffff) > 0x7f800000 ? quiet_nan : rounded; /* (a select: vectorizes) */
 }
 
 static inline float bf16_to_f32_1(uint16_t h) {

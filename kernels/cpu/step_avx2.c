@@ -37,19 +37,6 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
 }
 
-/* 8 floats rounded to bf16 (to nearest even, NaN kept: gemv.h's f32_to_bf16), in the low
- * halves of 8 dwords. */
-static inline __m256i bf16_round(__m256 x) {
-    const __m256i u = _mm256_castps_si256(x);
-    __m256i r = _mm256_add_epi32(u, _mm256_set1_epi32(0x7fff));
-    r = _mm256_add_epi32(r, _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-    r = _mm256_srli_epi32(r, 16);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                     _mm256_set1_epi32(0x7f800000));
-    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    return _mm256_blendv_epi8(r, quiet, nan);
-}
-
 /* ---- attention ---- */
 
 /* r[i] = sum of v[i]'s 8 lanes, for 8 vectors at once (a transposing reduction). */
@@ -307,24 +294,17 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         }
 }
 
-void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
+void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256i r[2];
-        for (int half = 0; half < 2; half++) {
-            __m256 g = _mm256_loadu_ps(gate_up + i + 8 * half);
-            __m256 u = _mm256_loadu_ps(gate_up + n + i + 8 * half);
-            __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f),
-                                                      exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-            r[half] = bf16_round(_mm256_mul_ps(s, u));
-        }
-        /* packus works per 128-bit half: the 64-bit quarters come out as 0, 2, 1, 3 */
-        _mm256_storeu_si256((__m256i *)(out + i),
-                            _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8));
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate_up + i), u = _mm256_loadu_ps(gate_up + n + i);
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                                  exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, u));
     }
     for (; i < n; i++) {
         float g = gate_up[i];
-        out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * gate_up[n + i]);
+        out[i] = g / (1.0f + expf(-g)) * gate_up[n + i];
     }
 }
 

@@ -197,16 +197,16 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     }
 }
 
-void rf_silu_mul(const float *gate_up, int64_t n, uint16_t *out) {
+void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 g = _mm512_loadu_ps(gate_up + i), u = _mm512_loadu_ps(gate_up + n + i);
         __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, u)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, u));
     }
     for (; i < n; i++) {
         float g = gate_up[i];
-        out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * gate_up[n + i]);
+        out[i] = g / (1.0f + expf(-g)) * gate_up[n + i];
     }
 }
 

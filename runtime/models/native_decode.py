@@ -84,7 +84,8 @@ class NativeDecode:
         if head is None:
             return None, "its output head has no tiled weights"
         step = cpu_decode.DecodeStep(shape, layers, _norm(model.norm), head, max_context,
-                                     torch.get_num_threads(), max_batch=MAX_BATCH)
+                                     torch.get_num_threads(), max_batch=MAX_BATCH,
+                                     bf16_inputs=model.norm.weight.dtype == torch.bfloat16)
         return cls(model, step), ""
 
     @property

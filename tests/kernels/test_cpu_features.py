@@ -94,15 +94,18 @@ def test_this_machine_supports_its_own_level_and_every_lower_one():
     assert levels[-1] == "generic" and levels[0] == features.detect().detected_level
 
 
-def test_each_level_builds_only_its_own_instructions(cpu_level):
+def test_each_level_builds_only_its_own_instructions(cpu_level, monkeypatch):
     """Every kernel level this machine has compiles and loads; weights tiled at a level keep
     that level's build whatever is forced later."""
     lib = cpu._library()
     assert lib is not None and cpu.active_level() == cpu_level
-    tiled = cpu.tile_q8_0(cpu.quantize_q8_0(torch.randn(16, 64)))
+    gen = torch.Generator().manual_seed(0)
+    tiled = cpu.tile_q8_0(cpu.quantize_q8_0(torch.randn(16, 64, generator=gen)))
     assert tiled.level == cpu_level
+    x = torch.randn(1, 64, generator=gen)
+    expected = cpu.reference(x, tiled)
     features.set_level("generic")
     assert not cpu.available()
-    x = torch.randn(1, 64)
-    # still multiplied by its own build (the reference is only within int8 error of it)
-    torch.testing.assert_close(cpu.gemm(x, tiled), cpu.reference(x, tiled), atol=0.05, rtol=0)
+    monkeypatch.setattr(cpu, "reference", lambda *a: pytest.fail("fell back to the reference"))
+    scale = float(x.abs().max() * cpu.unpack(tiled).abs().sum(1).max())
+    torch.testing.assert_close(cpu.gemm(x, tiled), expected, atol=scale / 100, rtol=0)
