@@ -241,12 +241,13 @@ COPY_MB = 512
 def bytes_per_step(model: torch.nn.Module) -> int:
     """Weight bytes one decode step reads: each linear's quantized (tiled) or dense weights,
     plus one embedding row (negligible) and the norms."""
-    total = 0
+    total, dense_copies = 0, set()
     for module in model.modules():
         tiled = getattr(module, "tiled", None)
-        if tiled is not None:
+        if tiled is not None:  # a quantized layer: its dense copy serves only many rows
             total += tiled.nbytes
-        elif type(module) is torch.nn.Linear:
+            dense_copies.update(id(m) for m in module.modules())
+        elif type(module) is torch.nn.Linear and id(module) not in dense_copies:
             total += module.weight.numel() * module.weight.element_size()
     return total
 
