@@ -66,6 +66,28 @@ def llama_cpp_command(args, gguf: Path) -> list[str]:
             *args.llama_args.split()]
 
 
+# what caps torch's own kernels (ATen's vectorized ops, MKL's GEMM, oneDNN) at a level, so a
+# server forced to --cpu-isa avx2 on an AVX-512 machine runs as on an AVX2 machine throughout
+TORCH_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                       "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+@contextlib.contextmanager
+def torch_capped_to(level: str) -> Iterator[None]:
+    """Sets TORCH_CAPS[level] in the environment the servers started inside inherit."""
+    caps = TORCH_CAPS.get(level, {})
+    before = {k: os.environ.get(k) for k in caps}
+    os.environ.update(caps)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", type=Path, default=None)
@@ -110,8 +132,9 @@ def main() -> None:
               f"({'bf16' if cpu.bf16 else 'fp32'}, int4 + Q8_0 weights)"]
 
     def radixflow(label: str) -> None:
-        with Runtime(None, port=30124, enable_torch_compile=args.compile,
-                     cpu_isa=args.cpu_isa) as rt:
+        with torch_capped_to(args.cpu_isa), \
+                Runtime(None, port=30124, enable_torch_compile=args.compile,
+                        cpu_isa=args.cpu_isa) as rt:
             runs[label] = run_all(rt.url)
 
     def llama_cpp(label: str) -> None:
@@ -157,7 +180,9 @@ def main() -> None:
                f"{f' --llama-args={args.llama_args!r}' if args.llama_server else ''}")
     lines = [f"# radixflow vs {peers}, {date}", "",
              f"Command: `{command}`", "",
-             f"CPU: {cpu.describe()}, {args.threads} threads.", "",
+             f"CPU: {cpu.describe()}, {args.threads} threads"
+             + (f"; radixflow's torch kernels capped too ({', '.join(f'{k}={v}' for k, v in TORCH_CAPS[args.cpu_isa].items())})"
+                if args.cpu_isa in TORCH_CAPS else "") + ".", "",
              *[f"- {s}" for s in setups], "",
              "Streaming chat completions, greedy, fixed output lengths (ignore_eos); one server "
              "at a time, each running every workload before the next starts.", ""]

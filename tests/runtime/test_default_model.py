@@ -94,13 +94,30 @@ def _prompt_logprobs(**engine_args) -> tuple[torch.Tensor, list[int]]:
                 [top[0][1] for top in info["input_top_logprobs"][1:]])
 
 
-def test_int4_weights_are_as_close_to_fp32_as_bf16(default_model_path):
+@pytest.fixture(scope="module")
+def fp32_and_bf16_logprobs(default_model_path):
     ref, ref_top = _prompt_logprobs(dtype="float32")
-    errors = {}
-    for name, args in {"bf16": {"dtype": "bfloat16", "quantization": "none"}, "int4": {}}.items():
-        logprobs, top = _prompt_logprobs(**args)
-        agree = sum(a == b for a, b in zip(top, ref_top)) / len(top)
-        errors[name] = (logprobs - ref).abs().mean().item()
-        assert agree >= 0.95, (name, agree)
-    # bench/quality.py measured bf16 0.0375, int4 0.0401 mean |d logprob| (975 tokens)
-    assert errors["int4"] <= 1.5 * errors["bf16"] + 0.01, errors
+    bf16, bf16_top = _prompt_logprobs(dtype="bfloat16", quantization="none")
+    return ref, ref_top, (bf16 - ref).abs().mean().item(), _agreement(bf16_top, ref_top)
+
+
+def _agreement(top: list[int], ref_top: list[int]) -> float:
+    return sum(a == b for a, b in zip(top, ref_top)) / len(top)
+
+
+# the top-1 agreement with fp32 each level's int4 path must keep on PASSAGE. avx2 quantizes
+# the products' inputs to 8-bit groups (llama.cpp's scheme): over 1200 tokens bench.quality
+# measured mean |d logprob| 0.054 and 96.8% top-1 (bf16 weights: 0.043, 96.7%); on this short
+# passage it agrees on 94.4%.
+MIN_AGREEMENT = {"avx512": 0.95, "avx2": 0.93}
+
+
+@pytest.mark.parametrize("level", [lv for lv in _levels() if lv != "generic"])
+def test_int4_weights_are_as_close_to_fp32_as_bf16(fp32_and_bf16_logprobs, level):
+    ref, ref_top, bf16_error, bf16_agreement = fp32_and_bf16_logprobs
+    assert bf16_agreement >= 0.95
+    logprobs, top = _prompt_logprobs(cpu_isa=level)  # quantization auto: the GGUF's own int4
+    int4_error = (logprobs - ref).abs().mean().item()
+    assert _agreement(top, ref_top) >= MIN_AGREEMENT[level]
+    # bench/quality.py measured bf16 0.043, int4 0.041 (avx512) / 0.054 (avx2) mean |d logprob|
+    assert int4_error <= 1.5 * bf16_error + 0.01, (int4_error, bf16_error)
