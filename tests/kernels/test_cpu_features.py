@@ -52,7 +52,8 @@ def test_forcing_a_lower_level_hides_the_better_features(fake_cpu, monkeypatch):
     assert features.set_level("auto").level == "avx512"
 
 
-def test_a_level_the_cpu_lacks_is_refused_with_the_missing_flags(fake_cpu):
+def test_a_level_the_cpu_lacks_is_refused_with_the_missing_flags(fake_cpu, monkeypatch):
+    monkeypatch.delenv("RADIXFLOW_CPU_ISA", raising=False)
     fake_cpu(AVX2_LAPTOP)
     with pytest.raises(features.CpuLevelError,
                        match=r"lacks avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni.*"
