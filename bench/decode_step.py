@@ -6,9 +6,9 @@ are swapped in and out of the same model and measured in turns (A, B, C, A, B, C
 the median over rounds of the mean of `--steps` decode steps.
 
 - as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows) through
-  radixflow's one-call C decode step (runtime/models/native_decode.py), whose per-phase timers
+  radixflow's one-call C decode step (runtime/models/cpu_decode.py), whose per-phase timers
   are reported too; with --compile and the C step off, the compiled decode step;
-- torch ops: the same step as torch calls (--disable-native-decode); the variants below patch
+- torch ops: the same step as torch calls (--disable-cpu-decode); the variants below patch
   those calls, so they run with it;
 - not compiled (with --compile): the eager model instead;
 - bf16 head: the output head through the bf16 weights instead of the Q8_0 kernel;
@@ -102,11 +102,11 @@ def make_variants(sched) -> dict[str, Callable]:
         with patched(sched.runner, "compiled_decode", None):
             yield
 
-    native = sched.runner.native_decode is not None
+    c_step = sched.runner.cpu_decode is not None
 
     @contextmanager
     def torch_ops():
-        with patched(sched.runner, "native_decode", None):
+        with patched(sched.runner, "cpu_decode", None):
             yield
 
     def as_torch_ops(variant):
@@ -114,10 +114,10 @@ def make_variants(sched) -> dict[str, Callable]:
         def run():
             with torch_ops(), variant():
                 yield
-        return run if native else variant
+        return run if c_step else variant
 
     variants = {"as served": as_served}
-    if native:
+    if c_step:
         variants["torch ops"] = torch_ops
         variants["torch ops, matmuls stubbed"] = as_torch_ops(stub_matmuls)
         variants["torch ops, matmuls + attention stubbed"] = \
@@ -178,18 +178,18 @@ def main() -> None:
             sched.step([])
         return (time.perf_counter() - start) / n * 1e3
 
-    native = sched.runner.native_decode
+    c_step = sched.runner.cpu_decode
     times: dict[str, list[float]] = {name: [] for name in variants}
     phases: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, variant in variants.items():
             with variant():
                 mean_step_ms(2)  # settle
-                if native is not None and name == "as served":
-                    native.step.profile(True)
+                if c_step is not None and name == "as served":
+                    c_step.step.profile(True)
                 times[name].append(mean_step_ms(args.steps))
-                if native is not None and name == "as served":
-                    for phase, sec in native.step.profile(False).items():
+                if c_step is not None and name == "as served":
+                    for phase, sec in c_step.step.profile(False).items():
                         phases[phase] = phases.get(phase, 0.0) + sec
     medians = {name: statistics.median(v) for name, v in times.items()}
     served = medians["as served"]

@@ -140,15 +140,15 @@ def profile_decode_step(engine, batch_size: int) -> str:
     for _ in range(5):
         sched.step([])
     steps = 10
-    native = sched.runner.native_decode
-    if native is not None and batch_size <= native.max_batch:  # the C step's own timers
-        native.step.profile(True)
+    c_step = sched.runner.cpu_decode
+    if c_step is not None and batch_size <= c_step.max_batch:  # the C step's own timers
+        c_step.step.profile(True)
         start = time.perf_counter()
         for _ in range(steps):
             sched.step([])
         ms = (time.perf_counter() - start) / steps * 1e3
         rows = [f"| {name} | {sec / steps * 1e3:.3f} |"
-                for name, sec in native.step.profile(False).items()]
+                for name, sec in c_step.step.profile(False).items()]
         return (f"decode step at batch {batch_size}: {ms:.2f} ms, in radixflow's C decode step "
                 "(thread 0's time per phase, waits included):\n\n| phase | ms |\n|---|---|\n"
                 + "\n".join(rows) + "\n")

@@ -59,7 +59,7 @@ def score_decode(ids: list[int], level: str) -> tuple[torch.Tensor, list[int], s
 
     with Engine(None, max_total_tokens=8192, cpu_isa=level) as engine:
         runner = engine.scheduler.runner  # idle: the engine has no request
-        if runner.native_decode is None:
+        if runner.cpu_decode is None:
             raise SystemExit("the C decode step does not run on this machine")
         row, slots = runner.req_to_token.alloc(), runner.kv_pool.alloc(len(ids))
         runner.req_to_token.table[row, :len(ids)] = slots.to(torch.int32)

@@ -17,7 +17,7 @@ from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
-from .models.native_decode import NativeDecode
+from .models.cpu_decode import CpuDecode
 from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .server_args import ServerArgs
 
@@ -79,9 +79,9 @@ class ModelRunner:
         self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
                                              ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
-        self.native_decode = None if args.disable_native_decode else self._native_decode()
+        self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
         self.compiled_decode = (self._compile_decode()
-                                if args.enable_torch_compile and self.native_decode is None
+                                if args.enable_torch_compile and self.cpu_decode is None
                                 else None)
         logger.info("model %s loaded: %s on %s, KV pool %d tokens of %s (%.2f GiB)",
                     ma.architecture, self.dtype, self.device, num_slots, self.kv_dtype,
@@ -94,7 +94,7 @@ class ModelRunner:
         if self.args.kv_cache_dtype != "auto":
             return DTYPES[self.args.kv_cache_dtype]
         if (self.device.type == "cpu" and self.quantization != "none"
-                and not self.args.disable_native_decode and cpu_kernels.available()):
+                and not self.args.disable_cpu_decode and cpu_kernels.available()):
             return torch.bfloat16
         return self.dtype
 
@@ -103,7 +103,7 @@ class ModelRunner:
         if self.device.type != "cpu":
             return None
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
-                "decode_step": "C" if self.native_decode is not None else "torch ops"}
+                "decode_step": "C" if self.cpu_decode is not None else "torch ops"}
     def _default_num_slots(self, per_token: int) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -149,20 +149,20 @@ class ModelRunner:
             logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"
 
-    def _native_decode(self) -> NativeDecode | None:
+    def _cpu_decode(self) -> CpuDecode | None:
         from .attention.torch_native import TorchNativeAttnBackend
 
         if not isinstance(self.attn, TorchNativeAttnBackend):
             return None
-        native, why_not = NativeDecode.build(self.model, self.kv_pool, self.attn.scale,
+        c_step, why_not = CpuDecode.build(self.model, self.kv_pool, self.attn.scale,
                                              self.context_len)
-        if native is None:
+        if c_step is None:
             logger.info("decode runs as torch ops: the C decode step needs "
                         "what this model lacks (%s)", why_not)
         else:
             logger.info("decode steps of up to %d requests run in radixflow's C decode step "
-                        "(%s kernels)", native.max_batch, cpu_kernels.active_level())
-        return native
+                        "(%s kernels)", c_step.max_batch, cpu_kernels.active_level())
+        return c_step
 
     def _compile_decode(self) -> SingleRequestDecode | None:
         from .attention.torch_native import TorchNativeAttnBackend
@@ -187,11 +187,11 @@ class ModelRunner:
     def forward(self, mode: ForwardMode, parts: list[BatchRequest],
                 out_slots: torch.Tensor) -> torch.Tensor:
         """Run one forward; returns float32 logits of every wanted position, in part order."""
-        native = self.native_decode
-        if (native is not None and mode == ForwardMode.DECODE and len(parts) <= native.max_batch
+        c_step = self.cpu_decode
+        if (c_step is not None and mode == ForwardMode.DECODE and len(parts) <= c_step.max_batch
                 and all(len(p.ids) == 1 and p.logit_offsets == [0] for p in parts)):
             # one token per request: no batch tensors to build, one C call
-            return native.run([p.ids[0] for p in parts], [p.start_pos for p in parts], out_slots,
+            return c_step.run([p.ids[0] for p in parts], [p.start_pos for p in parts], out_slots,
                               [p.row for p in parts], self.req_to_token.table)
         input_ids, positions, logits_indices = [], [], []
         seq_lens, prefix_lens, ext_lens, rows = [], [], [], []

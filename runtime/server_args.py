@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -11,6 +12,15 @@ from typing import Any, Literal
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
+
+
+class _DeprecatedFlag(argparse.Action):
+    """A boolean flag's old name: sets it, and says which name to use instead."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"radixflow: {option_string} is deprecated, use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, True)
 
 
 @dataclass
@@ -48,14 +58,14 @@ class ServerArgs:
     enable_torch_compile: bool = _arg(
         False, "compile the single-request decode step with torch.compile (torch_native "
         "attention): faster single-stream decode, about a minute more at start-up")
-    disable_native_decode: bool = _arg(
-        False, "run decode steps as torch ops instead of radixflow's one-call C kernel (CPU at "
-        "level avx512 or avx2, quantized layers as the default model's, up to 16 requests a "
-        "step)")
+    disable_cpu_decode: bool = _arg(
+        False, "run decode steps as torch ops instead of radixflow's one-call C decode step "
+        "(CPU at level avx512 or avx2, quantized layers as the default model's, up to 16 "
+        "requests a step)", deprecated_aliases=("--disable-native-decode",))
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
-    tp_size: int = _arg(1, "tensor parallel size")
-    dp_size: int = _arg(1, "data parallel size")
+    tp_size: int = _arg(1, "tensor parallel size (only 1: tensor parallelism is not built yet)")
+    dp_size: int = _arg(1, "data parallel size (only 1: data parallelism is not built yet)")
     host: str = _arg("127.0.0.1", "HTTP host")
     port: int = _arg(30000, "HTTP port")
     api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
@@ -76,6 +86,12 @@ class ServerArgs:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
+        for name in ("tp_size", "dp_size"):
+            if getattr(self, name) != 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: "
+                                 f"{'tensor' if name == 'tp_size' else 'data'} parallelism is "
+                                 "not implemented yet; radixflow runs one model replica on one "
+                                 "device")
         if self.cpu_isa != "auto" and self.device != "cuda":
             from radixflow.kernels.cpu.features import check_level
 
@@ -104,6 +120,9 @@ class ServerArgs:
             help_text = f.metadata.get("help", "")
             if hint is bool:
                 parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                for alias in f.metadata.get("deprecated_aliases", ()):
+                    parser.add_argument(alias, action=_DeprecatedFlag, dest=f.name, nargs=0,
+                                        help=f"deprecated: use {flag}")
                 continue
             origin, args = typing.get_origin(hint), typing.get_args(hint)
             if origin is Literal:

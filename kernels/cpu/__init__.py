@@ -5,7 +5,7 @@ runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (1
 side by side: see gemv_avx512.c's header comment) in three formats: GGUF's Q4_1 and Q8_0,
 exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax; decode.c,
 the same for every level, runs a whole decode step of a Llama-family model (up to 16 requests,
-one token each) over those weights (see runtime/models/native_decode.py).
+one token each) over those weights (see runtime/models/cpu_decode.py).
 - avx512: the integer formats multiply with VNNI after splitting x per group of 32 into exact
   16-bit integers; bf16 with vdpbf16ps; attention in bf16 dot products.
 - avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import abi
 from .features import LEVEL_FLAGS, cpu_features
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,7 @@ HEADERS = [HERE / "gemv.h", HERE / "decode.h"]
 TILE = 16
 GROUP = 32
 COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
-MAX_ROWS = 8  # rows of x per call (gemv_*.c)
-MAX_GROUPS = 1024  # in_features / 32 per call (gemv_*.c)
+MAX_GROUPS = 1024  # in_features / 32 per weight
 
 
 def sources(level: str) -> list[Path]:
@@ -85,6 +85,7 @@ def _library_for(level: str) -> ctypes.CDLL | None:
         if not path.is_file():
             _compile(level, path)
         lib = ctypes.CDLL(str(path))
+        lib.rf_limits = abi.check(lib, TILE, GROUP)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("CPU kernels off (falling back to torch's): %s", exc)
         return None
@@ -104,6 +105,12 @@ def _library(at: str | None = None) -> ctypes.CDLL | None:
         return None
     at = at or cpu_features().kernel_level
     return None if at is None else _library_for(at)
+
+
+def limits(at: str | None = None) -> abi.Limits | None:
+    """The limits the build of level `at` (default: the level in force) was compiled with."""
+    lib = _library(at)
+    return None if lib is None else lib.rf_limits
 
 
 def available() -> bool:
@@ -266,9 +273,10 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     y = torch.empty(m, w.n, dtype=out_dtype)
     fn, weights, threads = getattr(lib, _GEMM[w.format]), w.data.data_ptr(), torch.get_num_threads()
     x_ptr, y_ptr, y_bf16 = x.data_ptr(), y.data_ptr(), int(out_dtype == torch.bfloat16)
-    for start in range(0, m, MAX_ROWS):  # (one pass for a decode batch of up to MAX_ROWS)
+    rows = lib.rf_limits.max_rows
+    for start in range(0, m, rows):  # (one pass for a decode batch of up to max_rows)
         fn(weights, x_ptr + start * w.k * x.element_size(), y_ptr + start * w.n * y.element_size(),
-           y_bf16, min(MAX_ROWS, m - start), w.n, w.k, threads)
+           y_bf16, min(rows, m - start), w.n, w.k, threads)
     return y
 
 

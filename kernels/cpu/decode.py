@@ -2,7 +2,7 @@
 requests) in one C call, in the build of the CPU level its weights were tiled at.
 
 This module knows the C structures and nothing of radixflow's model classes:
-runtime/models/native_decode.py maps a model onto `LayerWeights` and `ModelShape`.
+runtime/models/cpu_decode.py maps a model onto `LayerWeights` and `ModelShape`.
 """
 
 from __future__ import annotations
@@ -12,39 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import TiledWeight, _library
+from . import TiledWeight, _library, limits
+from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Weight
 
-FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2}
-MAX_GROUP = 16  # query heads per KV head (decode.c keeps one accumulator each)
-MAX_HEAD_DIM = 512
-MAX_BATCH = 16  # requests per step (decode.c)
-
-
-class _Weight(ctypes.Structure):
-    _fields_ = [("format", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("data", ctypes.c_void_p)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("qkv_bias", ctypes.c_void_p),
-                ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in (
-        "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "max_context",
-        "nthreads", "max_batch", "bf16_inputs")] + [
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-        ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
-        ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
-
-
-# decode.c's profile slots, in order
-PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attention", "o matmul",
-                  "gate/up matmul", "SiLU", "down matmul", "head matmul")
 
 
 @dataclass
@@ -82,12 +52,13 @@ def _weight(w: TiledWeight) -> _Weight:
     return _Weight(FORMATS[w.format], w.n, w.k, w.data.data_ptr())
 
 
-def check_shape(shape: ModelShape) -> str | None:
-    """Why decode.c cannot run a model of this shape, or None."""
-    if shape.heads % shape.kv_heads or shape.heads // shape.kv_heads > MAX_GROUP:
+def check_shape(shape: ModelShape, lim: Limits) -> str | None:
+    """Why decode.c (built with limits `lim`) cannot run a model of this shape, or None."""
+    if shape.heads % shape.kv_heads or shape.heads // shape.kv_heads > lim.max_group:
         return f"{shape.heads} query heads over {shape.kv_heads} KV heads"
-    if shape.head_dim % 16 or shape.head_dim > MAX_HEAD_DIM:
-        return f"head_dim {shape.head_dim} (needs a multiple of 16, at most {MAX_HEAD_DIM})"
+    if shape.head_dim % 16 or shape.head_dim > lim.max_head_dim:
+        return (f"head_dim {shape.head_dim} (needs a multiple of 16, at most "
+                f"{lim.max_head_dim})")
     return None
 
 
@@ -95,9 +66,10 @@ class DecodeStep:
     """Callable: one token for each of up to `max_batch` requests -> their logits (float32)."""
 
     def __init__(self, shape: ModelShape, layers: list[LayerWeights], final_norm: torch.Tensor,
-                 head: TiledWeight, max_context: int, num_threads: int, max_batch: int = 8,
-                 bf16_inputs: bool = True):
-        """bf16_inputs: the model is bf16 (its products' inputs are rounded to bf16), else fp32."""
+                 head: TiledWeight, max_context: int, num_threads: int,
+                 max_batch: int | None = None, bf16_inputs: bool = True):
+        """max_batch: requests per call (default: the build's limit); bf16_inputs: the model
+        is bf16 (its products' inputs are rounded to bf16), else fp32."""
         levels = {w.level for lw in layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)}
         if len(levels | {head.level}) != 1:
             raise ValueError(f"weights tiled at different CPU levels: {levels | {head.level}}")
@@ -105,11 +77,13 @@ class DecodeStep:
         lib = _library(self.level) if self.level else None
         if lib is None:
             raise RuntimeError("the CPU kernels are not available on this machine")
-        reason = check_shape(shape)
+        lim = limits(self.level)
+        reason = check_shape(shape, lim)
         if reason:
             raise ValueError(f"decode.c cannot run this model: {reason}")
-        if not 1 <= max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be 1..{MAX_BATCH}, got {max_batch}")
+        max_batch = lim.max_batch if max_batch is None else max_batch
+        if not 1 <= max_batch <= lim.max_batch:
+            raise ValueError(f"max_batch must be 1..{lim.max_batch}, got {max_batch}")
         self.shape, self.max_context, self.max_batch = shape, max_context, max_batch
         self._keep = (layers, final_norm, head)  # the C side holds raw pointers into these
         self._layers = (_Layer * len(layers))(*[
@@ -120,8 +94,7 @@ class DecodeStep:
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
                              num_threads, max_batch, int(bf16_inputs), shape.eps, shape.scale,
-                             self._layers,
-                             _ptr(final_norm), _weight(head), None, None)
+                             self._layers, _ptr(final_norm), _weight(head), None, None)
         lib.rf_decode_scratch_floats.argtypes = [ctypes.POINTER(_Model)]
         lib.rf_decode_scratch_floats.restype = ctypes.c_int64
         self._scratch = torch.empty(lib.rf_decode_scratch_floats(ctypes.byref(self._model)),

@@ -110,3 +110,26 @@ def test_each_level_builds_only_its_own_instructions(cpu_level, monkeypatch):
     monkeypatch.setattr(cpu, "reference", lambda *a: pytest.fail("fell back to the reference"))
     scale = float(x.abs().max() * cpu.unpack(tiled).abs().sum(1).max())
     torch.testing.assert_close(cpu.gemm(x, tiled), expected, atol=scale / 100, rtol=0)
+
+
+def test_the_c_library_and_its_bindings_agree_on_the_abi(cpu_level):
+    from radixflow.kernels.cpu import abi
+
+    lib = cpu._library()
+    lim = abi.check(lib, cpu.TILE, cpu.GROUP)
+    assert lim == cpu.limits() and lim.max_batch >= 1 and lim.max_rows >= 1
+    with pytest.raises(RuntimeError, match="disagree.*tile 16 vs 32"):
+        abi.check(lib, 32, cpu.GROUP)
+
+
+def test_a_structure_changed_on_one_side_only_is_refused(cpu_level, monkeypatch):
+    import ctypes
+
+    from radixflow.kernels.cpu import abi
+
+    class Longer(ctypes.Structure):  # as if a field were added on the Python side only
+        _fields_ = [*abi._Weight._fields_, ("extra", ctypes.c_int64)]
+
+    monkeypatch.setattr(abi, "_Weight", Longer)
+    with pytest.raises(RuntimeError, match="sizeof_weight 32 vs 40"):
+        abi.check(cpu._library(), cpu.TILE, cpu.GROUP)

@@ -4,7 +4,7 @@ Decoding on a CPU at small batch sizes is the latency case: each token is ~30 la
 dozen small operations, and as torch calls their dispatch costs as much as the arithmetic. The
 C step runs the whole step (all layers, attention over the KV pool in place, the head) for up
 to `max_batch` requests, one token each, in one call, with the weights in the tiled layouts of
-kernels/cpu/gemv.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
+kernels/cpu/gemv_*.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
 
 It covers a model on a CPU at level avx512 or avx2 (kernels/cpu/features.py) whose layers are
 quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool;
@@ -26,9 +26,6 @@ from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = 16  # requests per C step (at 16 and ~300-token contexts: 34 vs 61 ms a step as
-# torch ops); more run the torch model
-
 
 def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | None:
     if isinstance(linear, (Int4Linear, Q8_0Linear, TiledBF16Linear)):
@@ -44,7 +41,7 @@ def _norm(norm: RMSNorm | None) -> torch.Tensor | None:
     return None if norm is None else _fp32(norm.weight)
 
 
-class NativeDecode:
+class CpuDecode:
     """`run` one decode step; `build` says whether it can run for a model."""
 
     def __init__(self, model: LlamaForCausalLM, step: cpu_decode.DecodeStep):
@@ -54,8 +51,8 @@ class NativeDecode:
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_pool: KVPool, scale: float, max_context: int
-              ) -> tuple[NativeDecode | None, str]:
-        """(NativeDecode, "") or (None, why not)."""
+              ) -> tuple[CpuDecode | None, str]:
+        """(CpuDecode, "") or (None, why not)."""
         if not cpu_kernels.available():
             return None, ("radixflow's CPU kernels do not run here (they need level avx512 or "
                           "avx2 and a C compiler)")
@@ -64,7 +61,7 @@ class NativeDecode:
         a = model.args
         shape = cpu_decode.ModelShape(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim,
                                       a.intermediate_size, a.vocab_size, a.rms_norm_eps, scale)
-        reason = cpu_decode.check_shape(shape)
+        reason = cpu_decode.check_shape(shape, cpu_kernels.limits())
         if reason:
             return None, reason
         layers = []
@@ -84,7 +81,7 @@ class NativeDecode:
         if head is None:
             return None, "its output head has no tiled weights"
         step = cpu_decode.DecodeStep(shape, layers, _norm(model.norm), head, max_context,
-                                     torch.get_num_threads(), max_batch=MAX_BATCH,
+                                     torch.get_num_threads(),
                                      bf16_inputs=model.norm.weight.dtype == torch.bfloat16)
         return cls(model, step), ""
 

@@ -1,4 +1,4 @@
-"""The C decode step (kernels/cpu/decode.c via runtime/models/native_decode.py) against the
+"""The C decode step (kernels/cpu/decode.c via runtime/models/cpu_decode.py) against the
 model it stands in for, at every CPU level this machine runs (the `cpu_level` fixture): a bf16
 model at avx512, an fp32 model (with a bf16 KV cache) at avx2, as each level serves by default.
 
@@ -70,11 +70,11 @@ def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.T
 def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, arch):
     folder = tiny_model_factory(arch)
     runner = _runner(folder, quantization="int4")
-    native = runner.native_decode
-    assert native is not None, "the C step should take a model with int4 layers"
+    step = runner.cpu_decode
+    assert step is not None, "the C step should take a model with int4 layers"
     c_step = _teacher_forced(runner, TOKENS, row=0)
-    assert native.calls == len(TOKENS)
-    runner.native_decode = None
+    assert step.calls == len(TOKENS)
+    runner.cpu_decode = None
     eager = _teacher_forced(runner, TOKENS, row=1)
     exact = _teacher_forced(_reference_of(runner, folder), TOKENS, row=0)
 
@@ -97,7 +97,7 @@ def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_facto
     free_first = runner.kv_pool.alloc(7)  # later slots come from after a gap
     c_step = _teacher_forced(runner, tokens, row=0)
     runner.kv_pool.free(free_first)
-    runner.native_decode = None
+    runner.cpu_decode = None
     eager = _teacher_forced(runner, tokens, row=1)
     scale = eager.abs().max()
     assert (c_step - eager).abs().max() < 0.05 * scale
@@ -105,22 +105,22 @@ def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_facto
 
 def test_it_declines_what_it_cannot_run(tiny_model_factory):
     folder = tiny_model_factory("llama")
-    assert _runner(folder, dtype="float32", quantization="none").native_decode is None
-    assert _runner(folder, quantization="none").native_decode is None
-    assert _runner(folder, quantization="int4", disable_native_decode=True).native_decode is None
+    assert _runner(folder, dtype="float32", quantization="none").cpu_decode is None
+    assert _runner(folder, quantization="none").cpu_decode is None
+    assert _runner(folder, quantization="int4", disable_cpu_decode=True).cpu_decode is None
 
 
 def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
     folder = tiny_model_factory("qwen3")
     greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     with Engine(str(folder), quantization="int4", max_total_tokens=512, **LEVEL) as eng:
-        native = eng.scheduler.runner.native_decode
+        step = eng.scheduler.runner.cpu_decode
         single = eng.generate("The quick brown fox", greedy, return_logprob=True)
         batch = eng.generate(["one", "two", "three"], greedy)  # one C step a token for all three
         many = eng.generate([f"request {i}" for i in range(20)], greedy)  # over 16: torch model
         again = eng.generate("The quick brown fox", greedy)  # its prompt from the cache
         eng.scheduler.check_slots()
-        assert native.calls >= 3 * (greedy["max_new_tokens"] - 1)
+        assert step.calls >= 3 * (greedy["max_new_tokens"] - 1)
     assert len(single["output_ids"]) == 10
     assert all(len(r["output_ids"]) == 10 for r in batch + many)
     assert again["output_ids"] == single["output_ids"]
@@ -139,10 +139,10 @@ def test_attention_shapes(tmp_path, shape):
 
     folder = make_tiny_model(tmp_path / "m", "llama", num_hidden_layers=1, **shape)
     runner = _runner(folder, quantization="int4")
-    assert runner.native_decode is not None
+    assert runner.cpu_decode is not None
     tokens = (TOKENS * 3)[:41]  # odd: a key pairs with a zero weight; blocks of 16 and a rest
     c_step = _teacher_forced(runner, tokens, row=0)
-    runner.native_decode = None
+    runner.cpu_decode = None
     eager = _teacher_forced(runner, tokens, row=1)
     exact = _teacher_forced(_reference_of(runner, folder), tokens, row=0)
     assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
@@ -173,15 +173,15 @@ def test_a_batch_of_requests_in_one_c_step(tiny_model_factory, arch):
     folder = tiny_model_factory(arch)
     runner = _runner(folder, quantization="int4")
     seqs = [TOKENS, TOKENS[3:15], (TOKENS * 2)[5:30], TOKENS[:1], TOKENS[::2]]
-    calls = runner.native_decode.calls
+    calls = runner.cpu_decode.calls
     batched = _teacher_forced_batch(runner, seqs)
-    assert runner.native_decode.calls - calls == max(map(len, seqs))  # one C call a step
+    assert runner.cpu_decode.calls - calls == max(map(len, seqs))  # one C call a step
     ref = _reference_of(runner, folder)
     for seq, got in zip(seqs, batched):
         exact = _teacher_forced(ref, seq, row=0)
-        runner.native_decode, native = None, runner.native_decode
+        runner.cpu_decode, step = None, runner.cpu_decode
         eager = _teacher_forced(runner, seq, row=7)
-        runner.native_decode = native
+        runner.cpu_decode = step
         assert (got - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
 
 
@@ -211,8 +211,8 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
     ref = _reference_of(runner, folder)
     for suffix, rows in zip(suffixes, got):
         exact = _teacher_forced(ref, prefix + suffix, row=0)[len(prefix):]
-        runner.native_decode, native = None, runner.native_decode
+        runner.cpu_decode, step = None, runner.cpu_decode
         eager = _teacher_forced(runner, prefix + suffix, row=9)[len(prefix):]
-        runner.native_decode = native
+        runner.cpu_decode = step
         c_step = torch.cat(rows)
         assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3

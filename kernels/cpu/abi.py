@@ -1,0 +1,73 @@
+"""The contract between the C kernels and their ctypes bindings, checked when a build loads.
+
+The C side (decode.c's rf_abi) reports the sizes of the structures Python builds and the limits
+it was compiled with; `check` compares the sizes with the ctypes declarations below and the
+layout constants with kernels/cpu/__init__.py's, so a structure or constant changed on one side
+only is a clear error at load instead of memory corruption. The limits are defined once, in the
+C headers: Python reads them from the library (`Limits`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+# rf_abi's fields, in order
+FIELDS = ("sizeof_weight", "sizeof_layer", "sizeof_model", "tile", "group", "format_bf16",
+          "format_q4_1", "format_q8_0", "profile_phases", "max_rows", "max_batch", "max_group",
+          "max_head_dim")
+
+FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2}  # rf_weight.format (gemv.h's enum)
+# decode.c's profile slots, in order
+PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attention", "o matmul",
+                  "gate/up matmul", "SiLU", "down matmul", "head matmul")
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("data", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("qkv_bias", ctypes.c_void_p),
+                ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "max_context",
+        "nthreads", "max_batch", "bf16_inputs")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+        ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
+        ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
+
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rows: int  # rows of x per product call (gemv.h)
+    max_batch: int  # requests per decode step (decode.h)
+    max_group: int  # query heads per KV head
+    max_head_dim: int
+
+
+def check(lib: ctypes.CDLL, tile: int, group: int) -> Limits:
+    """The build's limits; RuntimeError if it disagrees with these bindings."""
+    lib.rf_abi.argtypes = [ctypes.c_void_p]
+    lib.rf_abi.restype = ctypes.c_int64
+    out = (ctypes.c_int64 * len(FIELDS))()
+    if lib.rf_abi(out) != len(FIELDS):
+        raise RuntimeError("the C kernels report a different ABI (rf_abi's field count)")
+    got = dict(zip(FIELDS, out))
+    expected = {"sizeof_weight": ctypes.sizeof(_Weight), "sizeof_layer": ctypes.sizeof(_Layer),
+                "sizeof_model": ctypes.sizeof(_Model), "tile": tile, "group": group,
+                **{f"format_{name}": code for name, code in FORMATS.items()},
+                "profile_phases": len(PROFILE_PHASES)}
+    wrong = {k: (got[k], v) for k, v in expected.items() if got[k] != v}
+    if wrong:
+        raise RuntimeError("the C kernels and their Python bindings disagree (C, Python): "
+                           + ", ".join(f"{k} {c} vs {p}" for k, (c, p) in wrong.items()))
+    return Limits(got["max_rows"], got["max_batch"], got["max_group"], got["max_head_dim"])
