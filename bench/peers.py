@@ -189,7 +189,7 @@ def main() -> None:
     for name in args.workloads:
         by_server = {server: res[name] for server, res in runs.items()}
         for server, run in by_server.items():
-            write_run(run, server.replace(" ", "-"), args.out_dir)
+            write_run(run, server.replace(" #", "-run").replace(" ", "-"), args.out_dir)
         table, paths = write_comparison(by_server, args.out_dir)
         lines += [table, f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
     out = RESULTS / (f"peers-{peers}-{'-'.join(args.workloads)}-c{args.concurrency}"
