@@ -1,4 +1,5 @@
-"""Incremental detokenization with exact stop-string cutting.
+"""Token ids -> text, with exact stop-string cutting: `IncrementalDetokenizer` for one
+request, `Detokenizer` for every request of a server or Engine.
 
 Each `append` decodes only a short window of tokens (vLLM / SGLang style): `prefix_offset`
 marks where the window starts (a few tokens of context, so merges and leading spaces decode
@@ -17,14 +18,20 @@ become a stop string, and stops growing for good once a stop string appears.
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+from .messages import AbortReq, GenerateReq, Message, ReqTextOut, ReqTokenOut, TokenBatchOut
 
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as decoding context for the first output tokens (as vLLM and SGLang do).
 PROMPT_CONTEXT_TOKENS = 5
+PENDING_TIMEOUT_S = 60.0
+FORGET_ABORTED = 10_000  # how many aborted rids to remember, to drop their late outputs
 
 
 def _decode(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool) -> str:
@@ -185,3 +192,59 @@ class IncrementalDetokenizer:
                     held = size
                     break
         return held
+
+
+class Detokenizer:
+    """Every request's IncrementalDetokenizer, fed the same messages the scheduler gets.
+
+    A request is announced by its GenerateReq (stop strings, prompt context); outputs that
+    overtake their announcement wait in `pending`. Free of sockets: the detokenizer process
+    and the in-process Engine both drive it.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+        self.pending: dict[str, tuple[float, list[ReqTokenOut]]] = {}
+        self.aborted: OrderedDict[str, None] = OrderedDict()
+
+    def handle(self, msg: Message) -> tuple[list[ReqTextOut], Message | None]:
+        """(text outputs, a message to forward as is)."""
+        if isinstance(msg, GenerateReq):
+            s = msg.sampling
+            self.states[msg.rid] = IncrementalDetokenizer(
+                self.tokenizer, stop=list(s.stop), skip_special_tokens=s.skip_special_tokens,
+                no_stop_trim=s.no_stop_trim, prompt_ids=msg.input_ids)
+            _, early = self.pending.pop(msg.rid, (0.0, []))
+            return [self._text_out(o) for o in early], None
+        if isinstance(msg, AbortReq):
+            self.states.pop(msg.rid, None)
+            self.pending.pop(msg.rid, None)
+            self.aborted[msg.rid] = None
+            if len(self.aborted) > FORGET_ABORTED:
+                self.aborted.popitem(last=False)
+            return [], None
+        if isinstance(msg, TokenBatchOut):
+            outs = []
+            for out in msg.outputs:
+                if out.rid in self.states:
+                    outs.append(self._text_out(out))
+                elif out.rid not in self.aborted:
+                    self.pending.setdefault(out.rid, (time.monotonic(), []))[1].append(out)
+            self._expire_pending()
+            return outs, None
+        return [], msg
+
+    def _text_out(self, out: ReqTokenOut) -> ReqTextOut:
+        det = self.states[out.rid]
+        det.append(out.new_ids)
+        if out.finish is not None:
+            det.finish()
+            del self.states[out.rid]
+        return ReqTextOut(token=out, text=det.text)
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        for rid in [r for r, (t, _) in self.pending.items() if now - t > PENDING_TIMEOUT_S]:
+            logger.warning("dropping outputs of request %s: it was never announced", rid)
+            del self.pending[rid]

@@ -2,7 +2,8 @@
 
 `generate` takes the same arguments as the native /generate body and returns the same JSON
 shapes, so tests, offline jobs and the DSL's in-process backend see exactly what an HTTP
-client of `radixflow serve` sees.
+client of `radixflow serve` sees: the same parsing and response building (native_api), the
+same `Detokenizer` the detokenizer process runs, the same rejection errors.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .detokenize import IncrementalDetokenizer
+from .detokenize import Detokenizer
 from .errors import InvalidRequest, ServerUnavailable
-from .messages import AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, ReqTextOut, TokenBatchOut
-from .native_api import ParsedGenerate, ResponseBuilder, parse_generate
+from .ipc import LocalInbox
+from .messages import AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, Message, ReqTextOut
+from .native_api import ParsedGenerate, ResponseBuilder, parse_generate, raise_if_rejected
 from .scheduler.scheduler import Scheduler
 from .server_args import ServerArgs
 
@@ -33,7 +35,6 @@ class _Failure:
 
 @dataclasses.dataclass
 class _Pending:
-    detokenizer: IncrementalDetokenizer
     outputs: queue.Queue  # ReqTextOut | _Failure, consumed by the caller's thread
     stream: bool
     held: list[ReqTextOut] = dataclasses.field(default_factory=list)
@@ -51,12 +52,14 @@ class Engine:
         known = {f.name for f in dataclasses.fields(ServerArgs)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown Engine argument(s) {unknown}; see ServerArgs for the options")
+            raise ValueError(f"unknown Engine argument(s) {unknown}; "
+                             "see ServerArgs for the options")
         self.args = ServerArgs(model=model, **kwargs)
         self.scheduler = Scheduler(self.args)
         self.tokenizer = self.scheduler.tokenizer
         self.model_info = self.scheduler.model_info()
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox = LocalInbox()
+        self._detokenizer = Detokenizer(self.tokenizer)  # used by the scheduler thread only
         self._pending: dict[str, _Pending] = {}
         self._control: queue.Queue = queue.Queue()  # replies to flush_cache
         self._lock = threading.Lock()
@@ -66,7 +69,8 @@ class Engine:
 
     # ---- public API ----
 
-    def generate(self, text: str | list[str] | None = None, sampling_params: dict | list | None = None,
+    def generate(self, text: str | list[str] | None = None,
+                 sampling_params: dict | list | None = None,
                  *, input_ids: list[int] | list[list[int]] | None = None,
                  return_logprob: bool = False, logprob_start_len: int | None = None,
                  top_logprobs_num: int | None = None, return_text_in_logprobs: bool = False,
@@ -95,8 +99,7 @@ class Engine:
                     self._next_output(builder)
         finally:
             self._forget(parsed.reqs)
-        for builder in builders:
-            _raise_if_rejected(builder)
+        raise_if_rejected(builders)
         return parsed.response([b.result() for b in builders])
 
     def abort(self, rid: str) -> None:
@@ -132,17 +135,10 @@ class Engine:
                 if req.rid in self._pending:
                     raise InvalidRequest(f"request id {req.rid!r} is already running", param="rid")
             for req in parsed.reqs:
-                self._pending[req.rid] = _Pending(self._detokenizer(req), queue.Queue(),
-                                                  stream=parsed.stream)
+                self._pending[req.rid] = _Pending(queue.Queue(), stream=parsed.stream)
         for req in parsed.reqs:
             self._inbox.put(req)
         return builders
-
-    def _detokenizer(self, req: GenerateReq) -> IncrementalDetokenizer:
-        s = req.sampling
-        return IncrementalDetokenizer(self.tokenizer, stop=s.stop,
-                                      skip_special_tokens=s.skip_special_tokens,
-                                      no_stop_trim=s.no_stop_trim)
 
     def _next_output(self, builder: ResponseBuilder, block: bool = True) -> bool:
         pending = self._pending[builder.req.rid]
@@ -164,7 +160,7 @@ class Engine:
                 self._next_output(builder)
                 while self._next_output(builder, block=False):  # merge queued steps
                     pass
-                _raise_if_rejected(builder)
+                raise_if_rejected([builder])
                 yield builder.event()
             finished = True
         finally:
@@ -182,11 +178,14 @@ class Engine:
     def _loop(self) -> None:
         try:
             while True:
-                msgs = self._drain(block=self.scheduler.is_idle)
+                msgs = self._inbox.recv_batch(None if self.scheduler.is_idle else 0)
                 if any(m is _SHUTDOWN for m in msgs):
                     return
+                # As in the server: the detokenizer learns of a request before the scheduler.
+                for msg in msgs:
+                    self._detokenize(msg)
                 for out in self.scheduler.step(msgs):
-                    self._dispatch(out)
+                    self._detokenize(out)
         except Exception as exc:  # the loop must not die silently: fail every waiter
             logger.exception("engine loop failed")
             self._failed = f"{type(exc).__name__}: {exc}"
@@ -194,44 +193,24 @@ class Engine:
                 for pending in self._pending.values():
                     pending.outputs.put(_Failure(self._failed))
 
-    def _drain(self, block: bool) -> list:
-        msgs = []
-        if block:
-            msgs.append(self._inbox.get())
-        while True:
-            try:
-                msgs.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return msgs
+    def _detokenize(self, msg: Message) -> None:
+        texts, passed_on = self._detokenizer.handle(msg)
+        if isinstance(passed_on, FlushCacheDone):
+            self._control.put(passed_on.success)
+        if texts:
+            self._deliver(texts)
 
-    def _dispatch(self, out) -> None:
-        if isinstance(out, FlushCacheDone):
-            self._control.put(out.success)
-            return
-        if not isinstance(out, TokenBatchOut):
-            return
+    def _deliver(self, texts: list[ReqTextOut]) -> None:
         with self._lock:
-            for tok in out.outputs:
-                pending = self._pending.get(tok.rid)
+            for out in texts:
+                pending = self._pending.get(out.token.rid)
                 if pending is None:  # the caller went away (aborted stream)
                     continue
-                detok = pending.detokenizer
-                detok.append(tok.new_ids)
-                text = detok.finish() if tok.finish is not None else detok.text
-                out = ReqTextOut(token=tok, text=text)
                 if pending.stream:
                     pending.outputs.put(out)
                     continue
                 # NOTE: a non-stream caller is woken once, at the end: waking its thread every
                 # step costs the decode loop several ms a step (it competes for the 2 cores).
                 pending.held.append(out)
-                if tok.finish is not None:
+                if out.token.finish is not None:
                     pending.outputs.put(pending.held)
-
-
-def _raise_if_rejected(builder: ResponseBuilder) -> None:
-    """A request the scheduler refused (e.g. a grammar that fails to compile) raises the
-    400 an HTTP client would get; client aborts and internal failures stay results."""
-    reason = builder.finish_reason
-    if reason is not None and reason["type"] == "abort" and reason.get("status_code") == 400:
-        raise InvalidRequest(reason.get("message") or "the request was rejected")

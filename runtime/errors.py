@@ -1,4 +1,4 @@
-"""User-facing errors. Each maps to an HTTP 4xx in the server's one exception handler."""
+"""User-facing errors. Each maps to an HTTP status in the server's one exception handler."""
 
 from __future__ import annotations
 
@@ -42,3 +42,17 @@ class ServerUnavailable(RadixflowError, ConnectionError):
     """The server cannot be reached, or one of its processes died."""
 
     status_code = 503
+
+
+def rejection(finish_reason: dict | None) -> RadixflowError | None:
+    """The error for a request the scheduler refused, from its `finish_reason`: an
+    InvalidRequest (400) for a bad request (a grammar that fails to compile, a prompt too
+    long), a RadixflowError (500) for a failure inside; None when it was not refused
+    (finished, or aborted by the client, which has no status code)."""
+    if finish_reason is None or finish_reason["type"] != "abort":
+        return None
+    status = finish_reason.get("status_code")
+    if status is None:
+        return None
+    message = finish_reason.get("message") or "the request was aborted"
+    return RadixflowError(message) if status >= 500 else InvalidRequest(message)

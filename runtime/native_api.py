@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .constrained import validate_constraint
-from .errors import ContextTooLong, InvalidRequest
+from .detokenize import decode_token_texts
+from .errors import ContextTooLong, InvalidRequest, rejection
 from .messages import GenerateReq, ReqTextOut
 from .sampling_params import SamplingParams
 
@@ -216,7 +217,7 @@ def parse_generate(
 
     reqs: list[GenerateReq] = []
     multi = is_batch or any(s.n > 1 for s in samplings)
-    for ids, sampling, rid in zip(prompts, samplings, rids):
+    for ids, sampling, rid in zip(prompts, samplings, rids, strict=True):
         if start > len(ids):
             raise InvalidRequest(f"logprob_start_len ({start}) is greater than the prompt "
                                  f"length ({len(ids)})", param="logprob_start_len")
@@ -224,10 +225,7 @@ def parse_generate(
         n = sampling.n
         one = dataclasses.replace(sampling, n=1)
         for k in range(n):
-            if rid is None:
-                req_rid = new_rid()
-            else:
-                req_rid = rid if n == 1 else f"{rid}-{k}"
+            req_rid = new_rid() if rid is None else rid if n == 1 else f"{rid}-{k}"
             # n samples with one seed must still differ: sample k draws from seed + k
             seed = None if one.seed is None else one.seed + k
             reqs.append(GenerateReq(
@@ -279,11 +277,12 @@ class ResponseBuilder:
     def _token_texts(self, ids: list[int]) -> list[str | None]:
         if not self.return_text or not ids:
             return [None] * len(ids)
-        return list(self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False))
+        return list(decode_token_texts(self.tokenizer, ids))
 
     def _entries(self, logprobs: list[float | None], ids: list[int]) -> list[list]:
         texts = self._token_texts(ids)
-        return [[finite_logprob(lp), tid, t] for lp, tid, t in zip(logprobs, ids, texts)]
+        entries = zip(logprobs, ids, texts, strict=False)
+        return [[finite_logprob(lp), tid, t] for lp, tid, t in entries]
 
     def _top_entries(self, tops: list[list[tuple[float, int]] | None]) -> list[list | None]:
         out: list[list | None] = []
@@ -353,3 +352,11 @@ class ResponseBuilder:
         self._streamed_logprobs = len(self.output_logprobs)
         self._streamed_top = len(self.output_top_logprobs)
         return self._body(self._meta(delta, delta_top))
+
+
+def raise_if_rejected(builders: list[ResponseBuilder]) -> None:
+    """Raise the error of the first request the scheduler refused (see errors.rejection)."""
+    for builder in builders:
+        error = rejection(builder.finish_reason)
+        if error is not None:
+            raise error

@@ -8,13 +8,15 @@ from typing import Any
 
 import zmq
 
-from ..messages import ProcessFailed, decode, encode
+from ..ipc import PullSocket, PushSocket
+from ..messages import ProcessFailed
 from ..server_args import ServerArgs
 from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
+STATS_INTERVAL_MS = int(STATS_INTERVAL_S * 1000)
 
 
 def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> None:
@@ -27,21 +29,20 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> 
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
     ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(in_addr)
-    outbox = ctx.socket(zmq.PUSH)
-    outbox.connect(out_addr)
+    inbox = PullSocket(ctx, in_addr)
+    outbox = PushSocket(ctx, out_addr)
     ready.send({"ok": True, "model_info": sched.model_info()})
     last_stats = 0.0
     checked = False
     try:
         while True:
-            msgs = _drain(inbox, block=sched.is_idle)
+            # When idle, wait for work, but no longer than the stats interval.
+            msgs = inbox.recv_batch(STATS_INTERVAL_MS if sched.is_idle else 0)
             for out in sched.step(msgs):
-                outbox.send(encode(out), copy=False)
+                outbox.send(out)
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S:
-                outbox.send(encode(sched.stats_message()))
+                outbox.send(sched.stats_message())
                 last_stats = now
             if msgs or not sched.is_idle:
                 checked = False
@@ -52,21 +53,10 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> 
                 checked = True
     except Exception as exc:
         logger.exception("scheduler loop failed")
-        outbox.send(encode(ProcessFailed(process="scheduler", message=f"{type(exc).__name__}: {exc}")))
+        outbox.send(ProcessFailed(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
-        inbox.close(linger=0)
-        outbox.close(linger=1000)
+        inbox.close()
+        outbox.close(linger_ms=1000)
         ctx.term()
 
-
-def _drain(sock: zmq.Socket, block: bool) -> list:
-    """Every waiting message; when idle, wait up to the stats interval for the first one."""
-    msgs = []
-    if block and sock.poll(timeout=int(STATS_INTERVAL_S * 1000)):
-        msgs.append(decode(sock.recv(copy=False).bytes))
-    while True:
-        try:
-            msgs.append(decode(sock.recv(flags=zmq.NOBLOCK, copy=False).bytes))
-        except zmq.Again:
-            return msgs

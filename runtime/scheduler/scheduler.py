@@ -148,8 +148,11 @@ class Scheduler:
     def _new_stop_checker(self, req: Req):
         from ..detokenize import IncrementalDetokenizer
 
+        # The prompt context, as in the detokenizer: a stop string is found where the text
+        # the client gets has it.
         return IncrementalDetokenizer(self.tokenizer, stop=req.sampling.stop,
-                                      skip_special_tokens=req.sampling.skip_special_tokens)
+                                      skip_special_tokens=req.sampling.skip_special_tokens,
+                                      prompt_ids=req.input_ids)
 
     def _resolve_grammars(self) -> None:
         """Requests whose constraint compiled become admissible; failed compiles finish."""

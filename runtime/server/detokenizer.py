@@ -1,37 +1,23 @@
 """Detokenizer process: token deltas from the scheduler -> cumulative, stop-trimmed text.
 
 The tokenizer manager announces each request (its GenerateReq: stop strings and detokenizer
-options) on the same socket the scheduler writes to; outputs that overtake their
-announcement wait in `pending`. Stats and flush acknowledgements pass through unchanged.
+options) on the same socket the scheduler writes to. `Detokenizer` (shared with the
+in-process Engine) does the work; stats and flush acknowledgements pass through unchanged.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from ..detokenize import IncrementalDetokenizer
-from ..messages import (
-    AbortReq,
-    GenerateReq,
-    Message,
-    ProcessFailed,
-    ReqTextOut,
-    ReqTokenOut,
-    TextBatchOut,
-    TokenBatchOut,
-)
-from .ipc import PullSocket, PushSocket
+from ..detokenize import Detokenizer
+from ..ipc import PullSocket, PushSocket
+from ..messages import ProcessFailed, ReqTextOut, TextBatchOut
 
 logger = logging.getLogger(__name__)
-
-PENDING_TIMEOUT_S = 60.0
-FORGET_ABORTED = 10_000  # how many aborted rids to remember, to drop their late outputs
 
 
 class TokenizerJsonDecoder:
@@ -64,57 +50,6 @@ def load_decoder(tokenizer_path: str) -> Any:
     return load_tokenizer(tokenizer_path)
 
 
-class Detokenizer:
-    """The process's state, kept free of sockets so it can be tested directly."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.states: dict[str, IncrementalDetokenizer] = {}
-        self.pending: dict[str, tuple[float, list[ReqTokenOut]]] = {}
-        self.aborted: OrderedDict[str, None] = OrderedDict()
-
-    def handle(self, msg: Message) -> tuple[list[ReqTextOut], Message | None]:
-        """(text outputs, a message to forward as is)."""
-        if isinstance(msg, GenerateReq):
-            s = msg.sampling
-            self.states[msg.rid] = IncrementalDetokenizer(
-                self.tokenizer, stop=list(s.stop), skip_special_tokens=s.skip_special_tokens,
-                no_stop_trim=s.no_stop_trim, prompt_ids=msg.input_ids)
-            _, early = self.pending.pop(msg.rid, (0.0, []))
-            return [self._text_out(o) for o in early], None
-        if isinstance(msg, AbortReq):
-            self.states.pop(msg.rid, None)
-            self.pending.pop(msg.rid, None)
-            self.aborted[msg.rid] = None
-            if len(self.aborted) > FORGET_ABORTED:
-                self.aborted.popitem(last=False)
-            return [], None
-        if isinstance(msg, TokenBatchOut):
-            outs = []
-            for out in msg.outputs:
-                if out.rid in self.states:
-                    outs.append(self._text_out(out))
-                elif out.rid not in self.aborted:
-                    self.pending.setdefault(out.rid, (time.monotonic(), []))[1].append(out)
-            self._expire_pending()
-            return outs, None
-        return [], msg
-
-    def _text_out(self, out: ReqTokenOut) -> ReqTextOut:
-        det = self.states[out.rid]
-        det.append(out.new_ids)
-        if out.finish is not None:
-            det.finish()
-            del self.states[out.rid]
-        return ReqTextOut(token=out, text=det.text)
-
-    def _expire_pending(self) -> None:
-        now = time.monotonic()
-        for rid in [r for r, (t, _) in self.pending.items() if now - t > PENDING_TIMEOUT_S]:
-            logger.warning("dropping outputs of request %s: it was never announced", rid)
-            del self.pending[rid]
-
-
 def run_detokenizer(tokenizer_path: str, in_addr: str, out_addr: str, ready: Any) -> None:
     """Process entry point. `ready` is a multiprocessing Connection; it gets True once bound."""
     tokenizer = load_decoder(tokenizer_path)
@@ -126,7 +61,7 @@ def run_detokenizer(tokenizer_path: str, in_addr: str, out_addr: str, ready: Any
     ready.close()
     try:
         while True:
-            batch = [pull.recv()] + pull.drain()
+            batch = pull.recv_batch()
             texts: list[ReqTextOut] = []
             for msg in batch:
                 outs, forward = detok.handle(msg)

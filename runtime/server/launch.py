@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
 from ..server_args import ServerArgs
-from .ipc import IpcAddrs
+from ..ipc import IpcAddrs
 
 logger = logging.getLogger(__name__)
 

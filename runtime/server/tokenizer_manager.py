@@ -17,8 +17,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .. import messages
 from ..errors import InvalidRequest, ServerUnavailable
+from ..ipc import AsyncPullSocket, PushSocket
 from ..messages import (
     AbortReq,
     FlushCacheDone,
@@ -106,27 +106,18 @@ class TokenizerManager:
         self.vocab_size: int = int(model_info.get("vocab_size") or len(tokenizer))
         self.metrics = metrics
         self.ctx = zmq.asyncio.Context()
-        self.recv_sock = self.ctx.socket(zmq.PULL)
-        self.recv_sock.setsockopt(zmq.LINGER, 0)
-        self.recv_sock.bind(recv_addr)
+        self.recv_sock = AsyncPullSocket(self.ctx, recv_addr)
         # Plain sockets with no high-water mark: a send never blocks, so submit and abort
         # are synchronous and keep their order.
         self.send_ctx = zmq.Context()
-        self.sched_sock = self._push(scheduler_addr)
-        self.detok_sock = self._push(detokenizer_addr)
+        self.sched_sock = PushSocket(self.send_ctx, scheduler_addr, unbounded=True)
+        self.detok_sock = PushSocket(self.send_ctx, detokenizer_addr, unbounded=True)
         self.states: dict[str, _ReqState] = {}
         self.stats: SchedulerStats | None = None
         self.stats_time: float | None = None
         self.failure: str | None = None
         self._flush_waiters: list[asyncio.Future[bool]] = []
         self._recv_task: asyncio.Task | None = None
-
-    def _push(self, addr: str) -> zmq.Socket:
-        sock = self.send_ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.connect(addr)
-        return sock
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -169,10 +160,9 @@ class TokenizerManager:
         group = RequestGroup(self, reqs)
         for i, req in enumerate(reqs):
             self.states[req.rid] = _ReqState(req=req, index=i, group=group)
-            data = messages.encode(req)
             # The detokenizer learns the stop strings first; then the scheduler starts.
-            self.detok_sock.send(data, copy=False)
-            self.sched_sock.send(data, copy=False)
+            self.detok_sock.send(req)
+            self.sched_sock.send(req)
         if self.metrics is not None:
             self.metrics.requests_started(len(reqs))
         return group
@@ -181,9 +171,9 @@ class TokenizerManager:
         state = self.states.pop(rid, None)
         if state is None or self.failure is not None:
             return
-        data = messages.encode(AbortReq(rid=rid))
-        self.sched_sock.send(data, copy=False)
-        self.detok_sock.send(data, copy=False)
+        abort = AbortReq(rid=rid)
+        self.sched_sock.send(abort)
+        self.detok_sock.send(abort)
         if self.metrics is not None:
             self.metrics.request_aborted()
 
@@ -197,15 +187,14 @@ class TokenizerManager:
             raise ServerUnavailable(self.failure)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append(fut)
-        self.sched_sock.send(messages.encode(FlushCacheReq()))
+        self.sched_sock.send(FlushCacheReq())
         return await asyncio.wait_for(fut, timeout)
 
     # -- receive loop ----------------------------------------------------------------------
 
     async def _recv_loop(self) -> None:
         while True:
-            data = await self.recv_sock.recv()
-            msg = messages.decode(data)
+            msg = await self.recv_sock.recv()
             if isinstance(msg, TextBatchOut):
                 self._route(msg.outputs)
             elif isinstance(msg, SchedulerStats):

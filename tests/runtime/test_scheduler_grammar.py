@@ -14,7 +14,7 @@ import time
 import jsonschema
 import pytest
 from radixflow.runtime.engine import Engine
-from radixflow.runtime.errors import GrammarError, InvalidRequest
+from radixflow.runtime.errors import GrammarError, InvalidRequest, RadixflowError
 from radixflow.runtime.messages import Finish
 from helpers.engine_checks import jump_forward, settle
 
@@ -229,12 +229,10 @@ def test_a_token_the_grammar_rejects_aborts_with_500(engine, monkeypatch):
     free = engine.generate("Answer:", {"max_new_tokens": 1, "temperature": 0})
     letter = next(c for c in "xyzq" if not free["text"].startswith(c))
     monkeypatch.setattr(engine.scheduler.grammars, "apply", lambda job, logits, reqs: None)
-    with jump_forward(engine, False):
-        out = engine.generate("Answer:", {"regex": letter * 3, "max_new_tokens": 4,
-                                          "temperature": 0})
-    finish = out["meta_info"]["finish_reason"]
-    assert finish["type"] == "abort" and finish["status_code"] == 500
-    assert "rejected token" in finish["message"]
+    # The Engine raises what an HTTP client gets: a 500.
+    with jump_forward(engine, False), pytest.raises(RadixflowError, match="rejected token") as err:
+        engine.generate("Answer:", {"regex": letter * 3, "max_new_tokens": 4, "temperature": 0})
+    assert err.value.status_code == 500
     settle(engine)
 
 
