@@ -16,7 +16,7 @@ def create_attention_backend(name: str, device: torch.device, num_heads: int, nu
 
         return TorchNativeAttnBackend(num_heads, num_kv_heads, head_dim, scale)
     if name == "triton":
-        from radixflow.kernels.triton_backend import TritonAttnBackend
+        from .triton_backend import TritonAttnBackend
 
         return TritonAttnBackend(num_heads, num_kv_heads, head_dim, scale)
     raise ValueError(f"--attention-backend must be auto, torch_native or triton, got {name!r}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from radixflow.kernels.triton_backend import TritonAttnBackend
 from radixflow.runtime.attention.torch_native import TorchNativeAttnBackend
+from radixflow.runtime.attention.triton_backend import TritonAttnBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.memory_pool import KVPool, ReqToTokenPool
 
@@ -19,12 +19,12 @@ def make_batch(mode, pools, rows, prefix_lens, extend_lens):
     kv_pool, req_to_token = pools
     out_slots = kv_pool.alloc(sum(extend_lens))
     used = 0
-    for row, prefix_len, extend_len in zip(rows, prefix_lens, extend_lens):
+    for row, prefix_len, extend_len in zip(rows, prefix_lens, extend_lens, strict=True):
         req_to_token.table[row, prefix_len:prefix_len + extend_len] = \
             out_slots[used:used + extend_len].int()
         used += extend_len
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    positions = [p + i for p, e in zip(prefix_lens, extend_lens) for i in range(e)]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    positions = [p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)]
 
     def t(values):
         return torch.tensor(values, dtype=torch.int64)

@@ -1,5 +1,5 @@
 """The Triton attention backend: writes the new tokens' K/V into the pool, then runs the
-extend or split-KV decode kernel over the token-slot table (kernels/triton/)."""
+extend or split-KV decode kernel over the token-slot table (radixflow.kernels.attention)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.kernels.attention import decode_attention, extend_attention
 
-from .attention import decode_attention, extend_attention
+from ..forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass
