@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .loadgen import fmt
+from .report import fmt
 
 # (label, summary key, higher is better)
 ROWS = [
@@ -62,7 +62,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
               ("TTFT p50, ms (lower is better)", "ttft_ms_p50"),
               ("TPOT p50, ms (lower is better)", "tpot_ms_p50")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    for ax, (title, key) in zip(axes, panels):
+    for ax, (title, key) in zip(axes, panels, strict=True):
         values = [runs[n]["summary"].get(key) or 0.0 for n in names]
         bars = ax.bar(names, values, color=[f"C{i}" for i in range(len(names))])
         ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=8)

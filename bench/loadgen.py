@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from . import workloads as wl
+from .report import fmt
 
 DEFAULT_OUT = Path(__file__).parent / "results"
 
@@ -223,19 +224,12 @@ def summarize(results: list[RequestResult], wall: float, expected: int) -> dict:
 
 SUMMARY_ROWS = [
     ("output tok/s", "output_tok_s"), ("requests/s", "req_s"), ("TTFT p50 (ms)", "ttft_ms_p50"),
-    ("TTFT p90 (ms)", "ttft_ms_p90"), ("TTFT p99 (ms)", "ttft_ms_p99"), ("TPOT p50 (ms)", "tpot_ms_p50"),
+    ("TTFT p90 (ms)", "ttft_ms_p90"), ("TTFT p99 (ms)", "ttft_ms_p99"),
+    ("TPOT p50 (ms)", "tpot_ms_p50"),
     ("TPOT p90 (ms)", "tpot_ms_p90"), ("e2e p50 (s)", "e2e_s_p50"), ("e2e p90 (s)", "e2e_s_p90"),
     ("cache hit rate", "cache_hit_rate"), ("valid %", "valid_pct"), ("errors", "errors"),
     ("wall (s)", "wall_s"),
 ]
-
-
-def fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-    return str(value)
 
 
 def markdown(run: dict, name: str) -> str:
