@@ -10,101 +10,51 @@
     rf.set_default_backend(rf.Endpoint("http://127.0.0.1:30000"))
     print(qa.run(question="What is 2 + 2?")["answer"])
 
-`import radixflow` does not import torch: rf.Engine and rf.Runtime load the runtime on use.
+Every public name is loaded on first use, so `import radixflow` (and importing the runtime,
+whose package sits under this one) runs no DSL code and does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-from . import errors
-from .backends.base import Backend, get_default_backend, set_default_backend
-from .backends.endpoint import Endpoint
-from .backends.openai import OpenAI
-from .chat_template import ChatTemplate
-from .errors import (
-    BackendError,
-    BranchError,
-    ForkError,
-    GrammarError,
-    InvalidRequest,
-    ProgramError,
-    RadixflowError,
-    ServerUnavailable,
-    TraceError,
-    UnsupportedFeature,
-    VariableNotFound,
-)
-from .function import Program, function
-from .graph import Graph
-from .ir import (
-    GenParams,
-    assistant,
-    assistant_begin,
-    assistant_end,
-    gen,
-    select,
-    system,
-    system_begin,
-    system_end,
-    user,
-    user_begin,
-    user_end,
-)
-from .program import execute_program
-from .state import ForkGroup, ProgramState
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Backend",
-    "BackendError",
-    "BranchError",
-    "ChatTemplate",
-    "Endpoint",
-    "Engine",
-    "ForkError",
-    "ForkGroup",
-    "GenParams",
-    "GrammarError",
-    "Graph",
-    "InvalidRequest",
-    "OpenAI",
-    "Program",
-    "ProgramError",
-    "ProgramState",
-    "RadixflowError",
-    "Runtime",
-    "ServerUnavailable",
-    "TraceError",
-    "UnsupportedFeature",
-    "VariableNotFound",
-    "assistant",
-    "assistant_begin",
-    "assistant_end",
-    "errors",
-    "execute_program",
-    "function",
-    "gen",
-    "get_default_backend",
-    "select",
-    "set_default_backend",
-    "system",
-    "system_begin",
-    "system_end",
-    "user",
-    "user_begin",
-    "user_end",
-]
+# module (relative to this package, or absolute) -> the public names it defines
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".backends.base": ("Backend",),
+    ".backends.default": ("get_default_backend", "set_default_backend"),
+    ".backends.endpoint": ("Endpoint",),
+    ".backends.engine": ("Engine",),
+    ".backends.openai": ("OpenAI",),
+    ".backends.runtime": ("Runtime",),
+    ".chat_template": ("ChatTemplate",),
+    ".errors": ("BackendError", "BranchError", "ForkError", "GrammarError", "InvalidRequest",
+                "ProgramError", "RadixflowError", "ServerUnavailable", "TraceError",
+                "UnsupportedFeature", "VariableNotFound"),
+    ".graph": ("Graph",),
+    ".ir": ("GenParams", "assistant", "assistant_begin", "assistant_end", "gen", "select",
+            "system", "system_begin", "system_end", "user", "user_begin", "user_end"),
+    ".program": ("Program", "function"),
+    ".state": ("ForkGroup", "ProgramState"),
+    "radixflow.runtime.program": ("execute_program",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = ("errors",)
 
-_LAZY = {"Engine": ".backends.engine", "Runtime": ".backends.runtime"}
+__all__ = sorted([*_MODULE_OF, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
+    return value
 
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

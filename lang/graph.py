@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .placeholder import text_before_markers
+
 if TYPE_CHECKING:
     from .chat_template import ChatTemplate
 
@@ -74,9 +76,7 @@ class Graph:
                 continue
             if node.kind == "text":
                 if node.data["dynamic"]:
-                    from .tracer import MARKER_RE
-
-                    out.append(MARKER_RE.split(node.data["text"], maxsplit=1)[0])
+                    out.append(text_before_markers(node.data["text"]))
                     break
                 out.append(node.data["text"])
             elif node.kind in ("role_begin", "role_end") and template is not None:
@@ -158,7 +158,8 @@ class Graph:
         for n in self.nodes:
             columns.setdefault(n.branch, len(columns))
         pos = {n.id: (columns[n.branch] * 3.2, -n.id) for n in self.nodes}
-        fig = Figure(figsize=(2.0 + 3.2 * len(columns), 1.0 + 0.55 * max(len(self.nodes), 1)), dpi=dpi)
+        fig = Figure(figsize=(2.0 + 3.2 * len(columns), 1.0 + 0.55 * max(len(self.nodes), 1)),
+                     dpi=dpi)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         ax.set_axis_off()
@@ -174,7 +175,8 @@ class Graph:
             x, y = pos[n.id]
             label = n.label if len(n.label) <= 34 else n.label[:31] + "..."
             ax.text(x, y, f"{n.kind}: {label}", ha="center", va="center", fontsize=8,
-                    bbox=dict(boxstyle="round,pad=0.3", fc=_COLORS.get(n.kind, "white"), ec="#666666"))
+                    bbox=dict(boxstyle="round,pad=0.3", fc=_COLORS.get(n.kind, "white"),
+                              ec="#666666"))
         ax.set_xlim(-1.8, 3.2 * max(len(columns) - 1, 0) + 1.8)
         ax.set_ylim(-len(self.nodes), 1)
         ax.set_title(self.name)

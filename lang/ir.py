@@ -1,7 +1,7 @@
 """The program IR: frozen nodes a program appends to its state, and the calls that build them.
 
 `s += "Q: " + rf.gen("a", max_tokens=8)` appends Seq(Text, Gen). Nodes are plain data; the
-interpreter (state.py) compiles them to the /program wire format (program.py).
+interpreter (state.py) compiles them to the /program wire format (radixflow.runtime.program).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
+from radixflow.runtime.program.select import SELECT_METHODS
+
 from .errors import GrammarError, InvalidRequest
 
-SELECT_METHODS = ("token_length_normalized", "sum", "unconditional_likelihood_normalized")
 _METHOD_ALIASES = {"mean": "token_length_normalized", "unconditional": "unconditional_likelihood_normalized"}
 
 # dtype -> (regex, extra stop strings), as SGLang's frontend turns `gen(dtype=...)` into a regex.

@@ -1,284 +1,228 @@
-"""The /program wire format and its executor: a straight-line stretch of a program, run in one go.
-
-Request (JSON object)::
-
-    {"text": "<the program's text so far>",
-     "nodes": [
-       {"type": "text", "text": "Q: 2+2?\\nA:"},
-       {"type": "role_begin", "role": "user", "text": "<|im_start|>user\\n"},   # rendered by
-       {"type": "role_end", "role": "user", "text": "<|im_end|>\\n"},           # the client
-       {"type": "gen", "name": "a", "sampling_params": {...native...},
-        "return_logprob": false, "logprob_start_len": null, "top_logprobs_num": null},
-       {"type": "select", "name": "b", "choices": ["yes", "no"],
-        "method": "token_length_normalized"},
-       {"type": "fork", "branches": [[node, ...], [node, ...]]},  # branches run concurrently
-       {"type": "join", "mode": "gather" | "concat"}               # joins the latest fork
-     ]}
-
-Response::
-
-    {"text": "<text appended by these nodes>",
-     "pieces": ["<text appended by node 0>", ...],                 # one per top-level node
-     "variables": {"a": "4", ...}, "meta_info": {"a": {...native meta_info...}, ...},
-     "branches": [[<branch result, same shape>, ...], ...],        # one list per fork node
-     "meta": {"num_requests": 3, "prompt_tokens": ..., "completion_tokens": ..., "cached_tokens": ...},
-     "error": null | {"type": "GrammarError", "message": "...", "node": 4}}
-
-Every gen/select becomes native /generate calls through `generate`, so the same executor runs
-on the server (POST /program) and in the client (any backend without /program). An error while
-running is reported in-band in "error" (the text before it is kept); a malformed program raises
-InvalidRequest. A failed branch reports its own "error"; the other branches go on.
-"""
+"""@rf.function: a program function with run, run_batch (threads, progress bar) and trace."""
 
 from __future__ import annotations
 
-import copy
+import functools
+import inspect
+import logging
+import os
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from .choices import select_choice
-from .errors import ForkError, InvalidRequest, error_to_wire
-from .ir import SELECT_METHODS
+from .backends.default import as_backend, get_default_backend
+from .errors import InvalidRequest, ProgramError, TraceError
+from .graph import Graph
+from .ir import DEFAULT_PARAMS, FIELDS, GenParams
+from .state import ProgramState
+from .placeholder import Placeholder
+from .tracer import StopTrace, TraceState
 
-Generate = Callable[[dict], Any]
-OnText = Callable[[str | None, str], None]
+logger = logging.getLogger(__name__)
 
-NODE_TYPES = ("text", "role_begin", "role_end", "gen", "select", "fork", "join")
-MAX_NODES = 4096
-MAX_BRANCHES = 64
-MAX_DEPTH = 8
-_GEN_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-
-
-def execute_program(program: dict, generate: Generate) -> dict:
-    """Server side of POST /program: run `program` with `generate` (a native /generate call).
-
-    Returns the response dict of the module docstring (JSON-serialisable). Raises
-    InvalidRequest if `program` is malformed; errors while running are reported in "error".
-    """
-    validate_program(program)
-    return ProgramExecutor(generate).run(program)
+GEN_OPTIONS = frozenset(FIELDS) | {"max_new_tokens", "min_new_tokens"}
+MIN_PREFIX_CHARS = 64  # shorter shared prefixes are not worth a warm-up request (SGLang's rule)
 
 
-def validate_program(program: Any) -> None:
-    """Raise InvalidRequest naming the first thing wrong with a /program body."""
-    if not isinstance(program, dict):
-        raise InvalidRequest("a program must be a JSON object with 'nodes'")
-    if not isinstance(program.get("text", ""), str):
-        raise InvalidRequest("program 'text' must be a string", param="text")
-    count = _validate_nodes(program.get("nodes"), "nodes", depth=0)
-    if count > MAX_NODES:
-        raise InvalidRequest(f"a program may hold at most {MAX_NODES} nodes, got {count}")
+class Program:
+    """A decorated program function `def prog(s, **args)`.
 
-
-def _validate_nodes(nodes: Any, where: str, *, depth: int) -> int:
-    if not isinstance(nodes, list):
-        raise InvalidRequest(f"{where} must be a list of nodes", param=where)
-    if depth > MAX_DEPTH:
-        raise InvalidRequest(f"forks may nest at most {MAX_DEPTH} deep", param=where)
-    count, seen_fork = 0, False
-    for i, node in enumerate(nodes):
-        at = f"{where}[{i}]"
-        if not isinstance(node, dict) or node.get("type") not in NODE_TYPES:
-            raise InvalidRequest(f"{at} must be an object with 'type' in {NODE_TYPES}", param=at)
-        kind = node["type"]
-        count += 1
-        if kind in ("text", "role_begin", "role_end") and not isinstance(node.get("text"), str):
-            raise InvalidRequest(f"{at} ({kind}) needs a string 'text'", param=at)
-        if kind in ("role_begin", "role_end") and not isinstance(node.get("role"), str):
-            raise InvalidRequest(f"{at} ({kind}) needs a string 'role'", param=at)
-        if kind in ("gen", "select") and node.get("name") is not None and not isinstance(node["name"], str):
-            raise InvalidRequest(f"{at} 'name' must be a string or null", param=at)
-        if kind == "gen" and not isinstance(node.get("sampling_params", {}), dict):
-            raise InvalidRequest(f"{at} 'sampling_params' must be an object", param=at)
-        if kind == "select":
-            choices = node.get("choices")
-            if (not isinstance(choices, list) or not choices
-                    or not all(isinstance(c, str) and c for c in choices)):
-                raise InvalidRequest(f"{at} 'choices' must be a non-empty list of non-empty strings",
-                                     param=at)
-            if node.get("method", "token_length_normalized") not in SELECT_METHODS:
-                raise InvalidRequest(f"{at} 'method' must be one of {SELECT_METHODS}", param=at)
-        if kind == "fork":
-            branches = node.get("branches")
-            if not isinstance(branches, list) or not 1 <= len(branches) <= MAX_BRANCHES:
-                raise InvalidRequest(f"{at} 'branches' must be a list of 1..{MAX_BRANCHES} node lists",
-                                     param=at)
-            for b, branch in enumerate(branches):
-                count += _validate_nodes(branch, f"{at}.branches[{b}]", depth=depth + 1)
-            seen_fork = True
-        if kind == "join":
-            if node.get("mode", "gather") not in ("gather", "concat"):
-                raise InvalidRequest(f"{at} 'mode' must be 'gather' or 'concat'", param=at)
-            if not seen_fork:
-                raise InvalidRequest(f"{at} joins, but no fork precedes it", param=at)
-    return count
-
-
-def _new_result() -> dict:
-    return {"text": "", "pieces": [], "variables": {}, "meta_info": {}, "branches": [],
-            "meta": {"num_requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                     "cached_tokens": 0},
-            "error": None}
-
-
-class ProgramExecutor:
-    """Runs program node lists over a native `generate` callable.
-
-    `stream`: send gens with "stream": true (then `generate` returns an iterator of events) and
-    report each new piece of text through `on_text(variable name or None, delta)`.
-    `keep_exceptions`: put the original exception object in "error" (client side only; it is
-    not JSON). `select`: replaces the logprob-scored select (backends without prompt logprobs).
+    `prog.run(**args)` runs it and returns its ProgramState; `prog.run_batch([...])` runs many
+    concurrently; `prog.trace(**args)` builds its graph without a model. Sampling options
+    (max_tokens, temperature, stop, ...) given to run/run_batch are defaults for every gen.
     """
 
-    def __init__(self, generate: Generate, *, stream: bool = False, on_text: OnText | None = None,
-                 keep_exceptions: bool = False,
-                 select: Callable[..., tuple[int, dict, int]] | None = None,
-                 with_messages: bool = False):
-        self.generate = generate
-        self.stream = stream
-        self.on_text = on_text
-        self.keep_exceptions = keep_exceptions
-        self.select = select or (lambda prompt, choices, method:
-                                 select_choice(self.generate, prompt, choices, method))
-        self.with_messages = with_messages
+    def __init__(self, func: Callable[..., Any]):
+        params = list(inspect.signature(func).parameters.values())
+        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
+                                                 params[0].POSITIONAL_OR_KEYWORD):
+            raise InvalidRequest(f"{func.__name__} must take the program state as its first "
+                                 f"argument: def {func.__name__}(s, ...)")
+        self.func = func
+        self.name = func.__name__
+        self._signature = inspect.signature(func)
+        self.arg_names = [p.name for p in params[1:]
+                          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self._takes_var_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+        functools.update_wrapper(self, func)
 
-    def run(self, program: dict) -> dict:
-        """Execute program["nodes"] after program["text"]; the response dict (module docstring)."""
-        messages = copy.deepcopy(program.get("messages") or []) if self.with_messages else None
-        return self._run_nodes(program.get("text", ""), program["nodes"], messages,
-                               emit=self.on_text)
+    def __repr__(self) -> str:
+        return f"<rf.function {self.name}({', '.join(self.arg_names)})>"
 
-    def _run_nodes(self, prefix: str, nodes: list[dict], messages: list | None,
-                   emit: OnText | None) -> dict:
-        result = _new_result()
-        text = prefix
-        last_fork: list[dict] | None = None
-        for i, node in enumerate(nodes):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """With a state first, call the function inside another program; else `run`."""
+        if args and isinstance(args[0], (ProgramState, TraceState)):
+            return self.func(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+    # ---- running ----
+
+    def run(self, *args: Any, backend: Any = None, stream: bool = False,
+            **kwargs: Any) -> ProgramState:
+        """Run once. Returns the state; with stream=True, at once (read it with text_iter).
+
+        Raises what the program raised: VariableNotFound, InvalidRequest, GrammarError,
+        ServerUnavailable, ...
+        """
+        backend = self._backend(backend)
+        program_kwargs, defaults = self._split(kwargs)
+        self._check_args(args, program_kwargs)
+        state = ProgramState(backend, defaults=defaults, stream=stream)
+        if not stream:
+            self.func(state, *args, **program_kwargs)
+            state._sync_tree()
+            return state
+
+        def target() -> None:
             try:
-                piece = self._run_node(node, text, result, messages, emit, last_fork)
-            except Exception as exc:  # reported in-band: the caller re-raises it as a typed error
-                result["error"] = {**error_to_wire(exc), "node": i}
-                if self.keep_exceptions:
-                    result["error"]["exception"] = exc
-                break
-            if node["type"] == "fork":
-                last_fork = result["branches"][-1]
-            text += piece
-            result["pieces"].append(piece)
-            if emit is not None and piece and node["type"] not in ("gen", "select"):
-                emit(None, piece)
-        result["text"] = text[len(prefix):]
-        return result
+                self.func(state, *args, **program_kwargs)
+                state._sync_tree()
+            except BaseException as exc:  # handed to the reader through text_iter / sync
+                state._finish(exc)
+            else:
+                state._finish()
 
-    def _run_node(self, node: dict, text: str, result: dict, messages: list | None,
-                  emit: OnText | None, last_fork: list[dict] | None) -> str:
-        kind = node["type"]
-        if kind == "text":
-            _add_to_open_message(messages, node["text"])
-            return node["text"]
-        if kind == "role_begin":
-            if messages is not None:
-                messages.append({"role": node["role"], "content": "", "open": True})
-            return node["text"]
-        if kind == "role_end":
-            if messages is not None and messages and messages[-1].get("open"):
-                messages[-1].pop("open")
-            return node["text"]
-        if kind == "gen":
-            out, meta = self._gen(node, text, result, messages, emit)
-        elif kind == "select":
-            extra = {} if messages is None else _message_kwargs(messages)
-            index, meta, num_requests = self.select(text, list(node["choices"]),
-                                                    node.get("method", "token_length_normalized"),
-                                                    **extra)
-            result["meta"]["num_requests"] += num_requests
-            out = node["choices"][index]
-            if emit is not None:
-                emit(node.get("name"), out)
-        elif kind == "fork":
-            branches = self._fork(node["branches"], text, messages)
-            for branch in branches:
-                for key, value in branch["meta"].items():
-                    result["meta"][key] += value
-            result["branches"].append(branches)
-            return ""
-        else:  # join
-            return self._join(node.get("mode", "gather"), last_fork, result)
-        _add_to_open_message(messages, out)
-        if node.get("name") is not None:
-            result["variables"][node["name"]] = out
-            result["meta_info"][node["name"]] = meta
-        return out
+        state._thread = threading.Thread(target=target, name=f"rf-{self.name}", daemon=True)
+        state._thread.start()
+        return state
 
-    def _gen(self, node: dict, text: str, result: dict, messages: list | None,
-             emit: OnText | None) -> tuple[str, dict]:
-        body: dict[str, Any] = {"text": text, "sampling_params": dict(node.get("sampling_params") or {})}
-        for key in _GEN_KEYS:
-            if node.get(key) is not None:
-                body[key] = node[key]
-        if messages is not None:
-            body.update(_message_kwargs(messages))
-        result["meta"]["num_requests"] += 1
-        if not self.stream:
-            resp = self.generate(body)
-            _count_tokens(result, resp["meta_info"])
-            return resp["text"], resp["meta_info"]
-        body["stream"] = True
-        out, meta, logprobs = "", {}, []
-        for event in self.generate(body):
-            delta = event["text"][len(out):]
-            out = event["text"]
-            meta = event["meta_info"]
-            logprobs.extend(meta.get("output_token_logprobs") or [])
-            if emit is not None and delta:
-                emit(node.get("name"), delta)
-        if "output_token_logprobs" in meta:  # deltas on the wire; the variable keeps them all
-            meta = {**meta, "output_token_logprobs": logprobs}
-        _count_tokens(result, meta)
-        return out, meta
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  **defaults: Any) -> list[ProgramState]:
+        """Run the program once per dict of arguments, concurrently; states in input order.
 
-    def _fork(self, branches: list[list[dict]], text: str, messages: list | None) -> list[dict]:
-        def run_branch(nodes: list[dict]) -> dict:
-            branch_messages = copy.deepcopy(messages) if messages is not None else None
-            return self._run_nodes(text, nodes, branch_messages, emit=None)
+        Before the batch, the static prefix every program shares (found by tracing) is sent
+        once so every program hits the cache. A program that raises does not stop the others:
+        its state has `.error`, a ProgramError naming its index, raised again when it is read.
+        """
+        if not isinstance(batch_kwargs, (list, tuple)) or not all(
+                isinstance(item, dict) for item in batch_kwargs):
+            raise InvalidRequest("run_batch takes a list of dicts of program arguments")
+        backend = self._backend(backend)
+        extra, gen_defaults = self._split(defaults)
+        if extra:
+            raise InvalidRequest(f"run_batch options must be sampling options, got {sorted(extra)}; "
+                                 f"put program arguments in the dicts")
+        for item in batch_kwargs:
+            self._check_args((), item)
+        if not batch_kwargs:
+            return []
+        if len(batch_kwargs) > 1:
+            self._cache_prefix(batch_kwargs, backend)
+        if num_threads == "auto":
+            num_threads = min(len(batch_kwargs), 4 * (os.cpu_count() or 1) + 32, 128)
+        states: list[ProgramState | None] = [None] * len(batch_kwargs)
 
-        if len(branches) == 1:
-            return [run_branch(branches[0])]
-        # One thread per branch: branches may block on each other's server-side batching.
-        with ThreadPoolExecutor(max_workers=len(branches), thread_name_prefix="rf-fork") as pool:
-            return list(pool.map(run_branch, branches))
+        def one(i: int) -> None:
+            state = ProgramState(backend, defaults=gen_defaults)
+            state.index = i
+            states[i] = state
+            try:
+                self.func(state, **batch_kwargs[i])
+                state._sync_tree()
+            except Exception as exc:
+                logger.warning("run_batch: program %d of %d failed: %s: %s", i,
+                               len(batch_kwargs), type(exc).__name__, exc)
+                error = ProgramError(f"program {i} of run_batch failed: {type(exc).__name__}: {exc}",
+                                     index=i)
+                error.__cause__ = exc
+                state._error = error
 
-    def _join(self, mode: str, branches: list[dict] | None, result: dict) -> str:
-        if branches is None:
-            raise InvalidRequest("join without a fork before it")
-        failed = {i: b["error"]["message"] for i, b in enumerate(branches) if b["error"]}
-        if failed:
-            raise ForkError(failed)
-        if mode == "concat":
-            return "".join(b["text"] for b in branches)
-        names = [n for b in branches for n in b["variables"]]
-        for name in dict.fromkeys(names):
-            result["variables"][name] = [b["variables"].get(name) for b in branches]
-            result["meta_info"][name] = [b["meta_info"].get(name) for b in branches]
-        return ""
+        progress = None
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=len(batch_kwargs), desc=self.name)
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, int(num_threads)),
+                                    thread_name_prefix=f"rf-{self.name}") as pool:
+                for future in as_completed([pool.submit(one, i) for i in range(len(batch_kwargs))]):
+                    future.result()
+                    if progress is not None:
+                        progress.update(1)
+        finally:
+            if progress is not None:
+                progress.close()
+        return states  # type: ignore[return-value]
+
+    # ---- tracing ----
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The program graph, built without calling a model.
+
+        Required arguments not given become placeholders (so are the values of variables the
+        program reads). If the program raises on a placeholder, the graph ends there and
+        `graph.stopped` says why.
+        """
+        return self._trace(args, kwargs, stop_at_model=False)
+
+    def _trace(self, args: tuple, kwargs: dict, *, stop_at_model: bool) -> Graph:
+        graph = Graph(name=self.name)
+        bound = self._signature.bind_partial(None, *args, **kwargs)
+        for name in self.arg_names[len(args):]:
+            param = self._signature.parameters[name]
+            if name not in bound.arguments and param.default is param.empty:
+                kwargs = {**kwargs, name: Placeholder("arg", name)}
+                graph.placeholder_args.append(name)
+        state = TraceState(graph, stop_at_model=stop_at_model)
+        try:
+            self.func(state, *args, **kwargs)
+        except StopTrace:
+            pass
+        except TraceError:
+            raise
+        except Exception as exc:
+            if not graph.placeholder_args and "read" not in graph.kinds():
+                raise
+            graph.stopped = f"{type(exc).__name__}: {exc}"
+        return graph
+
+    def _cache_prefix(self, batch_kwargs: list[dict], backend: Any) -> None:
+        template = backend.chat_template
+        candidates = []
+        for item in [None, *batch_kwargs[:4]]:
+            try:
+                graph = self._trace((), item or {}, stop_at_model=True)
+            except Exception as exc:  # a program that needs real values before its first gen
+                logger.debug("prefix trace of %s failed: %s", self.name, exc)
+                continue
+            if graph.stopped is None:
+                candidates.append(graph.static_prefix(template))
+        if len(candidates) < 2:
+            return
+        prefix = os.path.commonprefix(candidates)
+        if len(prefix) >= MIN_PREFIX_CHARS:
+            backend.cache_prefix(prefix)
+
+    # ---- helpers ----
+
+    @staticmethod
+    def _backend(backend: Any) -> Any:
+        return get_default_backend() if backend is None else as_backend(backend)
+
+    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], GenParams]:
+        """(program arguments, sampling defaults) out of run()'s keywords."""
+        program, options = {}, {}
+        for key, value in kwargs.items():
+            if key in self.arg_names or (key not in GEN_OPTIONS and self._takes_var_kwargs):
+                program[key] = value
+            elif key in GEN_OPTIONS:
+                options[key] = value
+            else:
+                raise InvalidRequest(f"{self.name}() got an unexpected argument {key!r}; it takes "
+                                     f"{self.arg_names} and sampling options")
+        return program, GenParams.make(**options).merged(DEFAULT_PARAMS)
+
+    def _check_args(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        try:
+            self._signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise InvalidRequest(f"{self.name}: {exc}") from None
 
 
-def _message_kwargs(messages: list) -> dict:
-    """The chat so far, for backends that need messages rather than text (OpenAI)."""
-    return {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-            "in_open_role": messages[-1]["role"] if messages and messages[-1].get("open") else None}
-
-
-def _add_to_open_message(messages: list | None, text: str) -> None:
-    if messages and messages[-1].get("open"):
-        messages[-1]["content"] += text
-
-
-def _count_tokens(result: dict, meta: dict) -> None:
-    for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
-        value = meta.get(key)
-        if isinstance(value, int):
-            result["meta"][key] += value
-
+def function(func: Callable[..., Any] | None = None) -> Any:
+    """Decorator: `@rf.function def prog(s, question): s += ...`."""
+    if func is None:
+        return function
+    return Program(func)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import BranchError, ForkError, InvalidRequest, VariableNotFound, error_from_wire
 from .ir import DEFAULT_PARAMS, Gen, GenParams, NodeLike, RoleBegin, RoleEnd, Select, Text, flatten
-from .program import ProgramExecutor
+from radixflow.runtime.program import ProgramExecutor
 
 _MODEL_NODES = ("gen", "select")
 

@@ -8,26 +8,15 @@ arguments and variables it contains (dynamic text) and the graph gets variable e
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from .errors import InvalidRequest, TraceError
 from .graph import Graph
 from .ir import Gen, NodeLike, RoleBegin, RoleEnd, Select, Text, flatten
+from .placeholder import Placeholder, markers, show_markers
 
 MAX_TRACE_NODES = 2000
-_MARK = "\x1e"
-MARKER_RE = re.compile(_MARK + r"(arg|var|text):([^" + _MARK + r"]*)" + _MARK)
-
-
-class Placeholder(str):
-    """A stand-in string for an argument or a generated value during tracing."""
-
-    def __new__(cls, kind: str, name: str) -> Placeholder:
-        obj = super().__new__(cls, f"{_MARK}{kind}:{name}{_MARK}")
-        obj.kind, obj.name = kind, name
-        return obj
 
 
 class StopTrace(BaseException):
@@ -70,8 +59,8 @@ class TraceState:
 
     def _add_node(self, node: Any) -> None:
         if isinstance(node, Text):
-            marks = MARKER_RE.findall(node.text)
-            node_id = self._add("text", MARKER_RE.sub(_show_marker, node.text), text=node.text,
+            marks = markers(node.text)
+            node_id = self._add("text", show_markers(node.text), text=node.text,
                                 args=[n for k, n in marks if k == "arg"],
                                 vars=[n for k, n in marks if k == "var"],
                                 dynamic=bool(marks))
@@ -100,7 +89,8 @@ class TraceState:
             self._add("role_begin", f"<{node.role}>", role=node.role)
         elif isinstance(node, RoleEnd):
             if self._open_role != node.role:
-                raise InvalidRequest(f"cannot close {node.role!r}: the open turn is {self._open_role!r}")
+                raise InvalidRequest(
+                    f"cannot close {node.role!r}: the open turn is {self._open_role!r}")
             self._open_role = None
             self._add("role_end", f"</{node.role}>", role=node.role)
         else:
@@ -111,7 +101,8 @@ class TraceState:
             self._writers[name] = node_id
 
     def _read(self, what: str, name: str) -> Placeholder:
-        node_id = self._add("read", f"read {name}" if what == "var" else f"read {what}()", name=name)
+        label = f"read {name}" if what == "var" else f"read {what}()"
+        node_id = self._add("read", label, name=name)
         if what == "var" and name in self._writers:
             self.graph.add_edge(self._writers[name], node_id, "var", label=name)
         return Placeholder(what, name)
@@ -152,11 +143,6 @@ class TraceState:
                                _parent=self, _after=fork_id) for i in range(n)]
         self.graph.forks[fork_id] = [b.branch for b in branches]
         return TraceForkGroup(self, fork_id, branches)
-
-
-def _show_marker(match: re.Match) -> str:
-    kind, name = match.group(1), match.group(2)
-    return "{" + name + "}" if kind == "arg" else "{s[" + repr(name) + "]}"
 
 
 class TraceForkGroup:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, as_backend, get_default_backend, set_default_backend
+from .base import Backend
+from .default import as_backend, get_default_backend, set_default_backend
 
 __all__ = ["Backend", "as_backend", "get_default_backend", "set_default_backend"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError, InvalidRequest, ServerUnavailable, UnsupportedFeature
-from ..program import ProgramExecutor
+from radixflow.runtime.program import ProgramExecutor
 from .base import OnText
 
 _DEFAULTS = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "repetition_penalty": 1.0}

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.fake_backend import FakeBackend
-from radixflow.choices import choice_token_entries, select_choice
+from radixflow.runtime.program.select import choice_token_entries, select_choice
 
 
 def test_choice_tokens_are_found_from_the_end_of_the_window():

@@ -10,12 +10,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from helpers.fake_backend import CHATML, FakeBackend
 from helpers.http_stub import ServedApp, free_port
-from radixflow.program import execute_program
+from radixflow.runtime.program import execute_program
 
 
 class StubServer:
     def __init__(self, *, program_route: bool = True, info: dict | None = None):
-        self.fake = FakeBackend(respond=lambda p, sp: "Paris<|im_end|>" if "capital" in p else " hi")
+        self.fake = FakeBackend(
+            respond=lambda p, sp: "Paris<|im_end|>" if "capital" in p else " hi")
         self.paths: list[str] = []
         self.headers: list[dict] = []
         app = FastAPI()

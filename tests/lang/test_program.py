@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers.fake_backend import FakeBackend
 from radixflow.errors import InvalidRequest
-from radixflow.program import ProgramExecutor, execute_program
+from radixflow.runtime.program import ProgramExecutor, execute_program
 
 
 def _gen(name, **sp):

@@ -16,6 +16,8 @@ from typing import Any
 
 Generate = Callable[[dict], Any]
 
+SELECT_METHODS = ("token_length_normalized", "sum", "unconditional_likelihood_normalized")
+
 
 def _as_list(resp: Any) -> list[dict]:
     return resp if isinstance(resp, list) else [resp]
@@ -54,7 +56,7 @@ def select_choice(generate: Generate, prompt: str, choices: list[str],
         "logprob_start_len": max(prompt_len - 2, 0),
     }))
     token_entries = [choice_token_entries(r["meta_info"]["input_token_logprobs"], c)
-                     for r, c in zip(batch, choices)]
+                     for r, c in zip(batch, choices, strict=True)]
     cond = [[float(e[0]) for e in entries] for entries in token_entries]
     num_requests = 2
     meta: dict[str, Any] = {"method": method, "choices": list(choices), "prompt_tokens": prompt_len,
@@ -72,7 +74,8 @@ def select_choice(generate: Generate, prompt: str, choices: list[str],
         uncond = [[e[0] or 0.0 for e in next(uncond_resp)["meta_info"]["input_token_logprobs"]]
                   if i in scored else [] for i in range(len(choices))]
         meta["unconditional_token_logprobs"] = uncond
-        scores = [_mean([c - u for c, u in zip(c_lp, u_lp)]) for c_lp, u_lp in zip(cond, uncond)]
+        scores = [_mean([c - u for c, u in zip(c_lp, u_lp, strict=False)])
+                  for c_lp, u_lp in zip(cond, uncond, strict=True)]
     else:
         scores = [_mean(lp) for lp in cond]
     meta["scores"] = scores

@@ -1,0 +1,191 @@
+"""The layers DESIGN.md promises, checked on the source: every import of every project file
+(module level and inside functions) is mapped to the project module it loads.
+
+radix_cache/ imports only itself and the standard library; kernels/ imports nothing of the
+runtime or the DSL; runtime/ imports no DSL module; no two project modules import each other,
+directly or around a loop. Imports under `if TYPE_CHECKING:` never run, so they make no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source folder -> the package it is installed as (pyproject's package-dir).
+PACKAGES = {"lang": "radixflow", "runtime": "radixflow.runtime",
+            "radix_cache": "radixflow.radix_cache", "kernels": "radixflow.kernels",
+            "bench": "bench"}
+SUBSYSTEMS = ("radixflow.runtime", "radixflow.radix_cache", "radixflow.kernels")
+
+
+def module_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    if rest[-1] == "__init__":
+        rest = rest[:-1]
+    return ".".join([PACKAGES[folder], *rest])
+
+
+@cache
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path
+            for folder in PACKAGES for path in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def is_dsl(module: str) -> bool:
+    return module.startswith("radixflow") and not module.startswith(SUBSYSTEMS)
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, *, type_checking: bool = False):
+    """(import node, whether it sits under `if TYPE_CHECKING:`) for every import in `tree`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, type_checking
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from _imports(ast.Module([child], []), type_checking=True)
+            for child in node.orelse:
+                yield from _imports(ast.Module([child], []), type_checking=type_checking)
+        else:
+            yield from _imports(node, type_checking=type_checking)
+
+
+@cache
+def imports_of(module: str) -> tuple[tuple[str, bool, int], ...]:
+    """(imported module name, under TYPE_CHECKING, line) for each module `module` imports.
+
+    `from pkg import name` names pkg.name where that is a project module, else pkg.
+    """
+    path = project_modules()[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node, type_checking in _imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in project_modules()
+                       else base for alias in node.names]
+        found += [(target, type_checking, node.lineno) for target in targets]
+    return tuple(found)
+
+
+def project_imports(module: str, *, runtime_only: bool = False) -> set[str]:
+    """The project modules `module` imports (runtime_only: leaving out TYPE_CHECKING ones)."""
+    return {target for target, type_checking, _ in imports_of(module)
+            if target in project_modules() and not (runtime_only and type_checking)}
+
+
+def violations(package: str, allowed) -> list[str]:
+    return sorted({f"{project_modules()[module].relative_to(ROOT)}:{line} imports {target}"
+                   for module in project_modules() if in_package(module, package)
+                   for target, _, line in imports_of(module) if not allowed(target)})
+
+
+def test_every_project_file_is_seen():
+    modules = project_modules()
+    assert {"radixflow", "radixflow.runtime.scheduler.scheduler", "radixflow.radix_cache",
+            "radixflow.kernels.cpu"} <= set(modules)
+    assert "radixflow.radix_cache.radix_tree" in project_imports("radixflow.radix_cache")
+
+
+def test_radix_cache_imports_only_itself_and_the_standard_library():
+    def allowed(target: str) -> bool:
+        top = target.split(".")[0]
+        return in_package(target, "radixflow.radix_cache") or (
+            top in sys.stdlib_module_names and top != "radixflow")
+
+    assert violations("radixflow.radix_cache", allowed) == []
+
+
+def test_kernels_import_nothing_of_the_runtime_or_the_dsl():
+    def allowed(target: str) -> bool:
+        return not in_package(target, "radixflow.runtime") and not is_dsl(target)
+
+    assert violations("radixflow.kernels", allowed) == []
+
+
+def test_runtime_imports_no_dsl_module():
+    assert violations("radixflow.runtime", lambda target: not is_dsl(target)) == []
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iteratively: the components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _strongly_connected(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_between_project_modules():
+    graph = {module: project_imports(module, runtime_only=True) - {module}
+             for module in project_modules()}
+    assert _strongly_connected(graph) == []
+
+
+@pytest.mark.parametrize("module", ["radixflow.runtime.scheduler.scheduler",
+                                    "radixflow.runtime.server.http_server"])
+def test_importing_the_runtime_loads_no_dsl_module(module):
+    code = (f"import sys, {module}; "
+            "print(sorted(m for m in sys.modules if m.startswith('radixflow') and "
+            f"not m.startswith({SUBSYSTEMS!r}) and m != 'radixflow'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
