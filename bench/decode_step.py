@@ -125,11 +125,11 @@ def make_variants(sched) -> dict[str, Callable]:
         return variants
     if sched.runner.compiled_decode is not None:
         variants["not compiled"] = uncompiled
-    if isinstance(model.lm_head, ql.Q8_0Linear):
+    if isinstance(model.lm_head, ql.Q8_0Linear) and model.lm_head.dense is not None:
         variants["bf16 head"] = bf16_head
     if sched.runner.compiled_decode is not None:
         return variants  # the rest patch eager code, which the compiled graph no longer runs
-    if any(isinstance(m, ql.Int4Linear) for m in model.modules()):
+    if any(isinstance(m, ql.Int4Linear) and m.dense is not None for m in model.modules()):
         variants["bf16 layers"] = bf16_layers
     variants["matmuls stubbed"] = stub_matmuls
     variants["matmuls + attention stubbed"] = stub_matmuls_and_attention

@@ -111,7 +111,8 @@ def decode_weight_bytes(model) -> int:
                 total += module.tiled.nbytes
             else:  # torch's int4 kernel
                 total += nbytes(module.packed, module.scales_and_zeros)
-            bf16_copies.add(id(module.dense))  # used for more than max_rows rows only
+            if module.dense is not None:
+                bf16_copies.add(id(module.dense))  # used for more than max_rows rows only
     for module in model.modules():
         if id(module) in bf16_copies:
             continue

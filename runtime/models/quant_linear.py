@@ -9,9 +9,9 @@ fewer milliseconds per token:
 Both are exact for weights that came from those formats (see is_exact_*): the default model
 is served with its own weights, not an approximation of them.
 
-The quantized kernels only win for a few rows. Each layer keeps a copy of its (dequantized)
-weights in the model's dtype (bf16, or fp32 on a CPU without bf16 arithmetic) for prefill and
-large decode batches, and QUANT_MAX_ROWS is where the
+In a bf16 model the quantized kernels only win for a few rows: each layer keeps a bf16 copy of
+its (dequantized) weights for prefill and large decode batches (an fp32 model does not: see
+QuantLinear), and QUANT_MAX_ROWS is where the
 default model's whole decode step (weights streamed from memory, interleaved A/B) turned:
 6 rows 70.6 ms int4 vs 87.0 ms bf16, 8 rows 92.3 vs 102.4 ms, 12 rows 78.0 vs 70.5 ms,
 16 rows 124 vs 96 ms. (With the weights hot in cache the int4 kernel already lost at 6 rows.)
@@ -62,7 +62,14 @@ def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, tor
 
 
 class QuantLinear(nn.Module):
-    """Quantized weights for up to `max_rows` rows, a copy in `dtype` (the model's) for more."""
+    """Quantized weights; in a bf16 model also a dense bf16 copy, used above `max_rows` rows.
+
+    The copy exists where it pays: oneDNN's bf16 GEMM beats the quantized kernels above a few
+    rows (the module doc). An fp32 model (a CPU without bf16 arithmetic: level avx2) keeps
+    none: there radixflow's kernels beat fp32 GEMM at every row count (a 16/128/512-token
+    prefill of the default model, torch capped to AVX2: 38 vs 89, 206 vs 254, 758 vs 1219 ms),
+    and the model holds 98 MB of weights instead of another 540 MB.
+    """
 
     max_rows = QUANT_MAX_ROWS
 
@@ -70,20 +77,22 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        self.dense = self._dense_copy(linear) if dtype == torch.bfloat16 else None
+
+    def _dense_copy(self, linear: nn.Linear) -> nn.Module:
         dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None,
-                          dtype=dtype, device="meta")
-        dense.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+                          dtype=torch.bfloat16, device="meta")
+        dense.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16),
+                                    requires_grad=False)
         if linear.bias is not None:
             dense.bias = nn.Parameter(self.bias, requires_grad=False)
-        self.dense = PackedLinear(dense) if can_pack(dense.weight.device, dtype) else dense
+        return PackedLinear(dense) if can_pack(dense.weight.device, torch.bfloat16) else dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > self.max_rows:
-            # (a plain nn.Linear fallback follows the model's .to(dtype); PackedLinear keeps its)
-            dense_dtype = getattr(getattr(self.dense, "weight", None), "dtype", torch.bfloat16)
-            out = self.dense(rows.to(dense_dtype))
+        if self.dense is not None and rows.shape[0] > self.max_rows:
+            out = self.dense(rows.to(torch.bfloat16))
         else:
             out = self._quantized(rows)
             if self.bias is not None:

@@ -60,6 +60,21 @@ def test_int4_linear_uses_its_bf16_weights_for_many_rows(rows):
     torch.testing.assert_close(quant(x), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("rows", [1, QUANT_MAX_ROWS + 1, 33])
+def test_an_fp32_model_keeps_no_dense_copy_and_quantizes_every_row_count(rows):
+    torch.manual_seed(5)
+    linear = _grid_linear(48, 64)
+    quant = Int4Linear(linear, dtype=torch.float32)
+    assert quant.dense is None
+    x = torch.randn(rows, 64)
+    out = quant(x)
+    assert out.dtype == torch.float32
+    # within the kernels' rounding of x (8-bit groups at avx2) of the exact product
+    ref = x @ linear.weight.T
+    scale = float(x.abs().max() * linear.weight.abs().sum(1).max())
+    torch.testing.assert_close(out, ref, atol=scale / 100, rtol=0)
+
+
 def _grid_linear(out_features: int, in_features: int) -> nn.Linear:
     """A linear whose weights are 4-bit groups already, as a Q4_1 GGUF's dequantized ones are."""
     groups = in_features // 32
