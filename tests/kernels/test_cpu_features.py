@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixflow.kernels import cpu
 from radixflow.kernels.cpu import features
 from radixflow.runtime.server_args import ServerArgs
@@ -133,3 +134,24 @@ def test_a_structure_changed_on_one_side_only_is_refused(cpu_level, monkeypatch)
     monkeypatch.setattr(abi, "_Weight", Longer)
     with pytest.raises(RuntimeError, match="sizeof_weight 32 vs 40"):
         abi.check(cpu._library(), cpu.TILE, cpu.GROUP)
+
+
+def test_the_avx2_build_holds_no_avx512_instruction():
+    """What runs on an AVX2 machine: no zmm register, no opmask, no EVEX-only instruction (an
+    AVX-512 machine builds and disassembles it too)."""
+    import shutil
+    import subprocess
+
+    if "avx2" not in features.supported_levels():
+        pytest.skip("needs a CPU with avx2, fma, f16c")
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("needs objdump (binutils) to disassemble the build")
+    lib = cpu._library_for("avx2")
+    if lib is None:
+        pytest.skip("no C compiler")
+    text = subprocess.run([objdump, "-d", lib._name], capture_output=True, text=True,
+                          check=True).stdout
+    assert "vfmadd" in text and "ymm" in text  # it was disassembled, and it is AVX2 code
+    for marker in ("zmm", "%k1", "%k2", "{1to", "vpdpbusd", "vdpbf16ps"):
+        assert marker not in text, f"AVX-512 code in the avx2 build: {marker}"
