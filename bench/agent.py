@@ -331,7 +331,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--programs", type=int, default=32)
     ap.add_argument("--threads", type=int, default=32,
-                    help="run_batch threads (32 = every program at once, as num_threads=\"auto\" does)")
+                    help="run_batch threads (32 = every program at once, "
+                         "as num_threads=\"auto\" does)")
     ap.add_argument("--trials", type=int, default=10, help="runs of the /program comparison")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="markdown path (JSON beside it)")

@@ -2,8 +2,9 @@
 
 One Engine (default model, default settings) decodes one long greedy request (or --batch N of
 them, each its own prompt of --context tokens); its scheduler is stepped directly. Variants
-are swapped in and out of the same model and measured in turns (A, B, C, A, B, C, ...), so that this machine's drift hits all of them alike; each figure is
-the median over rounds of the mean of `--steps` decode steps.
+are swapped in and out of the same model and measured in turns (A, B, C, A, B, C, ...), so
+that this machine's drift hits all of them alike; each figure is the median over rounds of
+the mean of `--steps` decode steps.
 
 - as served: the default weights (int4 layers, Q8_0 head where the checkpoint allows) through
   radixflow's one-call C decode step (runtime/models/cpu_decode.py), whose per-phase timers
@@ -82,7 +83,9 @@ def make_variants(sched) -> dict[str, Callable]:
 
     @contextmanager
     def bf16_layers():
-        dense_forward = lambda self, x: self.dense(x.to(torch.bfloat16)).to(x.dtype)
+        def dense_forward(self, x):
+            return self.dense(x.to(torch.bfloat16)).to(x.dtype)
+
         with patched(ql.Int4Linear, "forward", dense_forward):
             yield
 

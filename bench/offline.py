@@ -3,7 +3,7 @@
 The baseline is written the way a typical user would: `model.generate` on one prompt at a
 time, greedy, the same prompts and output lengths. Runs one after the other, never at once.
 
-    python -m bench.offline                    # all workloads, writes bench/results/offline-<date>.md
+    python -m bench.offline        # all workloads, writes bench/results/offline-<date>.md
     python -m bench.offline --workloads single --requests 8
 """
 
@@ -159,7 +159,8 @@ def profile_decode_step(engine, batch_size: int) -> str:
             sched.step([])
     ms = (time.perf_counter() - start) / steps * 1e3
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
-    return f"decode step at batch {batch_size}: {ms:.1f} ms under the profiler\n\n```\n{table}\n```\n"
+    return (f"decode step at batch {batch_size}: {ms:.1f} ms under the profiler\n\n"
+            f"```\n{table}\n```\n")
 
 
 def main() -> None:
@@ -167,7 +168,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["shared_prefix", "random_short", "single"])
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--baseline-requests", type=int, default=16,
-                    help="requests the (sequential) HF baseline runs; its tok/s does not depend on it")
+                    help="requests the (sequential) HF baseline runs; "
+                         "its tok/s does not depend on it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", action="store_true", help="append a decode-step profile")
@@ -198,7 +200,9 @@ def main() -> None:
         single = single_stream(engine, tokenizer, 128, repeats=3)
         raw["results"]["single"] = {"radixflow": single}
         print("single radixflow", json.dumps(single))
-    profile = profile_decode_step(engine, 1) + "\n" + profile_decode_step(engine, 16) if args.profile else ""
+    profile = ""
+    if args.profile:
+        profile = profile_decode_step(engine, 1) + "\n" + profile_decode_step(engine, 16)
     engine.shutdown()
     del engine
 
@@ -219,12 +223,14 @@ def main() -> None:
     lines = [f"# Offline throughput, {raw['date']}", "",
              f"Command: `python -m bench.offline --workloads {' '.join(args.workloads)} "
              f"--requests {args.requests} "
-             f"--baseline-requests {args.baseline_requests}{' --profile' if args.profile else ''}"
+             f"--baseline-requests {args.baseline_requests}"
+             f"{' --profile' if args.profile else ''}"
              f"{' --quantization ' + args.quantization if args.quantization != 'auto' else ''}"
              f"{' --compile' if args.compile else ''}"
              f"{' --no-baseline' if args.no_baseline else ''}`",
              "", f"Machine: {raw['machine']} ({raw['threads']} torch threads); default model "
-             f"SmolLM2-135M-Instruct, bf16{' with int4 weights' if raw['weights'] == 'int4' else ''}"
+             "SmolLM2-135M-Instruct, bf16"
+             f"{' with int4 weights' if raw['weights'] == 'int4' else ''}"
              f"{', compiled decode step' if args.compile else ''}, "
              "greedy, ignore_eos (fixed output lengths).", "",
              "| workload | radixflow tok/s | HF tok/s | ratio | cached prompt tokens |",

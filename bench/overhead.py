@@ -76,12 +76,14 @@ def main() -> None:
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.server.runtime import Runtime
 
-    with Runtime(None, quantization=args.quantization) as rt, \
-            Engine(None, quantization=args.quantization) as engine, httpx.Client(timeout=60) as client:
+    with (Runtime(None, quantization=args.quantization) as rt,
+          Engine(None, quantization=args.quantization) as engine,
+          httpx.Client(timeout=60) as client):
         model = client.get(f"{rt.url}/v1/models").json()["data"][0]["id"]
         sides = {
             "Engine (in-process)": engine.generate_from_body,
-            "server /generate": lambda b: client.post(f"{rt.url}/generate", json=b).raise_for_status(),
+            "server /generate":
+                lambda b: client.post(f"{rt.url}/generate", json=b).raise_for_status(),
             "server /v1/completions": lambda b: client.post(f"{rt.url}/v1/completions", json={
                 "model": model, "prompt": b["text"], "max_tokens": 1, "temperature": 0,
             }).raise_for_status(),

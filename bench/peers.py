@@ -96,7 +96,8 @@ def main() -> None:
     # die with SIGILL at the first tile instruction.
     ap.add_argument("--llama-args", default="--no-repack", help="extra llama-server flags")
     ap.add_argument("--vllm-venv", type=Path, default=None)
-    ap.add_argument("--workloads", nargs="+", default=["random_short"], choices=sorted(wl.WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=["random_short"],
+                    choices=sorted(wl.WORKLOADS))
     ap.add_argument("--num-requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -171,18 +172,21 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     peers = "-".join(dict.fromkeys(n.split()[0].lower() for n in runs
                                    if not n.startswith("radixflow")))
-    command = (f"python -m bench.peers{' --llama-server ' + str(args.llama_server) if args.llama_server else ''}"
+    command = ("python -m bench.peers"
+               f"{' --llama-server ' + str(args.llama_server) if args.llama_server else ''}"
                f"{' --vllm-venv ' + str(args.vllm_venv) if args.vllm_venv else ''} --workloads "
                f"{' '.join(args.workloads)} --num-requests {args.num_requests} --concurrency "
                f"{args.concurrency}{' --compile' if args.compile else ''}"
                f"{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
                f"{' --alternate' if args.alternate else ''}"
                f"{f' --llama-args={args.llama_args!r}' if args.llama_server else ''}")
+    caps = ""
+    if args.cpu_isa in TORCH_CAPS:
+        caps = ", ".join(f"{k}={v}" for k, v in TORCH_CAPS[args.cpu_isa].items())
+        caps = f"; radixflow's torch kernels capped too ({caps})"
     lines = [f"# radixflow vs {peers}, {date}", "",
              f"Command: `{command}`", "",
-             f"CPU: {cpu.describe()}, {args.threads} threads"
-             + (f"; radixflow's torch kernels capped too ({', '.join(f'{k}={v}' for k, v in TORCH_CAPS[args.cpu_isa].items())})"
-                if args.cpu_isa in TORCH_CAPS else "") + ".", "",
+             f"CPU: {cpu.describe()}, {args.threads} threads{caps}.", "",
              *[f"- {s}" for s in setups], "",
              "Streaming chat completions, greedy, fixed output lengths (ignore_eos); one server "
              "at a time, each running every workload before the next starts.", ""]

@@ -68,7 +68,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline-requests", type=int, default=16,
-                    help="sessions the one-at-a-time HF server runs (its rates do not depend on it)")
+                    help="sessions the one-at-a-time HF server runs "
+                         "(its rates do not depend on it)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "serve")
     ap.add_argument("--tag", default="", help="suffix of the summary file name")
@@ -87,8 +88,9 @@ def main() -> None:
 
     if not args.no_baseline:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen([sys.executable, "-m", "bench.hf_baseline_server", "--port", "18070"],
-                                env=env, cwd=Path(__file__).parent.parent)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.hf_baseline_server", "--port", "18070"],
+            env=env, cwd=Path(__file__).parent.parent)
         try:
             wait_healthy("http://127.0.0.1:18070", proc=proc)
             results["hf-naive"] = run_server_workloads("hf-naive", "http://127.0.0.1:18070", args,
@@ -104,11 +106,12 @@ def main() -> None:
              f"--baseline-requests {args.baseline_requests}"
              f"{' --no-baseline' if args.no_baseline else ''}"
              f"{' --tag ' + args.tag if args.tag else ''}`", "",
-             f"radixflow serves {args.num_requests} sessions at concurrency {args.concurrency}; the "
-             f"naive HF server (one request at a time) the first {args.baseline_requests} of the "
-             "same seeded sessions.", "",
-             f"Default model (SmolLM2-135M-Instruct, {weights}), 2-core CPU, streaming chat completions, "
-             "greedy, fixed output lengths (ignore_eos). One server running at a time.", ""]
+             f"radixflow serves {args.num_requests} sessions at concurrency {args.concurrency}; "
+             f"the naive HF server (one request at a time) the first {args.baseline_requests} of "
+             "the same seeded sessions.", "",
+             f"Default model (SmolLM2-135M-Instruct, {weights}), 2-core CPU, streaming chat "
+             "completions, greedy, fixed output lengths (ignore_eos). One server running at a "
+             "time.", ""]
     for workload_name in args.workloads:
         runs = {name: res[workload_name] for name, res in results.items()}
         table, paths = write_comparison(runs, args.out_dir)

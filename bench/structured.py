@@ -7,8 +7,8 @@ time to first token of a never-seen schema (compiled on the request's path) vs a
 "Forward passes per token" counts each request once per forward it takes part in, so 1.0 is
 one forward per sampled token and jump-forward brings it below that.
 
-    python -m bench.structured                  # 64 requests, writes bench/results/structured-<date>.md
-    python -m bench.structured --requests 4     # smoke run
+    python -m bench.structured               # 64 requests -> bench/results/structured-<date>.md
+    python -m bench.structured --requests 4  # smoke run
 """
 
 from __future__ import annotations

@@ -5,13 +5,15 @@ each re-sending the whole history (the assistant's real replies included). Singl
 workloads have one turn per session. Sizes are in tokens of a typical BPE (about 1.3 tokens
 per English word here); `scale` shrinks every prompt part, for smoke tests on tiny models.
 
-| workload      | prompt                                      | output | default (requests, concurrency) |
-|---------------|---------------------------------------------|--------|------|
-| shared_prefix | ~1000-token shared system prompt + ~30-token question | 32 | (32, 16) |
-| multi_turn    | conversations of 4 turns re-sending history | 32/turn | (16, 8) |
-| random_short  | ~128 random tokens                          | 64     | (32, 16) |
-| few_shot      | ~800-token 5-shot prefix + question         | 16     | (16, 8) |
-| json_extract  | ~170-token profile, JSON Schema response_format, outputs validated | <=128 | (32, 16) |
+| workload      | prompt                                                | output  | default  |
+|---------------|-------------------------------------------------------|---------|----------|
+| shared_prefix | ~1000-token shared system prompt + ~30-token question | 32      | (32, 16) |
+| multi_turn    | conversations of 4 turns re-sending history           | 32/turn | (16, 8)  |
+| random_short  | ~128 random tokens                                    | 64      | (32, 16) |
+| few_shot      | ~800-token 5-shot prefix + question                   | 16      | (16, 8)  |
+| json_extract  | ~170-token profile, JSON Schema response_format       | <=128   | (32, 16) |
+
+Defaults are (requests, concurrency); json_extract's outputs are validated against its schema.
 """
 
 from __future__ import annotations
@@ -24,7 +26,20 @@ from typing import Any
 
 TOKENS_PER_WORD = 1.3
 
-WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem", "fact", "river", "mountain", "city", "music", "science", "history", "garden", "window", "market", "winter", "summer", "friend", "teacher", "student", "doctor", "engine", "planet", "ocean", "forest", "animal", "bridge", "castle", "paper", "water", "light", "sound", "color", "letter", "table", "house", "road", "story", "question", "answer", "system", "program", "memory", "model", "cache", "token", "prefix", "language", "value", "string", "travel", "follow", "begin", "bring", "write", "stand", "learn", "change", "lead", "watch", "speak", "read", "grow", "open", "walk", "offer", "remember", "consider", "appear", "buy", "wait", "serve", "send", "build", "stay", "fall", "reach", "remain", "suggest", "raise", "pass", "sell", "require", "report", "decide", "pull", "happy", "small", "large", "early", "young", "important", "public", "private", "social", "national", "local", "certain", "able", "clear", "simple", "strong", "recent", "free", "human", "whole", "special", "real", "best", "better"]
+WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part",
+         "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company",
+         "number", "group", "problem", "fact", "river", "mountain", "city", "music", "science",
+         "history", "garden", "window", "market", "winter", "summer", "friend", "teacher",
+         "student", "doctor", "engine", "planet", "ocean", "forest", "animal", "bridge", "castle",
+         "paper", "water", "light", "sound", "color", "letter", "table", "house", "road", "story",
+         "question", "answer", "system", "program", "memory", "model", "cache", "token", "prefix",
+         "language", "value", "string", "travel", "follow", "begin", "bring", "write", "stand",
+         "learn", "change", "lead", "watch", "speak", "read", "grow", "open", "walk", "offer",
+         "remember", "consider", "appear", "buy", "wait", "serve", "send", "build", "stay", "fall",
+         "reach", "remain", "suggest", "raise", "pass", "sell", "require", "report", "decide",
+         "pull", "happy", "small", "large", "early", "young", "important", "public", "private",
+         "social", "national", "local", "certain", "able", "clear", "simple", "strong", "recent",
+         "free", "human", "whole", "special", "real", "best", "better"]
 
 NAMES = ["Alice", "Bob", "Carmen", "Dmitri", "Emeka", "Fatima", "Goran", "Hana", "Ivan", "Jia",
          "Kofi", "Lena", "Mateo", "Noor", "Olga", "Pablo", "Quinn", "Rosa", "Sven", "Tariq"]

@@ -68,7 +68,8 @@ class ServerArgs:
     dp_size: int = _arg(1, "data parallel size (only 1: data parallelism is not built yet)")
     host: str = _arg("127.0.0.1", "HTTP host")
     port: int = _arg(30000, "HTTP port")
-    api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    api_key: str | None = _arg(
+        None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
     seed: int = _arg(0, "global random seed")
     log_level: str = _arg("info", "logging level")
 
@@ -99,9 +100,10 @@ class ServerArgs:
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name, hint in typing.get_type_hints(type(self)).items():
-            if typing.get_origin(hint) is Literal and getattr(self, name) not in typing.get_args(hint):
+            choices = typing.get_args(hint)
+            if typing.get_origin(hint) is Literal and getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of "
-                                 f"{typing.get_args(hint)}, got {getattr(self, name)!r}")
+                                 f"{choices}, got {getattr(self, name)!r}")
 
     @property
     def chunk_size(self) -> int:

@@ -57,5 +57,6 @@ def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            names = f.keys()  # safe_open has keys() but is not iterable itself
+            for name in names:
                 yield name, f.get_tensor(name)

@@ -40,7 +40,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 def pack_linears_(model: nn.Module) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear; returns how many were replaced."""
     count = 0
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, child_name, PackedLinear(child))

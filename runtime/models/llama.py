@@ -149,7 +149,8 @@ class LlamaForCausalLM(nn.Module):
         a = self.args
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         ranges = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv),
-                  "gate": (0, a.intermediate_size), "up": (a.intermediate_size, a.intermediate_size)}
+                  "gate": (0, a.intermediate_size),
+                  "up": (a.intermediate_size, a.intermediate_size)}
         return ranges[shard]
 
     def _expected_loaded_names(self) -> list[str]:

@@ -51,8 +51,10 @@ class RotaryEmbedding(torch.nn.Module):
         self.cos = emb.cos().float().to(device)
         self.sin = emb.sin().float().to(device)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin for these positions, [num_tokens, 1, head_dim], once per forward."""
+    def tables(self, positions: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin for these positions, [num_tokens, 1, head_dim], once per
+        forward."""
         cos = self.cos[positions].unsqueeze(1).to(dtype)
         sin = self.sin[positions]
         half = sin.shape[-1] // 2

@@ -29,5 +29,8 @@ def test_compiled_decode_matches_the_eager_model(tiny_llama):
     assert compiled["output_ids"] == eager["output_ids"]
     assert compiled["batch"] == eager["batch"]
     assert compiled["shared"] == eager["shared"]
-    lp = lambda r: torch.tensor([x[0] for x in r["meta_info"]["output_token_logprobs"]])
+
+    def lp(r):
+        return torch.tensor([x[0] for x in r["meta_info"]["output_token_logprobs"]])
+
     torch.testing.assert_close(lp(compiled), lp(eager), atol=1e-4, rtol=1e-4)

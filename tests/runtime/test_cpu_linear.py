@@ -7,8 +7,8 @@ from torch import nn
 from radixflow.runtime.models.cpu_linear import PackedLinear, can_pack, pack_linears_
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
-                                reason="oneDNN packs bf16 weights only on a CPU with AVX512 BW/VL/DQ "
-                                       "or AVX-NE-CONVERT")
+                                reason="oneDNN packs bf16 weights only on a CPU with "
+                                       "AVX512 BW/VL/DQ or AVX-NE-CONVERT")
 
 
 @pytest.mark.parametrize("bias", [False, True])

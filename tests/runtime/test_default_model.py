@@ -1,6 +1,6 @@
 """The default model (SmolLM2-135M-Instruct): greedy outputs token-identical to Hugging Face
-transformers in fp32 for 8 prompts x 32 tokens, a sensible chat answer at each CPU level, and its int4
-weights (quantization auto) as close to fp32 as bf16 weights are."""
+transformers in fp32 for 8 prompts x 32 tokens, a sensible chat answer at each CPU level, and its
+int4 weights (quantization auto) as close to fp32 as bf16 weights are."""
 
 from __future__ import annotations
 
