@@ -27,9 +27,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import radixflow as rf
 import requests
 
+import radixflow as rf
 from bench.report import RESULTS, publish
 
 STEPS, GEN_TOKENS, STRAIGHT_GENS, STRAIGHT_TOKENS = 3, 24, 5, 16
@@ -251,6 +251,7 @@ def chat_agent(client, question: str, latencies: list[float]) -> tuple[int, int]
 
 def run_hf_baseline(qs: list[str], threads: int, dtype: str) -> dict:
     from openai import OpenAI
+
     from radixflow.runtime.server.runtime import free_port
 
     port = free_port()

@@ -125,9 +125,10 @@ def decode_weight_bytes(model) -> int:
 
 def profile_decode_step(engine, batch_size: int) -> str:
     """Top ops of decode steps at a given batch size (torch.profiler, self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
     from radixflow.runtime.messages import GenerateReq
     from radixflow.runtime.sampling_params import SamplingParams
-    from torch.profiler import ProfilerActivity, profile
 
     sched = engine.scheduler
     engine.shutdown()  # drive the scheduler directly, no background thread
@@ -208,6 +209,7 @@ def main() -> None:
 
     if not args.no_baseline:
         import transformers
+
         from radixflow.runtime.model_loader import resolve_model
 
         folder = resolve_model(None)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
+
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
 
@@ -15,9 +15,9 @@ from .forward_batch import ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
+from .models.cpu_decode import CpuDecode
 from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
-from .models.cpu_decode import CpuDecode
 from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .server_args import ServerArgs
 

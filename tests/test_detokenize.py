@@ -6,6 +6,7 @@ import pytest
 from helpers.tiny_models import make_tiny_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from radixflow.runtime.detokenize import IncrementalDetokenizer, decode_token_texts
 
 

@@ -16,7 +16,6 @@ from . import TiledWeight, _library, limits
 from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Weight
 
 
-
 @dataclass
 class ModelShape:
     hidden: int

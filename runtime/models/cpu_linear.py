@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from radixflow.kernels.cpu.features import cpu_features
 from torch import nn
+
+from radixflow.kernels.cpu.features import cpu_features
 
 logger = logging.getLogger(__name__)
 

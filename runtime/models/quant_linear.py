@@ -20,8 +20,9 @@ default model's whole decode step (weights streamed from memory, interleaved A/B
 from __future__ import annotations
 
 import torch
-from radixflow.kernels import cpu as cpu_kernels
 from torch import nn
+
+from radixflow.kernels import cpu as cpu_kernels
 
 from .cpu_linear import PackedLinear, can_pack
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from radixflow.runtime.constrained.compile_cache import CompileCache
 from radixflow.runtime.errors import GrammarError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from radixflow.runtime.constrained import GrammarLimits, validate_constraint
 from radixflow.runtime.errors import GrammarError, InvalidRequest
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from radixflow.runtime.constrained import validate_constraint
 from radixflow.runtime.constrained.limits import GrammarLimits, parse_structural_tag
 from radixflow.runtime.errors import GrammarError, InvalidRequest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from radixflow.runtime.constrained.unicode_fix import fix_printed_grammar, fix_regex
 
 SURROGATE = b"\xed\xbf\xaf"  # the 3-byte form of U+DFEF: not valid UTF-8

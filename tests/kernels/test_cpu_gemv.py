@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+
 from radixflow.kernels import cpu
 
 

@@ -15,13 +15,15 @@ from helpers.tiny_models import ARCHS, make_tiny_model, make_tiny_tokenizer, wri
 
 from radixflow.runtime.errors import ModelDownloadError, ModelNotFound
 from radixflow.runtime.model_loader import (
+    cache,
     default_cache_dir,
+    default_model,
+    gguf_convert,
     iter_weights,
     load_config,
     load_tokenizer,
     resolve_model,
 )
-from radixflow.runtime.model_loader import cache, default_model, gguf_convert
 from radixflow.runtime.model_loader.cache import MARKER, build_once
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

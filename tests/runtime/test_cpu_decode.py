@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+
 from radixflow.kernels import cpu
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.forward_batch import ForwardMode

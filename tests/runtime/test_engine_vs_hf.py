@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.tiny_models import ARCHS
 
 from radixflow.runtime.engine import Engine
-from helpers.tiny_models import ARCHS
 
 PROMPTS = [
     "The quick brown fox",

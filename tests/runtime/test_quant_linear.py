@@ -6,9 +6,9 @@ from torch import nn
 
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.runtime.models.quant_linear import (
-    Q8_0Linear,
     QUANT_MAX_ROWS,
     Int4Linear,
+    Q8_0Linear,
     TiledBF16Linear,
     can_quantize_int4,
     is_exact,
