@@ -3,9 +3,10 @@
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
 side by side: see gemv_avx512.c's header comment) in three formats: GGUF's Q4_1 and Q8_0,
-exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax; decode.c,
-the same for every level, runs a whole decode step of a Llama-family model (up to 16 requests,
-one token each) over those weights (see runtime/models/cpu_decode.py).
+exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax. gemm.c
+(Python's entry points to the products) and decode.c are the same at every level: decode.c runs
+a whole decode step of a Llama-family model (a batch of requests, one token each) over those
+weights (see runtime/models/cpu_decode.py).
 - avx512: the integer formats multiply with VNNI after splitting x per group of 32 into exact
   16-bit integers; bf16 with vdpbf16ps; attention in bf16 dot products.
 - avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with
@@ -47,7 +48,7 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 
 def sources(level: str) -> list[Path]:
     """The C files of one level's build."""
-    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "decode.c"]
+    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "gemm.c", HERE / "decode.c"]
 
 
 def cache_dir() -> Path:

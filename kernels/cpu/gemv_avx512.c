@@ -21,13 +21,12 @@
  * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
  *   by bf16 x pairs: exact products, fp32 sums.
  *
- * Tiles are split over OpenMP threads; this library links the libgomp torch has loaded, so
- * both share one thread pool. For one row of x (a decode step) each thread reads its tiles as
- * several streams at once, which keeps more of memory's latency in flight.
+ * Callers split the tiles over OpenMP threads (gemm.c, decode.c). For one row of x (a decode
+ * step) each thread reads its tiles as several streams at once, which keeps more of memory's
+ * latency in flight.
  */
 #include "gemv.h"
 
-#include <stdlib.h>
 
 #define ROW_BLOCK 4 /* rows of x per pass over a tile */
 #ifndef STREAMS
@@ -240,43 +239,6 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
     quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
-/* q4_1 and q8_0 for M rows of fp32 x: split x on the calling thread, then the tiles. */
-static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y, int y_bf16,
-                           int64_t M, int64_t N, int64_t K, int nthreads) {
-    const int64_t G = K / GROUP;
-    split_x xs[MAX_ROWS];
-    if (M > MAX_ROWS) abort(); /* the Python side checks M */
-    uint8_t *mem = malloc(M * (2 * K + 2 * G * sizeof(float)));
-    if (mem == NULL) abort();
-    for (int64_t m = 0; m < M; m++) {
-        uint8_t *base = mem + m * (2 * K + 2 * G * sizeof(float));
-        xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
-                          (float *)(base + 2 * K) + G};
-        rf_split_x(x + m * K, K, is_q8, xs[m]);
-    }
-    const int64_t T = (N + TILE - 1) / TILE;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int64_t t0, t1;
-        thread_range(T, &t0, &t1);
-        if (is_q8)
-            rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
-        else
-            rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
-    }
-    free(mem);
-}
-
-void rf_q4_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
-                  int64_t K, int nthreads) {
-    quantized_gemm(0, w, x, y, y_bf16, M, N, K, nthreads);
-}
-
-void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
-                  int64_t K, int nthreads) {
-    quantized_gemm(1, w, x, y, y_bf16, M, N, K, nthreads);
-}
-
 /* ---- bf16 ---- */
 
 static inline __attribute__((always_inline)) void bf16_tile(const uint8_t *blk, const uint32_t *xp,
@@ -313,16 +275,5 @@ void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16
             }
             for (int m = 0; m < rows; m++) store_tile(y, y_bf16, (m0 + m) * N, t * TILE, N, out[m]);
         }
-    }
-}
-
-void rf_bf16_gemm(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
-                  int64_t N, int64_t K, int nthreads) {
-    const int64_t T = (N + TILE - 1) / TILE;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int64_t t0, t1;
-        thread_range(T, &t0, &t1);
-        rf_bf16_gemm_tiles(w, x, y, y_bf16, M, N, K, t0, t1);
     }
 }

@@ -1,0 +1,56 @@
+/* The products' entry points for Python (kernels/cpu/__init__.py: gemm), the same at every
+ * instruction-set level: prepare M rows of x on the calling thread (rf_split_x), then split the
+ * level's tile loops (gemv_<level>.c) over OpenMP threads. This library links the libgomp torch
+ * has loaded, so both share one thread pool. */
+#include <stdlib.h>
+
+#include "gemv.h"
+
+/* q4_1 and q8_0 for M rows of fp32 x. */
+static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y, int y_bf16,
+                           int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / GROUP, row_bytes = 2 * K + 2 * G * sizeof(float);
+    split_x xs[MAX_ROWS];
+    if (M > MAX_ROWS) abort(); /* the Python side checks M */
+    uint8_t *mem = malloc(M * row_bytes);
+    if (mem == NULL) abort();
+    for (int64_t m = 0; m < M; m++) {
+        uint8_t *base = mem + m * row_bytes;
+        xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
+                          (float *)(base + 2 * K) + G};
+        rf_split_x(x + m * K, K, is_q8, xs[m]);
+    }
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        if (is_q8)
+            rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else
+            rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+    }
+    free(mem);
+}
+
+void rf_q4_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(0, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(1, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+/* bf16 for M rows of bf16 x. */
+void rf_bf16_gemm(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
+                  int64_t N, int64_t K, int nthreads) {
+    const int64_t T = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T, &t0, &t1);
+        rf_bf16_gemm_tiles(w, x, y, y_bf16, M, N, K, t0, t1);
+    }
+}
