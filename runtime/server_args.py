@@ -54,13 +54,15 @@ class ServerArgs:
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests")
     attention_backend: Literal["auto", "torch_native", "triton"] = _arg(
         "auto", "auto: triton on CUDA, torch_native on CPU")
+    sampling_backend: Literal["auto", "torch", "triton"] = _arg(
+        "auto", "top-k/top-p sampling kernel; auto: triton on CUDA, torch on CPU")
     disable_jump_forward: bool = _arg(False, "sample every token of a constrained output")
     enable_torch_compile: bool = _arg(
         False, "compile the single-request decode step with torch.compile (torch_native "
         "attention): faster single-stream decode, about a minute more at start-up")
     disable_cpu_decode: bool = _arg(
         False, "run decode steps as torch ops instead of radixflow's one-call C decode step "
-        "(CPU at level avx512 or avx2, quantized layers as the default model's, up to 16 "
+        "(CPU at level avx512 or avx2, quantized layers as the default model's, up to 64 "
         "requests a step)", deprecated_aliases=("--disable-native-decode",))
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")

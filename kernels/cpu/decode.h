@@ -6,7 +6,7 @@
 #include "gemv.h"
 
 #define MAX_GROUP 16    /* query heads per KV head */
-#define MAX_BATCH 16    /* requests per step */
+#define MAX_BATCH 64    /* requests per step */
 #define MAX_HEAD_DIM 512
 
 typedef struct {

@@ -118,7 +118,7 @@ def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
         step = eng.scheduler.runner.cpu_decode
         single = eng.generate("The quick brown fox", greedy, return_logprob=True)
         batch = eng.generate(["one", "two", "three"], greedy)  # one C step a token for all three
-        many = eng.generate([f"request {i}" for i in range(20)], greedy)  # over 16: torch model
+        many = eng.generate([f"request {i}" for i in range(20)], greedy)  # 20 rows a C step
         again = eng.generate("The quick brown fox", greedy)  # its prompt from the cache
         eng.scheduler.check_slots()
         assert step.calls >= 3 * (greedy["max_new_tokens"] - 1)
