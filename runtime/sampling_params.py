@@ -92,9 +92,6 @@ class SamplingParams:
         params.validate()
         return params
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def validate(self) -> None:
         """Raise InvalidRequest naming the first bad field."""
 
@@ -120,7 +117,7 @@ class SamplingParams:
             check_type("seed", (int,))
         if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise bad("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}")
-        if not 0 <= self.min_new_tokens:
+        if self.min_new_tokens < 0:
             raise bad("min_new_tokens", "must be >= 0")
         if not 0.0 <= self.temperature <= 100.0:
             raise bad("temperature", "must be in [0, 100]")
@@ -156,7 +153,7 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise bad(name, "must be a string")
-        if self.choices is not None:
-            if (not isinstance(self.choices, list) or not self.choices
-                    or not all(isinstance(c, str) and c for c in self.choices)):
-                raise bad("choices", "must be a non-empty list of non-empty strings")
+        if self.choices is not None and (
+                not isinstance(self.choices, list) or not self.choices
+                or not all(isinstance(c, str) and c for c in self.choices)):
+            raise bad("choices", "must be a non-empty list of non-empty strings")
