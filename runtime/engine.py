@@ -181,9 +181,12 @@ class Engine:
                 msgs = self._inbox.recv_batch(None if self.scheduler.is_idle else 0)
                 if any(m is _SHUTDOWN for m in msgs):
                     return
-                # As in the server: the detokenizer learns of a request before the scheduler.
+                # As in the server, the detokenizer learns of a request before the scheduler.
+                # NOTE: unlike the server's, it is not told of aborts: a caller may still wait
+                # for the aborted request's last output (abort by rid).
                 for msg in msgs:
-                    self._detokenize(msg)
+                    if isinstance(msg, GenerateReq):
+                        self._detokenize(msg)
                 for out in self.scheduler.step(msgs):
                     self._detokenize(out)
         except Exception as exc:  # the loop must not die silently: fail every waiter

@@ -8,6 +8,7 @@ then exit with a message, instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import multiprocessing as mp
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
-from ..server_args import ServerArgs
 from ..ipc import IpcAddrs
+from ..server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -290,11 +291,9 @@ def _run_http(args: ServerArgs, addrs: IpcAddrs, children: Children, served: str
         if not server.started and exit_code == 0:
             exit_code = 1  # could not bind the port; uvicorn logged why
 
-    try:
+    # uvicorn re-raises the SIGINT/SIGTERM it shut down for; the shutdown is done.
+    with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(main())
-    except KeyboardInterrupt:
-        # uvicorn re-raises the SIGINT/SIGTERM it shut down for; the shutdown is done.
-        pass
     return exit_code
 
 

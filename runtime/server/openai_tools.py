@@ -118,7 +118,7 @@ def with_tools(tokenizer: Any, messages: list[dict], history: list[Any],
     apply_chat_template arguments)."""
     native = "tools" in (getattr(tokenizer, "chat_template", None) or "")
     out = []
-    for msg, source in zip(messages, history):
+    for msg, source in zip(messages, history, strict=True):
         msg = dict(msg)
         if source.tool_calls:
             if native:

@@ -1,0 +1,190 @@
+"""OpenAI request bodies -> GenerateReqs: validation, prompts, sampling options."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import InvalidRequest, ModelNotFound
+from ..messages import GenerateReq
+from ..native_api import check_constraint, fit_to_context, new_rid, tokenize_prompt
+from ..sampling_params import SamplingParams
+from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .openai_tools import ToolPlan, with_tools
+from .responses import validation_error
+from .tokenizer_manager import TokenizerManager
+
+AnyRequest = CompletionRequest | ChatCompletionRequest
+
+
+@dataclass
+class Job:
+    """One OpenAI request turned into GenerateReqs: choice i is reqs[i]."""
+
+    reqs: list[GenerateReq]
+    prompts: list[list[int]]  # one per distinct prompt; choice i uses prompts[i // n]
+    prompt_texts: list[str]
+    n: int
+
+    @property
+    def stream(self) -> bool:
+        return self.reqs[0].stream
+
+
+def validate_body(raw: Any, model: type[BaseModel], *, served_model_name: str,
+                  model_names: set[str]) -> Any:
+    """`raw` (parsed JSON) as a `model` instance; its `model` field must be in `model_names`."""
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        body = model.model_validate(raw, strict=None)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+    if body.model not in model_names:
+        raise ModelNotFound(f"the model {body.model!r} does not exist; this server serves "
+                            f"{served_model_name!r}")
+    return body
+
+def completion_job(tm: TokenizerManager, body: CompletionRequest) -> Job:
+    if body.suffix:
+        raise InvalidRequest("suffix is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
+    if body.echo and body.stream:
+        raise InvalidRequest("echo is not supported with stream", param="echo")
+    ids_list, texts = _completion_prompts(tm, body.prompt)
+    return _build_job(tm, body, ids_list, texts, body.max_tokens, logprobs=body.logprobs,
+                      echo=body.echo)
+
+
+def _completion_prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[int]], list[str]]:
+    """(token ids, text) of each prompt: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        texts, prompt = [None], [prompt]
+    else:
+        texts = [None] * len(prompt)
+    if not texts:
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    ids_list: list[list[int]] = []
+    for k, text in enumerate(texts):
+        if text is not None:
+            ids_list.append(tokenize_prompt(tm.tokenizer, text))
+            continue
+        ids = list(prompt[k])
+        if any(not 0 <= t < tm.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt holds a token id outside [0, {tm.vocab_size})",
+                                 param="prompt")
+        ids_list.append(ids)
+    prompt_texts = [t if t is not None else tm.tokenizer.decode(ids)
+                    for t, ids in zip(texts, ids_list, strict=True)]
+    return ids_list, prompt_texts
+
+
+def chat_job(tm: TokenizerManager, body: ChatCompletionRequest, tools: ToolPlan | None) -> Job:
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    text = render_chat(tm.tokenizer, body, tools)
+    ids = tm.tokenizer.encode(text, add_special_tokens=False)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return _build_job(tm, body, [ids], [text], max_tokens, logprobs=logprobs,
+                      constraint=tools.sampling_fields() if tools else None)
+
+
+def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
+              constraint: dict | None = None) -> SamplingParams:
+    d: dict[str, Any] = {
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "min_p": body.min_p, "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty, "repetition_penalty": body.repetition_penalty,
+        "stop": body.stop, "stop_token_ids": body.stop_token_ids, "ignore_eos": body.ignore_eos,
+        "min_new_tokens": body.min_tokens, "skip_special_tokens": body.skip_special_tokens,
+        "no_stop_trim": body.no_stop_trim, "regex": body.regex, "ebnf": body.ebnf,
+        "json_schema": body.json_schema,
+    }
+    if max_tokens is not None:
+        d["max_new_tokens"] = max_tokens
+    if body.seed is not None:
+        # Every choice gets its own stream of randomness, reproducible from the seed.
+        d["seed"] = (body.seed + choice) % (1 << 63)
+    fmt = body.response_format
+    if constraint:  # from tools
+        if (fmt is not None and fmt.type != "text") or any(
+                d[k] is not None for k in ("regex", "ebnf", "json_schema")):
+            raise InvalidRequest("tools cannot be combined with response_format, regex, ebnf "
+                                 'or json_schema (unless tool_choice is "none")', param="tools")
+        d.update(constraint)
+    if fmt is not None and fmt.type != "text":
+        if body.regex is not None or body.ebnf is not None or body.json_schema is not None:
+            raise InvalidRequest("response_format cannot be combined with regex, ebnf or "
+                                 "json_schema", param="response_format")
+        if fmt.type == "json_object":
+            d["json_schema"] = json.dumps({"type": "object"})
+        else:
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise InvalidRequest("response_format of type json_schema needs "
+                                     "json_schema.schema", param="response_format.json_schema")
+            d["json_schema"] = json.dumps(fmt.json_schema.schema_)
+    sampling = SamplingParams.from_dict(d)
+    check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
+    return sampling
+
+
+def _build_job(tm: TokenizerManager, body: AnyRequest,
+               prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
+               logprobs: int | None, echo: bool = False,
+               constraint: dict | None = None) -> Job:
+    if body.logit_bias:
+        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
+    reqs = []
+    for p, ids in enumerate(prompts):
+        if not ids:
+            raise InvalidRequest("the prompt is empty (it has no tokens)", param="prompt")
+        explicit = max_tokens is not None
+        room = tm.context_length - len(ids)
+        for j in range(body.n):
+            sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j,
+                                 constraint)
+            sampling = fit_to_context(sampling, len(ids), tm.context_length, strict=explicit)
+            reqs.append(GenerateReq(
+                rid=new_rid(), input_ids=ids, sampling=sampling,
+                return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,
+                top_logprobs_num=logprobs or 0, stream=body.stream))
+    return Job(reqs=reqs, prompts=prompts, prompt_texts=prompt_texts, n=body.n)
+
+
+def render_chat(tokenizer: Any, body: ChatCompletionRequest,
+                tools: ToolPlan | None = None) -> str:
+    """The prompt text: the model's chat template applied to the messages (and tools)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest("this model has no chat template; use /v1/completions",
+                             param="messages")
+    messages = []
+    for m in body.messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            msg["name"] = m.name
+        messages.append(msg)
+    messages, tool_kwargs = with_tools(tokenizer, messages, body.messages, tools)
+    continue_final = body.continue_final_message
+    if continue_final and body.messages[-1].role != "assistant":
+        raise InvalidRequest("continue_final_message needs a final assistant message",
+                             param="continue_final_message")
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False,
+            add_generation_prompt=body.add_generation_prompt and not continue_final,
+            continue_final_message=continue_final, **tool_kwargs,
+            **(body.chat_template_kwargs or {}))
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any template error (jinja, raise_exception)
+        raise InvalidRequest(f"the chat template rejected the messages: {exc}",
+                             param="messages") from None

@@ -1,0 +1,228 @@
+"""OpenAI response bodies and the one SSE loop of /v1/completions and /v1/chat/completions.
+
+A `CompletionFormat` or `ChatFormat` knows its endpoint's shapes (the final object, the
+stream's opening chunks, a choice's delta); `openai_stream` does the rest for both.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ServerUnavailable
+from ..native_api import ResponseBuilder
+from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .openai_requests import Job
+from .openai_tools import ToolPlan
+from .respond import collect
+from .responses import SSE_DONE, error_body, sse
+from .tokenizer_manager import RequestGroup
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass
+class Delta:
+    """What one choice gained since its previous chunk."""
+
+    index: int
+    text: str
+    text_offset: int  # where `text` starts in the choice's whole text
+    logprobs: list[list]  # output logprob entries, as ResponseBuilder keeps them
+    top_logprobs: list[list | None]
+    finish_reason: str | None
+
+
+class _Format(ABC):
+    """What both endpoints share: ids, the chunk envelope, usage."""
+
+    object_name: str  # of the non-stream object
+    chunk_name: str  # of a stream chunk
+
+    def __init__(self, job: Job, model: str, id_prefix: str, include_usage: bool):
+        self.job, self.model, self.include_usage = job, model, include_usage
+        self.id, self.created = f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
+
+    def envelope(self, name: str, choices: list[dict], usage: dict | None) -> dict:
+        return {"id": self.id, "object": name, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage}
+
+    def result(self, builders: list[ResponseBuilder]) -> dict:
+        choices = [self.choice(i, b) for i, b in enumerate(builders)]
+        return self.envelope(self.object_name, choices, usage(self.job, builders))
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> bytes:
+        return sse(self.envelope(self.chunk_name, choices, usage))
+
+    async def opening(self, group: RequestGroup, builders: list[ResponseBuilder]
+                      ) -> AsyncIterator[list[dict]]:
+        """The choices of each chunk sent before the deltas: none by default."""
+        return
+        yield  # NOTE: makes this an (empty) async generator
+
+    @abstractmethod
+    def choice(self, index: int, b: ResponseBuilder) -> dict:
+        """Choice `index` of the non-stream object."""
+
+    @abstractmethod
+    def delta_choice(self, d: Delta) -> dict | None:
+        """The chunk choice for `d`, or None when it is not worth a chunk."""
+
+
+class CompletionFormat(_Format):
+    object_name = chunk_name = "text_completion"
+
+    def __init__(self, job: Job, model: str, body: CompletionRequest):
+        super().__init__(job, model, "cmpl", _include_usage(body))
+        self.logprobs, self.echo = body.logprobs, body.echo
+
+    def choice(self, index: int, b: ResponseBuilder) -> dict:
+        prefix = self.job.prompt_texts[index // self.job.n] if self.echo else ""
+        logprobs = None
+        if self.logprobs is not None:
+            entries, tops = b.output_logprobs, b.output_top_logprobs
+            if self.echo:
+                entries, tops = b.input_logprobs + entries, b.input_top_logprobs + tops
+            logprobs = completion_logprobs(entries, tops, 0)
+        return {"index": index, "text": prefix + b.text, "logprobs": logprobs,
+                "finish_reason": finish_reason(b)}
+
+    def delta_choice(self, d: Delta) -> dict | None:
+        if not d.text and d.finish_reason is None:
+            return None
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = completion_logprobs(d.logprobs, d.top_logprobs, d.text_offset)
+        return {"index": d.index, "text": d.text, "logprobs": logprobs,
+                "finish_reason": d.finish_reason}
+
+
+class ChatFormat(_Format):
+    object_name, chunk_name = "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, job: Job, model: str, body: ChatCompletionRequest,
+                 tools: ToolPlan | None):
+        super().__init__(job, model, "chatcmpl", _include_usage(body))
+        self.logprobs, self.tools = bool(body.logprobs), tools
+
+    def _logprobs(self, entries: list[list], tops: list[list | None]) -> dict | None:
+        return chat_logprobs(entries, tops) if self.logprobs else None
+
+    def choice(self, index: int, b: ResponseBuilder) -> dict:
+        message, finish = {"role": "assistant", "content": b.text}, finish_reason(b)
+        if self.tools is not None:
+            message, finish = self.tools.message(b.text, finish)
+        return {"index": index, "message": message,
+                "logprobs": self._logprobs(b.output_logprobs, b.output_top_logprobs),
+                "finish_reason": finish}
+
+    async def opening(self, group: RequestGroup, builders: list[ResponseBuilder]
+                      ) -> AsyncIterator[list[dict]]:
+        """The role of every choice; with tools, then each finished choice whole (a tool
+        call can only be told from text once the output is complete)."""
+        yield [{"index": i, "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None} for i in range(len(builders))]
+        if self.tools is None:
+            return
+        await collect(group, builders)
+        for i, b in enumerate(builders):
+            yield [self._tool_choice(i, b, self.tools)]
+
+    def _tool_choice(self, index: int, b: ResponseBuilder, tools: ToolPlan) -> dict:
+        message, finish = tools.message(b.text, finish_reason(b))
+        delta: dict[str, Any] = {}
+        if message["content"]:
+            delta["content"] = message["content"]
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": k, **call}
+                                   for k, call in enumerate(message["tool_calls"])]
+        return {"index": index, "delta": delta, "finish_reason": finish,
+                "logprobs": self._logprobs(b.output_logprobs, b.output_top_logprobs)}
+
+    def delta_choice(self, d: Delta) -> dict | None:
+        logprobs = self._logprobs(d.logprobs, d.top_logprobs)
+        if not d.text and d.finish_reason is None and not logprobs:
+            return None
+        return {"index": d.index, "delta": {"content": d.text} if d.text else {},
+                "logprobs": logprobs, "finish_reason": d.finish_reason}
+
+
+async def openai_stream(fmt: CompletionFormat | ChatFormat, group: RequestGroup,
+                        builders: list[ResponseBuilder]) -> AsyncIterator[bytes]:
+    """The SSE body: opening chunks, then a chunk per choice per step that changed it, the
+    usage when asked for, and [DONE] (after a 503 error event if the server failed)."""
+    sent_text = [0] * len(builders)
+    sent_logprobs = [0] * len(builders)
+    try:
+        async for choices in fmt.opening(group, builders):
+            yield fmt.chunk(choices)
+        while not group.done:
+            items = await group.next()
+            for i, out in items:
+                builders[i].add(out)
+            for i in dict.fromkeys(i for i, _ in items):
+                b, text_from, lp_from = builders[i], sent_text[i], sent_logprobs[i]
+                sent_text[i], sent_logprobs[i] = max(text_from, len(b.text)), len(b.output_logprobs)
+                choice = fmt.delta_choice(Delta(
+                    index=i, text=b.text[text_from:], text_offset=text_from,
+                    logprobs=b.output_logprobs[lp_from:],
+                    top_logprobs=b.output_top_logprobs[lp_from:], finish_reason=finish_reason(b)))
+                if choice is not None:
+                    yield fmt.chunk([choice])
+        if fmt.include_usage:
+            yield fmt.chunk([], usage(fmt.job, builders))
+    except ServerUnavailable as exc:
+        yield sse(error_body(503, str(exc)))
+    yield SSE_DONE
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def usage(job: Job, builders: list[ResponseBuilder]) -> dict:
+    firsts = [builders[p * job.n] for p in range(len(job.prompts))]  # one per prompt
+    prompt = sum(b.prompt_tokens for b in firsts)
+    completion = sum(b.completion_tokens for b in builders)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(b.cached_tokens for b in firsts)}}
+
+
+def finish_reason(b: ResponseBuilder) -> str | None:
+    if b.finish_reason is None:
+        return None
+    return _FINISH.get(b.finish_reason["type"], "stop")
+
+
+def _token_bytes(text: str | None) -> list[int]:
+    return list((text or "").encode("utf-8"))
+
+
+def chat_logprobs(entries: list[list], tops: list[list | None]) -> dict:
+    content = []
+    for k, (lp, _tid, text) in enumerate(entries):
+        top = tops[k] if k < len(tops) and tops[k] else []
+        content.append({
+            "token": text or "", "logprob": lp, "bytes": _token_bytes(text),
+            "top_logprobs": [{"token": t or "", "logprob": tl, "bytes": _token_bytes(t)}
+                             for tl, _, t in top],
+        })
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[list], tops: list[list | None], offset: int) -> dict:
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for k, (lp, _tid, text) in enumerate(entries):
+        tokens.append(text or "")
+        token_logprobs.append(lp)
+        top = tops[k] if k < len(tops) else None
+        top_logprobs.append(None if top is None else {t or "": tl for tl, _, t in top})
+        text_offset.append(offset)
+        offset += len(text or "")
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": text_offset}

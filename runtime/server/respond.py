@@ -1,0 +1,105 @@
+"""Answering a submitted request group: one JSON body once every request finished, or an
+SSE stream; either way the group is released (its unfinished requests aborted) at the end,
+and a client that hangs up gets its requests aborted at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ..errors import rejection
+from ..native_api import ResponseBuilder, raise_if_rejected
+from .responses import OrjsonResponse
+from .tokenizer_manager import RequestGroup, TokenizerManager
+
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
+
+
+async def respond(tm: TokenizerManager, group: RequestGroup, builders: list[ResponseBuilder],
+                  request: Request, *, stream: AsyncIterator[bytes] | None,
+                  result: Callable[[list[ResponseBuilder]], Any]) -> Response:
+    """SSE from `stream` when given, else the JSON of `result(builders)` once every request
+    finished. Raises the error of a request the scheduler refused."""
+    if stream is not None:
+        return await _open_stream(tm, group, request, stream)
+    try:
+        await until_disconnect(collect(group, builders), request)
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        tm.release(group)
+    raise_if_rejected(builders)
+    return OrjsonResponse(result(builders))
+
+
+async def collect(group: RequestGroup, builders: list[ResponseBuilder]) -> None:
+    """Feed every output of `group` to its builder until all requests finished."""
+    while not group.done:
+        for index, out in await group.next():
+            builders[index].add(out)
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def until_disconnect(work: Awaitable[Any], request: Request) -> Any:
+    """Await `work`; if the client hangs up first, cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _open_stream(tm: TokenizerManager, group: RequestGroup, request: Request,
+                       content: AsyncIterator[bytes]) -> Response:
+    """The SSE response for `group`, once its first outputs are in.
+
+    Status 200 cannot be taken back once sent, so a request the scheduler rejects at once
+    (an invalid grammar) still gets its 400 here rather than an aborted stream.
+    """
+    try:
+        first = await until_disconnect(group.peek(), request)
+        for _, out in first:
+            finish = out.token.finish
+            error = rejection(finish.to_json() if finish is not None else None)
+            if error is not None:
+                raise error
+    except ClientGone:
+        tm.release(group)
+        return Response(status_code=CLIENT_CLOSED)
+    except BaseException:
+        tm.release(group)
+        raise
+    return _GroupStreamingResponse(content, tm, group)
+
+
+class _GroupStreamingResponse(StreamingResponse):
+    """A stream that releases (aborts) its request group however the response ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], tm: TokenizerManager, group: RequestGroup):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.tm, self.group = tm, group
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.tm.release(self.group)
