@@ -7,7 +7,8 @@ import math
 
 import pytest
 from helpers.tiny_models import make_tiny_tokenizer
-from radixflow.runtime.errors import ContextTooLong, InvalidRequest
+
+from radixflow.runtime.errors import ContextTooLong, InvalidRequest, RadixflowError, rejection
 from radixflow.runtime.messages import Finish, ReqTextOut, ReqTokenOut
 from radixflow.runtime.native_api import (
     LOGPROB_FLOOR,
@@ -253,3 +254,14 @@ def test_parsed_generate_single_response_is_object(tok):
     p = parse({"text": "hi"}, tok)
     assert isinstance(p, ParsedGenerate)
     assert p.response([{"text": "x"}]) == {"text": "x"}
+
+
+def test_rejections_map_to_the_errors_http_gives():
+    """The Engine and the server raise through this one mapping."""
+    assert rejection(None) is None
+    assert rejection(Finish(type="stop", matched="x").to_json()) is None
+    assert rejection(Finish(type="abort", message="aborted by the client").to_json()) is None
+    bad = rejection(Finish(type="abort", message="bad grammar", status_code=400).to_json())
+    assert isinstance(bad, InvalidRequest) and str(bad) == "bad grammar"
+    failed = rejection(Finish(type="abort", message="rejected token", status_code=500).to_json())
+    assert type(failed) is RadixflowError and failed.status_code == 500
