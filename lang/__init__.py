@@ -33,11 +33,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".errors": ("BackendError", "BranchError", "ForkError", "GrammarError", "InvalidRequest",
                 "ProgramError", "RadixflowError", "ServerUnavailable", "TraceError",
                 "UnsupportedFeature", "VariableNotFound"),
+    ".fork": ("ForkGroup",),
     ".graph": ("Graph",),
-    ".ir": ("GenParams", "assistant", "assistant_begin", "assistant_end", "gen", "select",
+    ".ir": ("assistant", "assistant_begin", "assistant_end", "gen", "select",
             "system", "system_begin", "system_end", "user", "user_begin", "user_end"),
+    ".params": ("GenParams",),
     ".program": ("Program", "function"),
-    ".state": ("ForkGroup", "ProgramState"),
+    ".state": ("ProgramState",),
     "radixflow.runtime.program": ("execute_program",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

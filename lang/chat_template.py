@@ -100,7 +100,8 @@ class ChatTemplate:
         from jinja2.exceptions import TemplateError
 
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            return self._template.render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
                                          **self._context)
         except TemplateError as exc:
             raise InvalidRequest(f"chat template failed for roles "
@@ -113,8 +114,9 @@ class ChatTemplate:
             self._cache[key] = self._split(role, list(history))
         return self._cache[key]
 
-    def end_of_turn(self, role: str = "assistant", history: list[str] | tuple[str, ...] = ()) -> str | None:
-        """The stop string that ends a `role` turn (e.g. "<|im_end|>"), or None if only whitespace."""
+    def end_of_turn(self, role: str = "assistant",
+                    history: list[str] | tuple[str, ...] = ()) -> str | None:
+        """The stop string that ends a `role` turn (e.g. "<|im_end|>"); None if only whitespace."""
         closing = self.role_texts(role, history)[1].strip()
         return closing or None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import stretch
 from .placeholder import text_before_markers
 
 if TYPE_CHECKING:
@@ -91,14 +92,27 @@ class Graph:
         return "".join(out)
 
     def stretches(self) -> list[list[int]]:
-        """The straight-line stretches the lazy interpreter sends, one request each.
-
-        Replays the interpreter's rule on the traced order: a read runs what its branch has
-        recorded (a branch whose fork is still pending first runs the parent's stretch, which
-        carries every branch's recorded nodes); the end of the program runs the rest. Only
-        stretches with a gen or select are returned: text-only ones cost no request.
-        """
-        return _StretchReplay(self).run()
+        """The straight-line stretches the lazy interpreter sends, one request each: the node
+        ids of each, following the interpreter's rule (stretch.py) in traced order. Only
+        stretches with a gen or select are listed: text-only ones cost no request."""
+        found: list[list[int]] = []
+        lines = {"main": _ReplayLine(self, found)}
+        forks: dict[int, stretch.Fork] = {}
+        for node in self.nodes:
+            line = lines[node.branch]
+            match node.kind:
+                case "read":
+                    stretch.read(line)
+                case "fork":
+                    branches = [_ReplayLine(self, found) for _ in self.forks[node.id]]
+                    forks[node.id] = stretch.Fork(line, branches, node=node.id)
+                    lines.update(zip(self.forks[node.id], branches, strict=True))
+                case "join":
+                    stretch.join(forks[node.data["fork"]], node.id)
+                case _:
+                    line._record(node.id)
+        stretch.finish(lines["main"])
+        return found
 
     # ---- display ----
 
@@ -185,61 +199,28 @@ class Graph:
         return fig
 
 
-class _StretchReplay:
-    """Replays the lazy interpreter's flush rule over a traced graph (see ProgramState)."""
+class _ReplayLine(stretch.Line):
+    """A traced branch: running a stretch lists the node ids in it."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, found: list[list[int]]):
+        super().__init__()
         self.graph = graph
-        self.pending: dict[str, list[int]] = {"main": []}
-        self.owner: dict[str, str | None] = {"main": None}
-        self.children: dict[str, list[list[str]]] = {}
-        self.stretches: list[list[int]] = []
+        self.found = found
 
-    def run(self) -> list[list[int]]:
-        nodes = self.graph.nodes
-        for n in nodes:
-            self.pending.setdefault(n.branch, [])
-            if n.kind == "read":
-                self.flush(n.branch)
-            elif n.kind == "fork":
-                self.pending[n.branch].append(n.id)
-                names = self.graph.forks[n.id]
-                self.children.setdefault(n.branch, []).append(names)
-                for name in names:
-                    self.pending[name], self.owner[name] = [], n.branch
-            elif n.kind == "join":
-                fork_id = n.data["fork"]
-                if fork_id in self.pending[n.branch]:
-                    self.pending[n.branch].append(n.id)
-                else:
-                    for name in self.graph.forks[fork_id]:
-                        self.flush_tree(name)
-            else:
-                self.pending[n.branch].append(n.id)
-        self.flush_tree("main")
-        return self.stretches
-
-    def take(self, branch: str) -> list[int]:
-        ids, self.pending[branch] = self.pending[branch], []
-        out = []
-        for i in ids:
-            out.append(i)
-            if self.graph.nodes[i].kind == "fork":
-                for name in self.graph.forks[i]:
-                    self.owner[name] = None
-                    out.extend(self.take(name))
-        return out
-
-    def flush(self, branch: str) -> None:
-        owner = self.owner.get(branch)
-        if owner is not None:
-            self.flush(owner)
-        ids = self.take(branch)
+    def _run_recorded(self) -> bool:
+        ids = self._ids(self._take())
         if any(self.graph.nodes[i].kind in MODEL_KINDS for i in ids):
-            self.stretches.append(ids)
+            self.found.append(ids)
+        return True
 
-    def flush_tree(self, branch: str) -> None:
-        self.flush(branch)
-        for group in self.children.get(branch, []):
-            for name in group:
-                self.flush_tree(name)
+    def _ids(self, items: list) -> list[int]:
+        ids = []
+        for item in items:
+            if isinstance(item, stretch.Fork):
+                item.done()
+                ids.append(item.node)
+                for taken in item.taken:
+                    ids += self._ids(taken)
+            else:
+                ids.append(item)
+        return ids

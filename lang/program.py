@@ -14,9 +14,9 @@ from typing import Any
 from .backends.default import as_backend, get_default_backend
 from .errors import InvalidRequest, ProgramError, TraceError
 from .graph import Graph
-from .ir import DEFAULT_PARAMS, FIELDS, GenParams
-from .state import ProgramState
+from .params import DEFAULT_PARAMS, FIELDS, GenParams
 from .placeholder import Placeholder
+from .state import ProgramState
 from .tracer import StopTrace, TraceState
 
 logger = logging.getLogger(__name__)
@@ -71,13 +71,13 @@ class Program:
         state = ProgramState(backend, defaults=defaults, stream=stream)
         if not stream:
             self.func(state, *args, **program_kwargs)
-            state._sync_tree()
+            state._run_to_end()
             return state
 
         def target() -> None:
             try:
                 self.func(state, *args, **program_kwargs)
-                state._sync_tree()
+                state._run_to_end()
             except BaseException as exc:  # handed to the reader through text_iter / sync
                 state._finish(exc)
             else:
@@ -102,8 +102,8 @@ class Program:
         backend = self._backend(backend)
         extra, gen_defaults = self._split(defaults)
         if extra:
-            raise InvalidRequest(f"run_batch options must be sampling options, got {sorted(extra)}; "
-                                 f"put program arguments in the dicts")
+            raise InvalidRequest(f"run_batch options must be sampling options, got "
+                                 f"{sorted(extra)}; put program arguments in the dicts")
         for item in batch_kwargs:
             self._check_args((), item)
         if not batch_kwargs:
@@ -120,12 +120,12 @@ class Program:
             states[i] = state
             try:
                 self.func(state, **batch_kwargs[i])
-                state._sync_tree()
+                state._run_to_end()
             except Exception as exc:
                 logger.warning("run_batch: program %d of %d failed: %s: %s", i,
                                len(batch_kwargs), type(exc).__name__, exc)
-                error = ProgramError(f"program {i} of run_batch failed: {type(exc).__name__}: {exc}",
-                                     index=i)
+                error = ProgramError(
+                    f"program {i} of run_batch failed: {type(exc).__name__}: {exc}", index=i)
                 error.__cause__ = exc
                 state._error = error
 

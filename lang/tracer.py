@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from radixflow.runtime.program.wire import MAX_BRANCHES
+
 from .errors import InvalidRequest, TraceError
 from .graph import Graph
 from .ir import Gen, NodeLike, RoleBegin, RoleEnd, Select, Text, flatten
@@ -58,43 +60,44 @@ class TraceState:
         return self
 
     def _add_node(self, node: Any) -> None:
-        if isinstance(node, Text):
-            marks = markers(node.text)
-            node_id = self._add("text", show_markers(node.text), text=node.text,
-                                args=[n for k, n in marks if k == "arg"],
-                                vars=[n for k, n in marks if k == "var"],
-                                dynamic=bool(marks))
-            for kind, name in marks:
-                if kind == "var" and name in self._writers:
-                    self.graph.add_edge(self._writers[name], node_id, "var", label=name)
-        elif isinstance(node, Gen):
-            options = {k: v for k, v in vars(node.params).items() if v not in (None, ())}
-            if node.regex:
-                options["regex"] = node.regex
-            if node.json_schema:
-                options["json_schema"] = "..."
-            opts = ", ".join(f"{k}={v!r}" for k, v in options.items())
-            node_id = self._add("gen", f"gen {node.name or '_'}({opts})", name=node.name,
-                                regex=node.regex, json_schema=node.json_schema,
-                                params=options, in_role=self._open_role)
-            self._write(node.name, node_id)
-        elif isinstance(node, Select):
-            node_id = self._add("select", f"select {node.name or '_'} {list(node.choices)!r}",
-                                name=node.name, choices=list(node.choices), method=node.method)
-            self._write(node.name, node_id)
-        elif isinstance(node, RoleBegin):
-            if self._open_role is not None:
-                raise InvalidRequest(f"cannot open a {node.role!r} turn inside {self._open_role!r}")
-            self._open_role = node.role
-            self._add("role_begin", f"<{node.role}>", role=node.role)
-        elif isinstance(node, RoleEnd):
-            if self._open_role != node.role:
-                raise InvalidRequest(
-                    f"cannot close {node.role!r}: the open turn is {self._open_role!r}")
-            self._open_role = None
-            self._add("role_end", f"</{node.role}>", role=node.role)
-        else:
-            raise InvalidRequest(f"cannot add {type(node).__name__} to a program")
+        match node:
+            case Text(text=text):
+                marks = markers(text)
+                node_id = self._add("text", show_markers(text), text=text,
+                                    args=[n for k, n in marks if k == "arg"],
+                                    vars=[n for k, n in marks if k == "var"],
+                                    dynamic=bool(marks))
+                for kind, name in marks:
+                    if kind == "var" and name in self._writers:
+                        self.graph.add_edge(self._writers[name], node_id, "var", label=name)
+            case Gen():
+                options = {k: v for k, v in vars(node.params).items() if v not in (None, ())}
+                if node.regex:
+                    options["regex"] = node.regex
+                if node.json_schema:
+                    options["json_schema"] = "..."
+                opts = ", ".join(f"{k}={v!r}" for k, v in options.items())
+                node_id = self._add("gen", f"gen {node.name or '_'}({opts})", name=node.name,
+                                    regex=node.regex, json_schema=node.json_schema,
+                                    params=options, in_role=self._open_role)
+                self._write(node.name, node_id)
+            case Select(name=name, choices=choices, method=method):
+                node_id = self._add("select", f"select {name or '_'} {list(choices)!r}",
+                                    name=name, choices=list(choices), method=method)
+                self._write(name, node_id)
+            case RoleBegin(role=role):
+                if self._open_role is not None:
+                    raise InvalidRequest(f"cannot open a {role!r} turn inside {self._open_role!r}")
+                self._open_role = role
+                self._add("role_begin", f"<{role}>", role=role)
+            case RoleEnd(role=role):
+                if self._open_role != role:
+                    raise InvalidRequest(
+                        f"cannot close {role!r}: the open turn is {self._open_role!r}")
+                self._open_role = None
+                self._add("role_end", f"</{role}>", role=role)
+            case _:
+                raise InvalidRequest(f"cannot add {type(node).__name__} to a program")
 
     def _write(self, name: str | None, node_id: int) -> None:
         if name is not None:
@@ -136,8 +139,8 @@ class TraceState:
         return self._role("assistant")
 
     def fork(self, n: int) -> TraceForkGroup:
-        if not isinstance(n, int) or not 1 <= n <= 64:
-            raise InvalidRequest(f"fork needs 1..64 branches, got {n!r}")
+        if not isinstance(n, int) or not 1 <= n <= MAX_BRANCHES:
+            raise InvalidRequest(f"fork needs 1..{MAX_BRANCHES} branches, got {n!r}")
         fork_id = self._add("fork", f"fork {n}", n=n)
         branches = [TraceState(self.graph, f"{self.branch}.{i}", stop_at_model=self.stop_at_model,
                                _parent=self, _after=fork_id) for i in range(n)]

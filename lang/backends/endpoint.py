@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 # When a server does not report its chat template: SGLang's rules on model_path, abridged.
 _TEMPLATE_BY_PATH = (
     (re.compile(r"llama-3.*instruct", re.IGNORECASE), LLAMA3_TEMPLATE),
-    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.IGNORECASE), CHATML_TEMPLATE),
+    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.IGNORECASE),
+     CHATML_TEMPLATE),
 )
 
 
@@ -115,7 +116,8 @@ class Endpoint:
         try:
             resp = self._session().request(
                 method, url, data=None if body is None else json.dumps(body),
-                headers={"Content-Type": "application/json; charset=utf-8"} if body is not None else None,
+                headers=None if body is None else {
+                    "Content-Type": "application/json; charset=utf-8"},
                 stream=stream, timeout=(10.0, self.timeout))
         except requests.ConnectionError as exc:
             raise ServerUnavailable(f"cannot reach the radixflow server at {self.url}: "

@@ -15,9 +15,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from radixflow.runtime.program import ProgramExecutor
+
 from ..chat_template import ChatTemplate
 from ..errors import BackendError, InvalidRequest, ServerUnavailable, UnsupportedFeature
-from radixflow.runtime.program import ProgramExecutor
 from .base import OnText
 
 _DEFAULTS = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "repetition_penalty": 1.0}
@@ -47,9 +48,10 @@ class OpenAI:
             raise UnsupportedFeature("the OpenAI backend cannot return prompt log-probabilities "
                                      "or run batched / token-id prompts")
         path, request = self._request_for(body)
+        chat = path.endswith("chat/completions")
         if body.get("stream"):
-            return self._stream(path, {**request, "stream": True}, chat=path.endswith("chat/completions"))
-        return _native(self._post(path, request), chat=path.endswith("chat/completions"))
+            return self._stream(path, {**request, "stream": True}, chat=chat)
+        return _native(self._post(path, request), chat=chat)
 
     def run_program(self, program: dict, *, stream: bool = False,
                     on_text: OnText | None = None) -> dict:
@@ -96,7 +98,8 @@ class OpenAI:
         return "/chat/completions", {**request, "messages": closed}
 
     def _select(self, prompt: str, choices: list[str], method: str, *,
-                messages: list | None = None, in_open_role: str | None = None) -> tuple[int, dict, int]:
+                messages: list | None = None,
+                in_open_role: str | None = None) -> tuple[int, dict, int]:
         regex = "(" + "|".join(re.escape(c) for c in choices) + ")"
         body = {"text": prompt, "messages": messages, "in_open_role": in_open_role,
                 "sampling_params": {"max_new_tokens": max(len(c) for c in choices) + 8,

@@ -6,9 +6,7 @@ import pydantic
 import pytest
 import radixflow as rf
 from radixflow.ir import (
-    DEFAULT_PARAMS,
     Gen,
-    GenParams,
     RoleBegin,
     RoleEnd,
     Select,
@@ -16,6 +14,7 @@ from radixflow.ir import (
     Text,
     flatten,
 )
+from radixflow.params import DEFAULT_PARAMS, GenParams
 
 
 def test_plus_builds_a_flat_sequence():
@@ -67,7 +66,8 @@ def test_gen_with_choices_is_select_and_methods_have_aliases():
     node = rf.gen("x", choices=["a", "b"], choices_method="sum")
     assert node == Select("x", ("a", "b"), "sum")
     assert rf.select("x", ["a"], method="mean").method == "token_length_normalized"
-    assert rf.select("x", ["a"], method="unconditional").method == "unconditional_likelihood_normalized"
+    unconditional = rf.select("x", ["a"], method="unconditional")
+    assert unconditional.method == "unconditional_likelihood_normalized"
 
 
 def test_json_schema_from_pydantic_dict_or_string():

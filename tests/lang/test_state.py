@@ -152,6 +152,28 @@ def test_branches_read_after_the_fork_ran_continue_independently_and_concurrentl
     assert len(fake.programs) == 1 + 3
 
 
+def test_branches_read_one_after_the_other_run_concurrently():
+    started = threading.Barrier(3, timeout=10)
+
+    def respond(prompt, sp):
+        if prompt.endswith("more:"):
+            started.wait()  # reading branch 0 starts its siblings' second gens too
+        return "!"
+
+    fake = FakeBackend(respond=respond)
+
+    @rf.function
+    def read_in_turn(s):
+        forks = s.fork(3)
+        forks += "first:" + rf.gen("x", max_tokens=1)
+        forks[0]["x"]
+        forks += " more:" + rf.gen("y", max_tokens=1)
+        s += "".join(f["y"] for f in forks)
+
+    assert read_in_turn.run(backend=fake).text() == "!!!"
+    assert len(fake.programs) == 1 + 3
+
+
 def test_eager_concat_join_appends_only_each_branch_s_new_text():
     fake = FakeBackend(respond=lambda p, sp: "!")
 

@@ -18,7 +18,7 @@ def qa(s, question):
 @rf.function
 def tool_loop(s, task):
     s += "Task: " + task + "\n"
-    for step in range(2):
+    for _ in range(2):
         s += "Expr:" + rf.gen("expr", max_tokens=5, regex=r"[0-9+]+")
         n = len(s["expr"])  # Python between calls
         s += f" (len {n})\n"
@@ -107,6 +107,46 @@ def test_stretch_contents():
     assert len(branch_reads.trace().stretches()) == 4  # parent+forks, then each branch, then z
 
 
+@rf.function
+def lazy_join_then_more(s):
+    s += "S"
+    forks = s.fork(2)
+    forks += "a" + rf.gen("x", max_tokens=1)
+    forks.join("concat")
+    forks += "b" + rf.gen("y", max_tokens=1)  # after the join: not part of the fork's stretch
+    s += "."
+
+
+@rf.function
+def branches_read_in_turn(s):
+    s += "P"
+    forks = s.fork(3)
+    forks += ":" + rf.gen("x", max_tokens=2)
+    forks[0]["x"]
+    forks += " more:" + rf.gen("y", max_tokens=2)
+    s += "|".join(f["y"] for f in forks)
+
+
+def _num_nodes(nodes):
+    return sum(1 + sum(_num_nodes(b) for b in n.get("branches", [])) for n in nodes)
+
+
+@pytest.mark.parametrize("program", [lazy_join_then_more, branches_read_in_turn, tree,
+                                     branch_reads])
+def test_each_stretch_is_one_request_with_its_nodes(program):
+    fake = FakeBackend(respond=lambda p, sp: "!")
+    assert program.run(backend=fake).ok
+    stretches = program.trace().stretches()
+    assert sorted(len(ids) for ids in stretches) == \
+        sorted(_num_nodes(p["nodes"]) for p in fake.programs)
+
+
+def test_nodes_a_branch_gets_after_a_lazy_join_run_on_their_own():
+    stretches = lazy_join_then_more.trace().stretches()
+    assert stretches[0] == [0, 1, 2, 3, 4, 5, 6, 11]
+    assert sorted(stretches[1:]) == [[7, 8], [9, 10]]
+
+
 def test_static_prefix_stops_at_the_first_argument_or_gen():
     fake = FakeBackend()
     prefix = qa.trace().static_prefix(fake.chat_template)
@@ -154,7 +194,8 @@ def test_print_dot_and_png(tmp_path):
     text = str(graph)
     assert "tree: 9 nodes, 1 request stretch(es)" in text and "[main.1]" in text
     dot = graph.to_dot()
-    assert dot.startswith('digraph "tree" {') and "cluster" in dot and "n1 -> n2 [style=bold]" in dot
+    assert dot.startswith('digraph "tree" {') and "cluster" in dot
+    assert "n1 -> n2 [style=bold]" in dot
     assert dot.count("->") == len(graph.edges)
     path = tmp_path / "tree.png"
     graph.draw(str(path))
