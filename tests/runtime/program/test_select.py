@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.fake_backend import FakeBackend
+
 from radixflow.runtime.program.select import choice_token_entries, select_choice
 
 

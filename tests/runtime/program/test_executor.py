@@ -1,4 +1,4 @@
-"""The /program wire format and executor, over the scripted stand-in model."""
+"""The /program wire format and executor (radixflow.runtime.program), over a scripted model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 from helpers.fake_backend import FakeBackend
-from radixflow.errors import InvalidRequest
+
+from radixflow.runtime.errors import InvalidRequest
 from radixflow.runtime.program import ProgramExecutor, execute_program
 
 
