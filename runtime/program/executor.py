@@ -20,7 +20,7 @@ from .wire import new_result, validate_program
 
 Generate = Callable[[dict], Any]
 OnText = Callable[[str | None, str], None]
-Select = Callable[..., tuple[int, dict, int]]
+SelectFn = Callable[..., tuple[int, dict, int]]
 
 _GEN_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 _TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -47,7 +47,7 @@ class ProgramExecutor:
     """
 
     def __init__(self, generate: Generate, *, stream: bool = False, on_text: OnText | None = None,
-                 keep_exceptions: bool = False, select: Select | None = None,
+                 keep_exceptions: bool = False, select: SelectFn | None = None,
                  with_messages: bool = False):
         self.generate = generate
         self.stream = stream
