@@ -24,6 +24,10 @@ def test_model_and_server_info(server, tiny_model_dir):
         info = requests.get(server.url + path, timeout=30).json()
         assert info["max_total_tokens"] == 4096 and info["model_info"]["vocab_size"] == 512
         assert "api_key" not in info
+        # the CPU's level and the kernels chosen for it (kernels/cpu/features.py)
+        cpu = info["model_info"]["cpu"]
+        assert cpu["level"] in ("avx512", "avx2", "generic") and info["cpu_isa"] == "auto"
+        assert cpu["kernels"] in ("avx512", "avx2", "torch") and "decode_step" in cpu
     assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
 
 
