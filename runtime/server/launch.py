@@ -238,63 +238,77 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
 
 def _run_http(args: ServerArgs, addrs: IpcAddrs, children: Children, served: str,
               model_info: dict, tokenizer: Any) -> int:
-    import uvicorn
-    import uvloop
+    return _HttpProcess(args, addrs, children, served, model_info, tokenizer).run()
 
-    from .http_server import create_app
-    from .metrics import Metrics
-    from .tokenizer_manager import TokenizerManager
 
-    exit_code = 0
+@dataclass
+class _HttpProcess:
+    """The HTTP server of this process, and a watcher that stops it when a child dies."""
 
-    async def main() -> None:
-        nonlocal exit_code
+    args: ServerArgs
+    addrs: IpcAddrs
+    children: Children
+    served: str
+    model_info: dict
+    tokenizer: Any
+    exit_code: int = 0
+
+    def run(self) -> int:
+        import uvloop
+
+        # uvicorn re-raises the SIGINT/SIGTERM it shut down for; the shutdown is done.
+        with contextlib.suppress(KeyboardInterrupt):
+            uvloop.run(self._serve())
+        return self.exit_code
+
+    async def _serve(self) -> None:
+        import uvicorn
+
+        from .http_server import create_app
+        from .metrics import Metrics
+        from .tokenizer_manager import TokenizerManager
+
+        args, addrs = self.args, self.addrs
         tm: TokenizerManager | None = None
-        metrics = Metrics(served, lambda: tm.stats if tm is not None else None)
-        tm = TokenizerManager(tokenizer, model_info, scheduler_addr=addrs.scheduler,
+        metrics = Metrics(self.served, lambda: tm.stats if tm is not None else None)
+        tm = TokenizerManager(self.tokenizer, self.model_info, scheduler_addr=addrs.scheduler,
                               detokenizer_addr=addrs.detokenizer, recv_addr=addrs.tokenizer,
                               metrics=metrics)
         tm.start()
         processes = {"http": os.getpid(),
-                     **{name: proc.pid for name, proc in children.procs.items()}}
-        app = create_app(args, tm, metrics, served_model_name=served, processes=processes)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                access_log=False, timeout_graceful_shutdown=3,
-                                timeout_keep_alive=30)
-        server = uvicorn.Server(config)
-
-        async def watch() -> None:
-            nonlocal exit_code
-            announced = False
-            while not server.should_exit:
-                if server.started and not announced:
-                    announced = True
-                    _announce(server, args, served)
-                dead = children.dead()
-                if dead is not None or tm.failure is not None:
-                    reason = (f"the {dead[0]} process died unexpectedly (exit code {dead[1]})"
-                              if dead is not None else tm.failure)
-                    logger.error("%s; the server is unhealthy and shuts down", reason)
-                    tm.fail(reason or "a server process failed")
-                    exit_code = 1
-                    await asyncio.sleep(0.5)  # let waiting clients receive their 503s
-                    server.should_exit = True
-                    return
-                await asyncio.sleep(0.2)
-
-        watcher = asyncio.create_task(watch())
+                     **{name: proc.pid for name, proc in self.children.procs.items()}}
+        app = create_app(args, tm, metrics, served_model_name=self.served, processes=processes)
+        server = uvicorn.Server(uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+            timeout_graceful_shutdown=3, timeout_keep_alive=30))
+        watcher = asyncio.create_task(self._watch(server, tm))
         try:
             await server.serve()
         finally:
             watcher.cancel()
             await tm.close()
-        if not server.started and exit_code == 0:
-            exit_code = 1  # could not bind the port; uvicorn logged why
+        if not server.started and self.exit_code == 0:
+            self.exit_code = 1  # could not bind the port; uvicorn logged why
 
-    # uvicorn re-raises the SIGINT/SIGTERM it shut down for; the shutdown is done.
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(main())
-    return exit_code
+    async def _watch(self, server: Any, tm: Any) -> None:
+        """Announce the server once it listens; shut it down when a child or the pipeline
+        fails."""
+        announced = False
+        while not server.should_exit:
+            if server.started and not announced:
+                announced = True
+                _announce(server, self.args, self.served)
+            dead = self.children.dead()
+            if dead is not None or tm.failure is not None:
+                reason = (f"the {dead[0]} process died unexpectedly (exit code {dead[1]})"
+                          if dead is not None else tm.failure)
+                logger.error("%s; the server is unhealthy and shuts down", reason)
+                tm.fail(reason or "a server process failed")
+                self.exit_code = 1
+                await asyncio.sleep(0.5)  # let waiting clients receive their 503s
+                server.should_exit = True
+                return
+            await asyncio.sleep(0.2)
 
 
 def _announce(server: Any, args: ServerArgs, served: str) -> None:
