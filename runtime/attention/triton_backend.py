@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+
 from radixflow.kernels.attention import decode_attention, extend_attention
 
 from ..forward_batch import ForwardBatch, ForwardMode

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import radixflow as rf
 from helpers.tiny_models import make_tiny_model
+
+import radixflow as rf
 
 ENGINE_ARGS = dict(dtype="float32", max_total_tokens=4096, max_running_requests=16)
 

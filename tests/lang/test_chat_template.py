@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.tiny_models import CHAT_TEMPLATE, make_tiny_tokenizer
+
 from radixflow.chat_template import LLAMA3_TEMPLATE, ChatTemplate
 from radixflow.errors import InvalidRequest
 

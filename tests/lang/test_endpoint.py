@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import radixflow as rf
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from helpers.fake_backend import CHATML, FakeBackend
 from helpers.http_stub import ServedApp, free_port
+
+import radixflow as rf
 from radixflow.runtime.program import execute_program
 
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 import radixflow as rf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

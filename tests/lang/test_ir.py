@@ -4,6 +4,7 @@ import json
 
 import pydantic
 import pytest
+
 import radixflow as rf
 from radixflow.ir import (
     Gen,

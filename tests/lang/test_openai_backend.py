@@ -6,10 +6,11 @@ import json
 import re
 
 import pytest
-import radixflow as rf
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from helpers.http_stub import ServedApp
+
+import radixflow as rf
 
 
 class OpenAIStub:
@@ -37,7 +38,8 @@ class OpenAIStub:
             if body.get("stream"):
                 def events():
                     for ch in text:
-                        yield f"data: {json.dumps({'choices': [{'text': ch, 'finish_reason': None}]})}\n\n"
+                        chunk = {"choices": [{"text": ch, "finish_reason": None}]}
+                        yield f"data: {json.dumps(chunk)}\n\n"
                     yield "data: [DONE]\n\n"
                 return StreamingResponse(events(), media_type="text/event-stream")
             return {"id": "c1", "choices": [{"text": text, "finish_reason": "stop"}],
@@ -47,8 +49,9 @@ class OpenAIStub:
         async def chat(request: Request):
             body = await request.json()
             self.bodies.append({"path": "chat", **body})
-            return {"id": "c2", "choices": [{"message": {"role": "assistant", "content": answer(body)},
-                                             "finish_reason": "stop"}], "usage": {}}
+            message = {"role": "assistant", "content": answer(body)}
+            return {"id": "c2", "choices": [{"message": message, "finish_reason": "stop"}],
+                    "usage": {}}
 
         self.served = ServedApp(app)
         self.url = self.served.url

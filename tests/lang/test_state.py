@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-import radixflow as rf
 from helpers.fake_backend import FakeBackend
+
+import radixflow as rf
 
 
 @rf.function

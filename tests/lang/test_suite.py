@@ -12,6 +12,7 @@ import re
 
 import jsonschema
 import pytest
+
 import radixflow as rf
 
 GREEDY = {"temperature": 0}
@@ -163,7 +164,8 @@ def test_request_errors_are_clear(backend):
 def test_a_runtime_engine_can_be_the_default_backend(engine_backend):
     rf.set_default_backend(engine_backend.engine)  # the raw runtime Engine gets wrapped
     try:
-        assert two_step.run(topic="cats")["a"] == two_step.run(topic="cats", backend=engine_backend)["a"]
+        wrapped = two_step.run(topic="cats")["a"]
+        assert wrapped == two_step.run(topic="cats", backend=engine_backend)["a"]
     finally:
         rf.set_default_backend(None)
 

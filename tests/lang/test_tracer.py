@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import radixflow as rf
 from helpers.fake_backend import FakeBackend
+
+import radixflow as rf
 
 
 @rf.function
