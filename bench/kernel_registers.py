@@ -19,9 +19,11 @@ import tempfile
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real, not for the interpreter
 
 import triton
-from radixflow.kernels.triton import bitmask, decode_attention, extend_attention, sampling
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, CompilationError
+
+from radixflow.kernels.sampling import GREEDY_EPS
+from radixflow.kernels.triton import bitmask, decode_attention, extend_attention, sampling
 
 
 def compile_and_report(fn, types: dict[str, str], consts: dict, target: GPUTarget, **opts):
@@ -90,7 +92,7 @@ def main() -> int:
             sampling._sample_kernel,
             {"Logits": "*" + dt, "Temperatures": "*fp32", "Top_ks": "*i32", "Top_ps": "*fp32",
              "Min_ps": "*fp32", "Uniforms": "*fp32", "Out": "*i64"},
-            {"GREEDY_EPS": sampling.GREEDY_EPS, "BLOCK": 2048}, target, num_warps=8)
+            {"GREEDY_EPS": GREEDY_EPS, "BLOCK": 2048}, target, num_warps=8)
     return 0 if ok else 1
 
 

@@ -60,26 +60,23 @@ def sample_from_logits(
 ) -> torch.Tensor:  # [bs] int64
     """One token per row (semantics in the module docstring). Pass `uniforms` for
     reproducible draws (a seeded request fills its own row); otherwise they are drawn with
-    `generator`. Logits are not modified.
+    `generator`. Logits are not modified. Every tensor (and the generator) must be on the
+    logits' device: nothing is copied between devices here.
 
     Raises
     ------
     ValueError: shapes or devices that do not fit together.
     """
-    bs, _ = _check(logits, temperatures, top_ks, top_ps, min_ps)
+    bs, _ = _check(logits, temperatures, top_ks, top_ps, min_ps, uniforms, generator)
     if uniforms is None:
-        device = generator.device if generator is not None else logits.device
-        uniforms = torch.rand((bs, num_rounds), generator=generator, device=device)
-    if uniforms.dim() != 2 or uniforms.shape[0] != bs or uniforms.shape[1] < 1:
-        raise ValueError(f"uniforms must be [{bs}, num_rounds >= 1], got {tuple(uniforms.shape)}")
-    uniforms = uniforms.to(device=logits.device, dtype=torch.float32)
-    params = (temperatures.to(logits.device, torch.float32), top_ks.to(logits.device, torch.int32),
-              top_ps.to(logits.device, torch.float32), min_ps.to(logits.device, torch.float32))
+        uniforms = torch.rand((bs, num_rounds), generator=generator, device=logits.device)
+    params = (temperatures.float(), top_ks.to(torch.int32), top_ps.float(), min_ps.float(),
+              uniforms.float())
     if pick_backend(backend, logits) == "torch":
-        return sample_from_logits_torch(logits, *params, uniforms)
+        return sample_from_logits_torch(logits, *params)
     from .triton.sampling import sample_from_logits_triton
 
-    return sample_from_logits_triton(logits, *params, uniforms)
+    return sample_from_logits_triton(logits, *params, greedy_eps=GREEDY_EPS)
 
 
 def sample_from_logits_torch(logits, temperatures, top_ks, top_ps, min_ps, uniforms):
@@ -151,7 +148,7 @@ def _active_filters(top_ks, top_ps, min_ps, vocab: int):
     return (top_ks > 1) & (top_ks < vocab), top_ps < 1.0, min_ps > 0.0
 
 
-def _check(logits, temperatures, top_ks, top_ps, min_ps) -> tuple[int, int]:
+def _check(logits, temperatures, top_ks, top_ps, min_ps, uniforms, generator) -> tuple[int, int]:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a 2-D float tensor, got {tuple(logits.shape)} "
                          f"{logits.dtype}")
@@ -162,4 +159,12 @@ def _check(logits, temperatures, top_ks, top_ps, min_ps) -> tuple[int, int]:
                     ("min_ps", min_ps)):
         if t.shape != (bs,):
             raise ValueError(f"{name} must have shape ({bs},), got {tuple(t.shape)}")
+    if uniforms is not None and (uniforms.dim() != 2 or uniforms.shape[0] != bs
+                                 or uniforms.shape[1] < 1):
+        raise ValueError(f"uniforms must be [{bs}, num_rounds >= 1], got {tuple(uniforms.shape)}")
+    named = {"temperatures": temperatures, "top_ks": top_ks, "top_ps": top_ps, "min_ps": min_ps,
+             "uniforms": uniforms, "generator": generator}
+    for name, x in named.items():
+        if x is not None and x.device != logits.device:
+            raise ValueError(f"{name} is on {x.device}, the logits on {logits.device}")
     return bs, vocab

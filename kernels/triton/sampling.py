@@ -11,8 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..sampling import GREEDY_EPS
-
 
 @triton.jit
 def _sample_kernel(
@@ -94,8 +92,8 @@ def _sample_kernel(
     tl.store(Out + row, token.to(tl.int64))
 
 
-def sample_from_logits_triton(logits, temperatures, top_ks, top_ps, min_ps,
-                              uniforms) -> torch.Tensor:
+def sample_from_logits_triton(logits, temperatures, top_ks, top_ps, min_ps, uniforms, *,
+                              greedy_eps: float) -> torch.Tensor:
     bs, vocab = logits.shape
     out = torch.empty(bs, dtype=torch.int64, device=logits.device)
     if bs == 0:
@@ -108,7 +106,7 @@ def sample_from_logits_triton(logits, temperatures, top_ks, top_ps, min_ps,
         logits, temperatures.contiguous(), top_ks.contiguous(), top_ps.contiguous(),
         min_ps.contiguous(), uniforms, out,
         vocab, uniforms.shape[1], logits.stride(0), uniforms.stride(0),
-        GREEDY_EPS=GREEDY_EPS,
+        GREEDY_EPS=greedy_eps,
         BLOCK=block,
         num_warps=8 if logits.is_cuda else 4,
     )

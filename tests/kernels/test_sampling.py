@@ -81,7 +81,7 @@ def test_kept_set_semantics_by_hand():
     assert kept(top_p=0.75) == [0, 1, 2]
     assert kept(min_p=0.45) == [0, 1, 2]  # 0.2 >= 0.45 * 0.4
     assert kept(min_p=0.55) == [0, 1]
-    assert kept(top_k=3, top_p=0.5) == [0, 1]  # joint: top-p mass is not renormalised
+    assert kept(top_k=2, top_p=0.5) == [0, 1]  # joint: top-p mass is not renormalised (HF: [0])
     tied = torch.tensor([[3.0, 2.0, 2.0, 0.0]])
     def kept_tied(top_k):
         p = kept_probs_torch(tied, one, torch.tensor([top_k], dtype=torch.int32), one,
@@ -108,3 +108,15 @@ def test_bad_shapes_raise():
         sample_from_logits(logits, t, k, p[:1], m)
     with pytest.raises(ValueError, match="uniforms"):
         sample_from_logits(logits, t, k, p, m, torch.rand(3, 4))
+
+
+def test_inputs_on_another_device_raise():
+    logits = torch.zeros(2, 8, device="meta")
+    on_cpu = params(ROWS[:2])
+    t, k, p, m = (x.to("meta") for x in on_cpu)
+    with pytest.raises(ValueError, match="uniforms is on cpu"):
+        sample_from_logits(logits, t, k, p, m, torch.rand(2, 4))
+    with pytest.raises(ValueError, match="generator is on cpu"):
+        sample_from_logits(logits, t, k, p, m, generator=torch.Generator())
+    with pytest.raises(ValueError, match="top_ks is on cpu"):
+        sample_from_logits(logits, t, on_cpu[1], p, m)
