@@ -109,6 +109,8 @@ def mask_cost(engine, outputs: list[dict], repeats: int = 5) -> dict:
     for the cores), per row: grammar states replayed to the middle of each output."""
     import torch
 
+    from radixflow.kernels.bitmask import apply_bitmask_
+
     backend = engine.scheduler.grammars.backend
     compiled = backend.compile("json_schema", json.dumps(PROFILE_SCHEMA))
     states = []
@@ -124,7 +126,7 @@ def mask_cost(engine, outputs: list[dict], repeats: int = 5) -> dict:
     fill = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(repeats):
-        backend.apply_bitmask(logits, bitmask)
+        apply_bitmask_(logits, bitmask)
     apply = time.perf_counter() - start
     rows = repeats * max(len(states), 1)
     return {"batch": len(states), "fill_ms_per_row": fill / rows * 1e3,

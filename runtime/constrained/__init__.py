@@ -5,7 +5,7 @@ over xgrammar.
     state = backend.new_state(backend.compile("regex", r"\\d{4}-\\d{2}-\\d{2}"))
     bitmask = backend.allocate_bitmask(bs)                # [bs, ceil(vocab / 32)] int32
     backend.fill_bitmasks([state, None, ...], bitmask)    # may overlap the forward pass
-    backend.apply_bitmask(logits, bitmask, rows=[0])      # in place, -inf where disallowed
+    apply_bitmask_(logits, bitmask, [0])                  # radixflow.kernels.bitmask
     state.accept_token(token_id); state.is_terminated()
 
 Validation (`validate_constraint`, the limits) is pure Python + interegular; the rest needs

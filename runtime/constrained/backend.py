@@ -1,5 +1,6 @@
 """GrammarBackend: one per tokenizer. Validates and compiles constraints (cached), makes a
-GrammarState per request, and fills / applies the batch's token bitmask."""
+GrammarState per request, and fills the batch's token bitmask (radixflow.kernels.bitmask
+applies it)."""
 
 from __future__ import annotations
 
@@ -117,17 +118,6 @@ class GrammarBackend:
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
         return self._fill_pool.submit(self.fill_bitmasks, states, bitmask)
-
-    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor,
-                      rows: list[int] | None = None) -> None:
-        """logits[i, j] = -inf where bit j of bitmask[i] is 0, for i in rows (default: all).
-        In place; logits [bs, >= vocab_size], bitmask [bs, ceil(vocab_size / 32)]."""
-        if rows is not None and not rows:
-            return
-        if bitmask.device != logits.device:
-            bitmask = bitmask.to(logits.device, non_blocking=True)
-        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size,
-                                        indices=rows)
 
     def shutdown(self) -> None:
         self._cache.shutdown()

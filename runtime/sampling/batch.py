@@ -15,25 +15,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class SamplingBatch:
-    """What `sample` needs for one decode step of `bs` requests.
+    """What `sample` needs for one decode step of `bs` requests, on the logits' device.
 
-    Greedy rows carry neutral values (temperature 1, no filters) so the batched sampling path
-    can run over every row; their token is the argmax, chosen with `is_greedy`.
+    Greedy rows carry temperature 0, which the draw treats as greedy (the argmax).
     """
 
     vocab_size: int
-    temperatures: torch.Tensor  # [bs, 1] float32
+    temperatures: torch.Tensor  # [bs] float32; 0 on greedy rows
+    top_ks: torch.Tensor  # [bs] int32; -1 or vocab_size = disabled
     top_ps: torch.Tensor  # [bs] float32; 1.0 = disabled
-    top_ks: torch.Tensor  # [bs] int64; vocab_size = disabled
     min_ps: torch.Tensor  # [bs] float32; 0.0 = disabled
-    is_greedy: torch.Tensor  # [bs] bool
     generators: list[torch.Generator | None]
-    seeded_rows: list[int]  # non-greedy rows that draw noise from their own generator
-    unseeded_rows: torch.Tensor | None  # [num_unseeded] int64, None when no row is seeded
+    seeded_rows: list[int]  # non-greedy rows that draw from their own generator
     all_greedy: bool
-    need_top_k: bool
-    need_top_p: bool
-    need_min_p: bool
     # min_new_tokens not reached yet: logits[banned_rows[j], banned_ids[j]] = -inf.
     banned_rows: torch.Tensor | None  # [num_banned] int64
     banned_ids: torch.Tensor | None  # [num_banned] int64
@@ -41,7 +35,7 @@ class SamplingBatch:
 
     @property
     def batch_size(self) -> int:
-        return self.is_greedy.shape[0]
+        return self.temperatures.shape[0]
 
     @property
     def needs_penalties(self) -> bool:
@@ -58,12 +52,16 @@ class SamplingBatch:
         vocab_size: int,
         device: torch.device | str,
     ) -> SamplingBatch:
-        """Build the tensors for one step.
+        """Build the tensors for one step, on `device` (the generators must be there too).
 
         `output_ids` / `prompt_ids` / `generators` are per request; `eos_ids` are the model's
         end-of-sequence ids (shared by all rows), banned with each row's `stop_token_ids` while
         the row has fewer than `min_new_tokens` outputs (EOS is not banned for `ignore_eos`
         rows, as in vLLM, since EOS does not end them).
+
+        Raises
+        ------
+        ValueError: per-request lists of different lengths, or a generator on another device.
         """
         bs = len(params)
         if not (len(output_ids) == len(prompt_ids) == len(generators) == bs):
@@ -71,44 +69,31 @@ class SamplingBatch:
                 f"per-request lists differ in length: params {bs}, output_ids {len(output_ids)}, "
                 f"prompt_ids {len(prompt_ids)}, generators {len(generators)}"
             )
+        device = torch.device(device)
+        for gen in generators:
+            if gen is not None and gen.device != device:
+                raise ValueError(f"a request's generator is on {gen.device}, the batch on {device}")
         is_greedy = [p.is_greedy for p in params]
-        temperatures = [1.0 if g else p.temperature for p, g in zip(params, is_greedy)]
-        top_ps = [1.0 if g else p.top_p for p, g in zip(params, is_greedy)]
-        top_ks = [
-            vocab_size if g or p.top_k < 0 else min(p.top_k, vocab_size)
-            for p, g in zip(params, is_greedy)
-        ]
-        min_ps = [0.0 if g else p.min_p for p, g in zip(params, is_greedy)]
-        seeded_rows = [i for i in range(bs) if not is_greedy[i] and generators[i] is not None]
-        unseeded_rows = None
-        if seeded_rows:
-            seeded = set(seeded_rows)
-            unseeded = [i for i in range(bs) if i not in seeded]
-            unseeded_rows = torch.tensor(unseeded, dtype=torch.int64, device=device)
-
+        temperatures = [0.0 if g else p.temperature for p, g in zip(params, is_greedy, strict=True)]
         banned_rows, banned_ids = _min_new_tokens_bans(params, output_ids, eos_ids, vocab_size)
         f32 = {"dtype": torch.float32, "device": device}
         return cls(
             vocab_size=vocab_size,
-            temperatures=torch.tensor(temperatures, **f32).view(bs, 1),
-            top_ps=torch.tensor(top_ps, **f32),
-            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
-            min_ps=torch.tensor(min_ps, **f32),
-            is_greedy=torch.tensor(is_greedy, dtype=torch.bool, device=device),
+            temperatures=torch.tensor(temperatures, **f32),
+            top_ks=torch.tensor([min(p.top_k, vocab_size) for p in params], dtype=torch.int32,
+                                device=device),
+            top_ps=torch.tensor([p.top_p for p in params], **f32),
+            min_ps=torch.tensor([p.min_p for p in params], **f32),
             generators=list(generators),
-            seeded_rows=seeded_rows,
-            unseeded_rows=unseeded_rows,
+            seeded_rows=[i for i in range(bs) if not is_greedy[i] and generators[i] is not None],
             all_greedy=all(is_greedy),
-            need_top_k=any(k < vocab_size for k in top_ks),
-            need_top_p=any(p < 1.0 for p in top_ps),
-            need_min_p=any(p > 0.0 for p in min_ps),
             banned_rows=_as_index(banned_rows, device),
             banned_ids=_as_index(banned_ids, device),
             penalties=Penalties.build(params, output_ids, prompt_ids, vocab_size, device),
         )
 
 
-def _as_index(values: list[int], device: torch.device | str) -> torch.Tensor | None:
+def _as_index(values: list[int], device: torch.device) -> torch.Tensor | None:
     return torch.tensor(values, dtype=torch.int64, device=device) if values else None
 
 
@@ -117,7 +102,7 @@ def _min_new_tokens_bans(
 ) -> tuple[list[int], list[int]]:
     rows: list[int] = []
     ids: list[int] = []
-    for i, (p, out) in enumerate(zip(params, output_ids)):
+    for i, (p, out) in enumerate(zip(params, output_ids, strict=True)):
         if len(out) >= p.min_new_tokens:
             continue
         banned = set(p.stop_token_ids)

@@ -86,7 +86,10 @@ def _flat_index(
     rows: list[int], token_lists: Sequence[Sequence[int]], device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, token) index pairs, [n] int64 each: token_lists[j] belongs to row rows[j]."""
-    lens = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
-    row_index = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lens)
-    token_index = torch.tensor(list(chain.from_iterable(token_lists)), dtype=torch.int64)
-    return row_index.to(device), token_index.to(device)
+    i64 = {"dtype": torch.int64, "device": device}
+    lens = torch.tensor([len(t) for t in token_lists], **i64)
+    token_index = torch.tensor(list(chain.from_iterable(token_lists)), **i64)
+    # output_size: the length is known here, so the device need not report it back (no sync)
+    row_index = torch.repeat_interleave(torch.tensor(rows, **i64), lens,
+                                        output_size=token_index.shape[0])
+    return row_index, token_index

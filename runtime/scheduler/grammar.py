@@ -127,7 +127,7 @@ class SchedulerGrammar:
 
     def start_fill(self, reqs: list[Req]) -> MaskJob | None:
         """Fill the batch's bitmask on a CPU thread; None (no work) if no row has a grammar.
-        The requests' grammars must not change until `apply` has waited for it."""
+        The requests' grammars must not change until `wait` has waited for it."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
@@ -137,19 +137,14 @@ class SchedulerGrammar:
         future.add_done_callback(lambda _: setattr(job, "finished", time.perf_counter()))
         return job
 
-    def apply(self, job: MaskJob, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor | None:
-        """Wait for the fill and mask `logits` [bs, vocab] in place. If a constrained row
-        reports logprobs (of the raw logits) the logits are left alone and the packed mask is
-        returned for the sampler, which masks a copy."""
+    def wait(self, job: MaskJob, device: torch.device) -> torch.Tensor:
+        """Wait for the fill; the bitmask on `device`, for the sampler to apply to job.rows."""
         start = time.perf_counter()
         job.future.result()
         self.stats.mask_wait_s += time.perf_counter() - start
         self.stats.mask_fill_s += max(job.finished, start) - job.started
         self.stats.num_masked_rows += len(job.rows)
-        if any(reqs[i].return_logprob for i in job.rows):
-            return job.bitmask.to(logits.device, non_blocking=True)
-        self.backend.apply_bitmask(logits, job.bitmask, rows=job.rows)
-        return None
+        return job.bitmask.to(device, non_blocking=True)
 
     # ---- tokens ----
 

@@ -56,12 +56,14 @@ class Req:
     reported_input_logprobs: bool = False
 
     @classmethod
-    def from_message(cls, msg: GenerateReq, arrival: int) -> Req:
+    def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:
+        """The request as the scheduler holds it; a seed's generator lives on `device`, the
+        model's, where the sampler draws from it."""
         req = cls(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling,
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival)
         if msg.sampling.seed is not None:
-            req.generator = torch.Generator().manual_seed(msg.sampling.seed)
+            req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req
 
     @property

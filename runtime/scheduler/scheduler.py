@@ -23,7 +23,7 @@ from ..messages import (
     TokenBatchOut,
 )
 from ..model_runner import BatchRequest, ModelRunner
-from ..sampling import SamplingBatch, sample, top_logprobs
+from ..sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
 from ..server_args import ServerArgs
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .grammar import MaskJob, SchedulerGrammar
@@ -130,7 +130,7 @@ class Scheduler:
 
     def _add_request(self, msg: GenerateReq) -> None:
         self._arrivals += 1
-        req = Req.from_message(msg, self._arrivals)
+        req = Req.from_message(msg, self._arrivals, self.runner.device)
         error = self._validate(req)
         if error is not None:
             self._finish(req, Finish(type="abort", message=error, status_code=400))
@@ -306,13 +306,13 @@ class Scheduler:
     def _record_input_logprobs(self, req: Req, lo: int, logits: torch.Tensor) -> None:
         if logits.shape[0] == 0:
             return
-        targets = torch.tensor(req.input_ids[lo + 1:lo + 1 + logits.shape[0]])
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        targets = torch.tensor(req.input_ids[lo + 1:lo + 1 + logits.shape[0]],
+                               device=logits.device)
+        chosen = compute_logprobs(logits, targets).tolist()
         base = lo + 1 - req.logprob_start_len
         req.input_logprobs[base:base + len(chosen)] = chosen
         if req.top_logprobs_num:
-            values, ids = top_logprobs(logprobs, req.top_logprobs_num)
+            values, ids = top_logprobs(logits, req.top_logprobs_num)
             tops = [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
             req.input_top_logprobs[base:base + len(tops)] = tops
 
@@ -370,11 +370,14 @@ class Scheduler:
             [r.sampling for r in reqs], [r.output_ids for r in reqs],
             [r.input_ids for r in reqs], [r.generator for r in reqs], sorted(self.eos_ids),
             self.runner.vocab_size, logits.device)
-        vocab_mask = self.grammars.apply(mask, logits, reqs) if mask is not None else None
+        bitmask, mask_rows = None, None
+        if mask is not None:
+            bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
         top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
         need_logprobs = any(r.return_logprob for r in reqs)
-        result = sample(logits, batch, top_logprobs_num=top_k, vocab_mask=vocab_mask,
-                        need_logprobs=need_logprobs)
+        result = sample(logits, batch, bitmask=bitmask, mask_rows=mask_rows,
+                        top_logprobs_num=top_k, need_logprobs=need_logprobs,
+                        backend=self.args.sampling_backend)
         next_ids = result.next_ids.tolist()
         logprobs = result.logprobs.tolist() if need_logprobs else [0.0] * len(reqs)
         tops = None

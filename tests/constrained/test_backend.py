@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 from helpers.grammar_walk import allowed_ids
+
+from radixflow.kernels.bitmask import apply_bitmask_
 from radixflow.runtime.constrained import GrammarBackend
 from radixflow.runtime.errors import GrammarError
 
@@ -101,12 +103,12 @@ def test_apply_bitmask_only_touches_given_rows(backend):
     backend.fill_bitmasks([state, None], bitmask)
     logits = torch.randn(2, 544)
     before = logits.clone()
-    backend.apply_bitmask(logits, bitmask, rows=[0])
+    apply_bitmask_(logits, bitmask, [0])
     allowed = allowed_ids(bitmask[0], 544)
     assert torch.equal(logits[1], before[1])
     assert torch.isfinite(logits[0, allowed]).all()
     assert torch.isinf(logits[0]).sum() == 544 - len(allowed)
-    backend.apply_bitmask(logits, bitmask, rows=[])
+    apply_bitmask_(logits, bitmask, [])
     assert torch.equal(logits[1], before[1])
 
 
@@ -115,7 +117,7 @@ def test_apply_bitmask_bfloat16(backend):
     bitmask = backend.allocate_bitmask(1)
     backend.fill_bitmasks([state], bitmask)
     logits = torch.zeros(1, 544, dtype=torch.bfloat16)
-    backend.apply_bitmask(logits, bitmask)
+    apply_bitmask_(logits, bitmask)
     assert torch.isfinite(logits).sum() == 1
 
 
@@ -255,6 +257,6 @@ def test_apply_bitmask_on_gpu_matches_cpu(backend):
     backend.fill_bitmasks([state, None, state], bitmask)
     logits = torch.randn(3, 544)
     on_gpu = logits.cuda()
-    backend.apply_bitmask(logits, bitmask, rows=[0, 2])
-    backend.apply_bitmask(on_gpu, bitmask, rows=[0, 2])
+    apply_bitmask_(logits, bitmask, [0, 2])
+    apply_bitmask_(on_gpu, bitmask.cuda(), [0, 2])
     assert torch.equal(on_gpu.cpu(), logits)

@@ -1,16 +1,21 @@
-"""The engine's greedy outputs are the same with the Triton attention backend (run on the CPU
-by the interpreter) as with torch_native, through chunked prefill, batching and prefix reuse."""
+"""The engine's outputs are the same with the Triton attention and sampling kernels (run on the
+CPU by the interpreter) as with the CPU path (torch_native attention, torch sampling), through
+chunked prefill, batching and prefix reuse."""
 
 from __future__ import annotations
 
 import pytest
 from helpers.tiny_models import make_tiny_model
+from radixflow.kernels.triton import sampling as triton_sampling
 from radixflow.runtime.engine import Engine
 
 PROMPTS = ["The quick brown fox", "The quick brown fox jumps over the lazy dog. A small",
            "1 2 3 4 5 6 7 8 9 10"]
 BACKEND_CLASSES = {"triton": "TritonAttnBackend", "torch_native": "TorchNativeAttnBackend"}
-PARAMS = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+GREEDY = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+# A seeded row makes the batch mixed, so the sampling kernel draws every row (greedy ones too).
+SEEDED = {"max_new_tokens": 5, "temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7,
+          "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -18,19 +23,32 @@ def tiny_llama(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
-def greedy_outputs(folder, backend):
-    with Engine(str(folder), dtype="float32", device="cpu", attention_backend=backend,
-                max_total_tokens=1024, chunked_prefill_size=8, max_prefill_tokens=16) as engine:
-        assert type(engine.scheduler.runner.attn).__name__ == BACKEND_CLASSES[backend]
-        first = [r["output_ids"] for r in engine.generate(PROMPTS, PARAMS)]
-        again = engine.generate(PROMPTS, PARAMS)  # prefixes now come from the radix cache
+def outputs(folder, attention_backend, sampling_backend):
+    with Engine(str(folder), dtype="float32", device="cpu", attention_backend=attention_backend,
+                sampling_backend=sampling_backend, max_total_tokens=1024,
+                chunked_prefill_size=8, max_prefill_tokens=16) as engine:
+        assert type(engine.scheduler.runner.attn).__name__ == BACKEND_CLASSES[attention_backend]
+        first = [r["output_ids"] for r in engine.generate(PROMPTS, GREEDY)]
+        again = engine.generate(PROMPTS, GREEDY)  # prefixes now come from the radix cache
         assert all(r["meta_info"]["cached_tokens"] > 0 for r in again)
+        mixed = engine.generate(PROMPTS + PROMPTS[:1], [GREEDY] * len(PROMPTS) + [SEEDED])
         engine.scheduler.check_slots()
-        return first, [r["output_ids"] for r in again]
+        return first, [r["output_ids"] for r in again], [r["output_ids"] for r in mixed]
 
 
-def test_triton_backend_greedy_outputs_match_torch_native(tiny_llama):
-    want = greedy_outputs(tiny_llama, "torch_native")
-    got = greedy_outputs(tiny_llama, "triton")
+def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch):
+    draws = []
+    kernel = triton_sampling.sample_from_logits_triton
+
+    def counted_kernel(logits, *args, **kwargs):
+        draws.append(logits.shape[0])
+        return kernel(logits, *args, **kwargs)
+
+    monkeypatch.setattr(triton_sampling, "sample_from_logits_triton", counted_kernel)
+    want = outputs(tiny_llama, "torch_native", "torch")
+    assert not draws
+    got = outputs(tiny_llama, "triton", "triton")
+    assert draws  # the mixed batch was sampled by the Triton kernel
     assert got == want
-    assert want[0] == want[1]
+    first, again, mixed = want
+    assert first == again == mixed[:len(PROMPTS)]

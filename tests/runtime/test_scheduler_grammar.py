@@ -228,7 +228,7 @@ def test_invalid_constraints_never_reach_the_scheduler(engine, params, match):
 def test_a_token_the_grammar_rejects_aborts_with_500(engine, monkeypatch):
     free = engine.generate("Answer:", {"max_new_tokens": 1, "temperature": 0})
     letter = next(c for c in "xyzq" if not free["text"].startswith(c))
-    monkeypatch.setattr(engine.scheduler.grammars, "apply", lambda job, logits, reqs: None)
+    monkeypatch.setattr(engine.scheduler.grammars, "wait", lambda job, device: None)  # no mask
     # The Engine raises what an HTTP client gets: a 500.
     with jump_forward(engine, False), pytest.raises(RadixflowError, match="rejected token") as err:
         engine.generate("Answer:", {"regex": letter * 3, "max_new_tokens": 4, "temperature": 0})

@@ -1,22 +1,25 @@
+"""The sampler the scheduler calls, on the CPU (its torch path; tests/kernels holds the Triton
+kernel to the same tokens).
+
+The one top-k/top-p semantic: top-k, top-p and min-p act jointly on the temperature-scaled
+distribution, as in SGLang and FlashInfer; top-p's mass is not renormalised after top-k, unlike
+Hugging Face's sequential warpers (pinned by test_top_k_and_top_p_act_jointly_not_sequentially;
+stated exactly in radixflow.kernels.sampling).
+"""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from radixflow.runtime.sampling import (
-    SamplingBatch,
-    apply_vocab_mask,
-    compute_logprobs,
-    sample,
-    top_logprobs,
-    unpack_bitmask,
-)
+from radixflow.runtime.sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
 from radixflow.runtime.sampling_params import SamplingParams
 
 VOCAB = 24
 EOS = 3
 
 
-def make_batch(params, *, output_ids=None, prompt_ids=None, generators=None, vocab=VOCAB):
+def make_batch(params, *, output_ids=None, prompt_ids=None, generators=None, vocab=VOCAB,
+               device="cpu"):
     bs = len(params)
     return SamplingBatch.build(
         params,
@@ -25,8 +28,18 @@ def make_batch(params, *, output_ids=None, prompt_ids=None, generators=None, voc
         generators if generators is not None else [None] * bs,
         [EOS],
         vocab,
-        "cpu",
+        device,
     )
+
+
+def pack(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [bs, vocab] -> xgrammar's packed int32 bitmask [bs, ceil(vocab / 32)]."""
+    bs, vocab = allowed.shape
+    words = -(-vocab // 32)
+    bits = torch.zeros(bs, words * 32, dtype=torch.int64)
+    bits[:, :vocab] = allowed.long()
+    packed = (bits.view(bs, words, 32) << torch.arange(32)).sum(-1)
+    return (packed - (packed >= 2**31).long() * 2**32).to(torch.int32)  # two's complement
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -134,9 +147,10 @@ def test_filters_never_sample_a_filtered_token_and_keep_the_rest():
         (SamplingParams(top_k=5), [TopKLogitsWarper(5)]),
         (SamplingParams(top_p=0.6), [TopPLogitsWarper(0.6)]),
         (SamplingParams(min_p=0.2), [MinPLogitsWarper(0.2)]),
+        # top-p first: HF's sequential order then gives the joint kept set
         (
             SamplingParams(top_k=8, top_p=0.7, min_p=0.1, temperature=0.8),
-            [TopKLogitsWarper(8), TopPLogitsWarper(0.7), MinPLogitsWarper(0.1)],
+            [TopPLogitsWarper(0.7), TopKLogitsWarper(8), MinPLogitsWarper(0.1)],
         ),
     ]
     for params, warpers in cases:
@@ -147,6 +161,19 @@ def test_filters_never_sample_a_filtered_token_and_keep_the_rest():
         assert 1 < len(allowed) < VOCAB
         drawn = set(draws(logits, params, 4000).tolist())
         assert drawn == allowed, params
+
+
+def test_top_k_and_top_p_act_jointly_not_sequentially():
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    # probs [.4, .3, .2, .1], top_k 2, top_p 0.5. Jointly: the mass above token 1 is 0.4 < 0.5,
+    # so {0, 1}. Sequentially (HF): top-k renormalises to [.57, .43], and .57 >= 0.5 keeps {0}.
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    ids = draws(logits, SamplingParams(top_k=2, top_p=0.5), 2000)
+    assert set(ids.tolist()) == {0, 1}
+    no_ids = torch.zeros(1, 1, dtype=torch.long)
+    sequential = TopPLogitsWarper(0.5)(no_ids, TopKLogitsWarper(2)(no_ids, logits[None]))
+    assert torch.isfinite(sequential[0]).nonzero().flatten().tolist() == [0]
 
 
 def test_filters_apply_per_row():
@@ -231,7 +258,7 @@ def test_logprobs_are_of_the_raw_logits():
     batch = make_batch(params, output_ids=[[1, 2], [3, 3], [], []], prompt_ids=[[4], [], [], []])
     mask = torch.rand(4, VOCAB) > 0.3
     mask[:, 0] = True
-    out = sample(logits, batch, top_logprobs_num=5, vocab_mask=mask)
+    out = sample(logits, batch, top_logprobs_num=5, bitmask=pack(mask))
     reference = torch.log_softmax(logits.float(), dim=-1)
     assert out.logprobs.dtype == torch.float32
     torch.testing.assert_close(out.logprobs, reference.gather(1, out.next_ids[:, None])[:, 0])
@@ -256,31 +283,36 @@ def test_logprob_helpers():
     assert top_logprobs(logits, 100)[0].shape == (5, VOCAB)
 
 
-def test_vocab_mask_restricts_sampling_bool_and_packed():
+def test_bitmask_restricts_sampling_to_its_rows():
     torch.manual_seed(8)
     logits = torch.randn(VOCAB).expand(500, -1).clone()
     allowed = torch.zeros(VOCAB, dtype=torch.bool)
     allowed[[2, 9, 17]] = True
     params = [SamplingParams(temperature=2.0)] * 499 + [SamplingParams(temperature=0.0)]
-    batch = make_batch(params)
-    out = sample(logits, batch, vocab_mask=allowed.expand(500, -1))
+    out = sample(logits.clone(), make_batch(params), bitmask=pack(allowed.expand(500, -1)))
     assert set(out.next_ids.tolist()) == {2, 9, 17}
-    packed = torch.zeros(500, 1, dtype=torch.int32)
-    packed[:] = (1 << 2) | (1 << 9) | (1 << 17)
-    out = sample(logits, batch, vocab_mask=packed)
-    assert set(out.next_ids.tolist()) == {2, 9, 17}
+    rows = list(range(0, 500, 2))
+    out = sample(logits.clone(), make_batch(params), bitmask=pack(allowed.expand(500, -1)),
+                 mask_rows=rows)
+    assert set(out.next_ids[rows].tolist()) == {2, 9, 17}
+    assert len(set(out.next_ids[1::2].tolist())) > 3  # rows without a grammar: unmasked
 
 
-@pytest.mark.parametrize("vocab", [31, 64, 70])
-def test_unpack_bitmask_matches_xgrammar(vocab):
-    xgr = pytest.importorskip("xgrammar")
-    torch.manual_seed(vocab)
-    bitmask = xgr.allocate_token_bitmask(3, vocab)
-    bitmask.copy_(torch.randint(-(2**31), 2**31 - 1, bitmask.shape, dtype=torch.int32))
-    reference = torch.zeros(3, vocab)
-    xgr.apply_token_bitmask_inplace(reference, bitmask)
-    assert torch.equal(unpack_bitmask(bitmask, vocab), reference == 0)
-    torch.testing.assert_close(apply_vocab_mask(torch.zeros(3, vocab), bitmask), reference)
+def test_logits_stay_raw_when_logprobs_are_asked_for():
+    logits = torch.randn(2, VOCAB)
+    before = logits.clone()
+    allowed = torch.zeros(2, VOCAB, dtype=torch.bool)
+    allowed[:, 5] = True
+    batch = make_batch([SamplingParams(temperature=0.0)] * 2)
+    out = sample(logits, batch, bitmask=pack(allowed), need_logprobs=True)
+    assert out.next_ids.tolist() == [5, 5]
+    assert torch.equal(logits, before)
+
+
+def test_a_generator_on_another_device_is_rejected():
+    params = [SamplingParams(seed=1, temperature=1.0)]
+    with pytest.raises(ValueError, match="generator is on cpu"):
+        make_batch(params, generators=[seeded(1)], device="meta")
 
 
 def test_mismatched_logits_shape_is_rejected():
