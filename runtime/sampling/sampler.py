@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from radixflow.kernels.bitmask import apply_bitmask_
 from radixflow.kernels.cpu import argmax_rows
 from radixflow.kernels.sampling import DEFAULT_NUM_ROUNDS, SamplingBackend, sample_from_logits

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.tiny_models import make_tiny_model
+
 from radixflow.kernels.triton import sampling as triton_sampling
 from radixflow.runtime.engine import Engine
 

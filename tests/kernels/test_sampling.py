@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixflow.kernels.sampling import (
     kept_probs_torch,
     sample_from_logits,

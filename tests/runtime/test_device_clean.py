@@ -13,14 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
 import radixflow.kernels
 import radixflow.runtime
-import torch
 from radixflow.runtime.messages import GenerateReq, TokenBatchOut
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
-from torch.overrides import TorchFunctionMode
 
 FACTORIES = {torch.tensor, torch.as_tensor, torch.empty, torch.zeros, torch.ones, torch.full,
              torch.arange, torch.linspace, torch.rand, torch.randn, torch.randint}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixflow.runtime.sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
 from radixflow.runtime.sampling_params import SamplingParams
 
