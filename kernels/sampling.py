@@ -121,6 +121,36 @@ def sample_from_logits_torch(logits, temperatures, top_ks, top_ps, min_ps, unifo
     return token
 
 
+def sample_by_race_torch(logits, temperatures, top_ks, top_ps, min_ps, noise) -> torch.Tensor:
+    """The same distribution as sample_from_logits (the module docstring's kept set), drawn by
+    the exponential race: argmax over kept j of e[j] / noise[j], noise[i, j] ~ Exp(1) [bs,
+    vocab]. The CPU's draw: a token changes only when two candidates' race values are within
+    the logits' rounding of each other, so a seeded request keeps its tokens when batching
+    rounds its logits differently (inverting the CDF over a flat vocabulary moves by the sum
+    of every earlier token's rounding). Kept set by one sort: its order puts every token
+    strictly above j before j, so the first of each tied group sees count_above and mass_above
+    exactly, and the kept sorted positions form a prefix whose last value is the threshold."""
+    x = logits.float()
+    vocab = x.shape[1]
+    argmax = x.argmax(dim=1)
+    greedy = (temperatures < GREEDY_EPS) | (top_ks == 1)
+    inv_t = 1.0 / torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    e = torch.exp((x - x.gather(1, argmax[:, None])) * inv_t[:, None])  # [bs, vocab], max 1
+    top_k_on, top_p_on, min_p_on = _active_filters(top_ks, top_ps, min_ps, vocab)
+    if bool((top_k_on | top_p_on | min_p_on).any()):
+        e_sorted, _ = e.sort(dim=1, descending=True)
+        rank = torch.arange(vocab, device=x.device)
+        mass_before = e_sorted.cumsum(dim=1) - e_sorted
+        z = e_sorted.sum(dim=1, keepdim=True)
+        keep = ((~top_k_on[:, None] | (rank < top_ks[:, None]))
+                & (~top_p_on[:, None] | (mass_before < top_ps[:, None] * z))
+                & (~min_p_on[:, None] | (e_sorted >= min_ps[:, None])))
+        last = keep.sum(dim=1, keepdim=True).clamp_(min=1) - 1  # the first token always stays
+        e = torch.where(e >= e_sorted.gather(1, last), e, 0.0)
+    drawn = (e / noise).argmax(dim=1)
+    return torch.where(greedy, argmax, drawn)
+
+
 def kept_probs_torch(logits, temperatures, top_ks, top_ps, min_ps) -> torch.Tensor:
     """The distribution sample_from_logits draws from, by sorting: [bs, vocab] float32 rows
     summing to 1 (one-hot on greedy rows). For tests and for checking the semantics."""

@@ -3,9 +3,11 @@
 Order (as in vLLM / SGLang): grammar mask and min_new_tokens bans, penalties, then the draw:
 temperature, top-k, top-p and min-p acting jointly on the temperature-scaled distribution
 (semantics and algorithm: radixflow.kernels.sampling). An all-greedy batch takes the argmax
-(kernels.cpu.argmax_rows on the CPU). The draw runs the sort-free Triton kernel on CUDA and its
-torch reference on the CPU; a seeded row draws its uniforms from its own generator, so its
-tokens do not depend on the rest of the batch.
+(kernels.cpu.argmax_rows on the CPU). The draw runs the sort-free Triton kernel on CUDA (CDF
+inversion driven by uniforms) and the exponential race over the same kept set elsewhere
+(kernels.sampling.sample_by_race_torch: robust to the logits' rounding, so a seeded request
+keeps its tokens under another batching); a seeded row draws its uniforms or noise from its
+own generator, so its tokens do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import torch
 
 from radixflow.kernels.bitmask import apply_bitmask_
 from radixflow.kernels.cpu import argmax_rows
-from radixflow.kernels.sampling import DEFAULT_NUM_ROUNDS, SamplingBackend, sample_from_logits
+from radixflow.kernels.dispatch import pick_backend
+from radixflow.kernels.sampling import (
+    DEFAULT_NUM_ROUNDS,
+    SamplingBackend,
+    sample_by_race_torch,
+    sample_from_logits,
+)
 
 from .batch import SamplingBatch
 from .logprobs import compute_logprobs, top_logprobs
@@ -66,6 +74,10 @@ def sample(
 
     if batch.all_greedy:
         next_ids = argmax_rows(work) if work.is_cpu else work.argmax(dim=-1)  # [bs]
+    elif pick_backend(backend, work) == "torch":
+        next_ids = sample_by_race_torch(work, batch.temperatures, batch.top_ks, batch.top_ps,
+                                        batch.min_ps, _exponential_noise(batch, work.shape,
+                                                                         work.device))
     else:
         next_ids = sample_from_logits(work, batch.temperatures, batch.top_ks, batch.top_ps,
                                       batch.min_ps, _uniforms(batch, work.device),
@@ -85,3 +97,16 @@ def _uniforms(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
         uniforms[row] = torch.rand(DEFAULT_NUM_ROUNDS, generator=batch.generators[row],
                                    device=device)
     return uniforms
+
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _exponential_noise(batch: SamplingBatch, shape: torch.Size,
+                       device: torch.device) -> torch.Tensor:
+    """The race's Exp(1) noise [bs, vocab]: seeded rows from their generator, the rest at once."""
+    noise = torch.empty(shape, dtype=torch.float32, device=device).exponential_()
+    for row in batch.seeded_rows:
+        noise[row] = torch.empty(shape[1], dtype=torch.float32, device=device).exponential_(
+            generator=batch.generators[row])
+    return noise.clamp_(min=_TINY)  # Exp(1) can return exactly 0, and x / 0 would win

@@ -1,6 +1,8 @@
-"""The engine's outputs are the same with the Triton attention and sampling kernels (run on the
-CPU by the interpreter) as with the CPU path (torch_native attention, torch sampling), through
-chunked prefill, batching and prefix reuse."""
+"""The engine's greedy outputs are the same with the Triton attention and sampling kernels (run
+on the CPU by the interpreter) as with the CPU path (torch_native attention, torch sampling),
+through chunked prefill, batching and prefix reuse. (A seeded draw is the same distribution on
+both, by different algorithms: CDF inversion in the kernel, the exponential race on the CPU;
+tests/sampling and tests/kernels/test_sampling.py check each against the kept set.)"""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch):
     assert not draws
     got = outputs(tiny_llama, "triton", "triton")
     assert draws  # the mixed batch was sampled by the Triton kernel
-    assert got == want
+    n = len(PROMPTS)
+    assert got[:2] == want[:2] and got[2][:n] == want[2][:n]  # every greedy row, mixed ones too
+    assert len(got[2][n]) == len(want[2][n]) == SEEDED["max_new_tokens"]
     first, again, mixed = want
-    assert first == again == mixed[:len(PROMPTS)]
+    assert first == again == mixed[:n]

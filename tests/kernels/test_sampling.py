@@ -13,6 +13,7 @@ import torch
 
 from radixflow.kernels.sampling import (
     kept_probs_torch,
+    sample_by_race_torch,
     sample_from_logits,
     sample_from_logits_torch,
 )
@@ -65,6 +66,39 @@ def test_reference_draws_only_kept_tokens_with_the_kept_distribution():
         freq = torch.bincount(tokens[r], minlength=40).float() / n
         sigma = (probs[r] * (1 - probs[r]) / n).sqrt()
         assert ((freq - probs[r]).abs() <= 4.5 * sigma + 1e-3).all()  # every token within 4.5σ
+
+
+def test_the_race_draws_the_same_kept_distribution():
+    """The CPU's draw (exponential race over a sort-found kept set), ties and -inf included."""
+    rows = ROWS
+    logits = make_logits(len(rows), 40, seed=4, scale=1.0)
+    probs = kept_probs_torch(logits, *params(rows))
+    n = 4000
+    big = logits.repeat_interleave(n, 0)
+    reps = [x.repeat_interleave(n, 0) for x in params(rows)]
+    noise = torch.empty(big.shape).exponential_(generator=torch.Generator().manual_seed(5))
+    tokens = sample_by_race_torch(big, *reps, noise).view(len(rows), n)
+    for r in range(len(rows)):
+        assert (probs[r][tokens[r]] > 0).all()  # only kept tokens; greedy rows their argmax
+        freq = torch.bincount(tokens[r], minlength=40).float() / n
+        sigma = (probs[r] * (1 - probs[r]) / n).sqrt()
+        assert ((freq - probs[r]).abs() <= 4.5 * sigma + 1e-3).all()
+
+
+def test_the_race_keeps_its_token_when_the_logits_round_differently():
+    """Why the CPU draws by race: a flat row's logits nudged by bf16-sized rounding keep almost
+    every draw (CDF inversion moves by the sum of all earlier tokens' rounding)."""
+    logits = torch.randn(2000, 512, generator=torch.Generator().manual_seed(6)) * 0.1
+    nudged = logits + torch.randn(logits.shape, generator=torch.Generator().manual_seed(7)) * 1e-3
+    one = torch.ones(2000)
+    k, p, m = torch.full((2000,), -1, dtype=torch.int32), one, torch.zeros(2000)
+    noise = torch.empty(logits.shape).exponential_(generator=torch.Generator().manual_seed(8))
+    race = (sample_by_race_torch(logits, one, k, p, m, noise)
+            == sample_by_race_torch(nudged, one, k, p, m, noise)).float().mean()
+    uniforms = torch.rand(2000, 32, generator=torch.Generator().manual_seed(9))
+    inversion = (sample_from_logits_torch(logits, one, k, p, m, uniforms)
+                 == sample_from_logits_torch(nudged, one, k, p, m, uniforms)).float().mean()
+    assert race > 0.99 and race > inversion, (race, inversion)
 
 
 def test_kept_set_semantics_by_hand():
