@@ -71,9 +71,7 @@ def _check(engine, outputs: list[dict], kinds_specs: list[tuple[str, str]], vali
         else:  # cut by max_new_tokens: still a valid prefix
             assert finish["type"] == "length", finish
             assert _prefix_ok(engine, kind, spec, out["text"]), out["text"]
-    # most outputs complete within the budget (how many is the random tiny model's, and a
-    # seed's draws changed with the sampler: the point above is that every one is valid)
-    assert stopped >= 0.5 * len(outputs), [o["text"] for o in outputs]
+    assert stopped >= 0.75 * len(outputs), [o["text"] for o in outputs]
 
 
 def test_json_schemas_greedy_and_sampled(engine):
