@@ -85,6 +85,7 @@ def measure_ceilings(s: Setup) -> tuple[float, float]:
 def bench_decode(s: Setup, copy_bw: float, *, bs: int, ctx: int, num_heads: int,
                  num_kv_heads: int, head_dim: int, scattered: bool, target: float | None):
     import torch
+
     from radixflow.kernels.attention import decode_attention, decode_attention_torch
 
     dtype = torch.float32 if s.smoke else torch.bfloat16
@@ -127,6 +128,7 @@ def bench_decode(s: Setup, copy_bw: float, *, bs: int, ctx: int, num_heads: int,
 def bench_extend(s: Setup, matmul_rate: float, *, bs: int, prefix_len: int, extend_len: int,
                  num_heads: int, num_kv_heads: int, head_dim: int, target: float | None):
     import torch
+
     from radixflow.kernels.attention import extend_attention, extend_attention_torch
 
     dtype = torch.float32 if s.smoke else torch.bfloat16
@@ -170,6 +172,7 @@ def bench_extend(s: Setup, matmul_rate: float, *, bs: int, prefix_len: int, exte
 
 def bench_bitmask(s: Setup, copy_bw: float, *, bs: int, vocab: int, constrained: str):
     import torch
+
     from radixflow.kernels.bitmask import apply_bitmask_, apply_bitmask_torch_
 
     dev = s.device
@@ -192,6 +195,7 @@ def bench_bitmask(s: Setup, copy_bw: float, *, bs: int, vocab: int, constrained:
 
 def bench_sampling(s: Setup, copy_bw: float, *, bs: int, vocab: int, mode: str):
     import torch
+
     from radixflow.kernels.sampling import sample_from_logits, sample_from_logits_torch
 
     dev = s.device

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 import pydantic
+
 import radixflow as rf
 
 

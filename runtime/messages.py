@@ -8,8 +8,6 @@ Nothing received is ever unpickled; `decode` only builds the classes in `Message
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from .sampling_params import SamplingParams
@@ -115,10 +113,8 @@ class ProcessFailed(_Msg):
     message: str
 
 
-Message = Union[
-    GenerateReq, AbortReq, FlushCacheReq, Finish, TokenBatchOut, TextBatchOut,
-    SchedulerStats, FlushCacheDone, ProcessFailed,
-]
+Message = (GenerateReq | AbortReq | FlushCacheReq | Finish | TokenBatchOut | TextBatchOut
+           | SchedulerStats | FlushCacheDone | ProcessFailed)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

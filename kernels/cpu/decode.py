@@ -1,5 +1,6 @@
 """ctypes binding of decode.c: one Llama-family decode step (one token for each of up to
-`Limits.max_batch` requests, 64) in one C call, in the build of the CPU level its weights were tiled at.
+`Limits.max_batch` requests, 64) in one C call, in the build of the CPU level its weights were
+tiled at.
 
 This module knows the C structures and nothing of radixflow's model classes:
 runtime/models/cpu_decode.py maps a model onto `LayerWeights` and `ModelShape`.

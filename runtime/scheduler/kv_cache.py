@@ -29,7 +29,8 @@ class KVCache:
     def alloc(self, n: int) -> torch.Tensor:
         slots = self.try_alloc(n)
         if slots is None:
-            raise RuntimeError(f"KV pool exhausted: needed {n} slots, admission should prevent this")
+            raise RuntimeError(f"KV pool exhausted: needed {n} slots, admission should "
+                               "prevent this")
         return slots
 
     def release(self, req: Req) -> None:

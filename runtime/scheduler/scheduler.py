@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import torch
+
 from radixflow.radix_cache import RadixTree
 
 from ..forward_batch import ForwardMode
@@ -109,7 +110,8 @@ class Scheduler:
     def stats_message(self) -> SchedulerStats:
         return SchedulerStats(
             num_running=len(self.running) + len(self.prefilling), num_waiting=len(self.waiting),
-            kv_used_tokens=self.kv_pool.num_slots - self.kv_pool.num_free - self.tree.evictable_size(),
+            kv_used_tokens=(self.kv_pool.num_slots - self.kv_pool.num_free
+                            - self.tree.evictable_size()),
             kv_total_tokens=self.kv_pool.num_slots, **self.stats)
 
     def check_slots(self) -> None:
@@ -172,10 +174,12 @@ class Scheduler:
             return (f"the prompt has {len(req.input_ids)} tokens; this model's context is "
                     f"{self.context_len} tokens")
         if len(req.input_ids) >= self.kv_pool.num_slots:
-            return f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.num_slots}"
+            return (f"the prompt has {len(req.input_ids)} tokens; the KV pool holds "
+                    f"{self.kv_pool.num_slots}")
         bad = [t for t in req.input_ids if not 0 <= t < self.runner.vocab_size]
         if bad:
-            return f"input_ids contains ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
+            return (f"input_ids contains ids outside the vocabulary "
+                    f"[0, {self.runner.vocab_size}): {bad[:5]}")
         return None
 
     def _abort(self, rid: str, why: str) -> None:

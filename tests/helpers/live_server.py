@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import requests
+
 from radixflow.runtime.server.runtime import free_port
 
 
@@ -95,10 +97,8 @@ class LiveServer:
 
 def kill_all(pids: set[int]) -> None:
     for p in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def server_info(server) -> dict:

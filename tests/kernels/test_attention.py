@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+
 from radixflow.kernels.attention import (
     decode_attention,
     decode_attention_torch,

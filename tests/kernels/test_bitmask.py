@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixflow.kernels.bitmask import apply_bitmask_, apply_bitmask_torch_
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixflow.runtime.attention.torch_native import TorchNativeAttnBackend
 from radixflow.runtime.attention.triton_backend import TritonAttnBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from radixflow.runtime.engine import Engine
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}

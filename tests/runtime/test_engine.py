@@ -4,13 +4,12 @@ and the slot-conservation invariant after every workload."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from helpers.engine_checks import settle
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import ContextTooLong, InvalidRequest
-from helpers.engine_checks import settle
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -170,7 +169,8 @@ def test_bad_prompts(engine):
     with pytest.raises(InvalidRequest):
         engine.generate(input_ids=[10**9], sampling_params={"max_new_tokens": 4})
     # the engine keeps serving
-    assert engine.generate("ok", {"max_new_tokens": 2, **GREEDY})["meta_info"]["completion_tokens"] == 2
+    ok = engine.generate("ok", {"max_new_tokens": 2, **GREEDY})
+    assert ok["meta_info"]["completion_tokens"] == 2
 
 
 def test_unknown_engine_argument(tiny_llama):

@@ -13,10 +13,11 @@ import time
 
 import jsonschema
 import pytest
+from helpers.engine_checks import jump_forward, settle
+
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import GrammarError, InvalidRequest, RadixflowError
 from radixflow.runtime.messages import Finish
-from helpers.engine_checks import jump_forward, settle
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 6},
@@ -264,6 +265,7 @@ def test_decode_rows_of_one_request_equal_an_extend(tiny_llama):
     """Jump-forward tokens ride in the decode pass as one query row each: their logits equal
     those of extending the same tokens."""
     import torch
+
     from radixflow.runtime.forward_batch import ForwardMode
     from radixflow.runtime.model_runner import BatchRequest
 

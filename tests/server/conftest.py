@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.live_server import descendants, wait_gone
 from helpers.tiny_models import make_tiny_model
+
 from radixflow.runtime.server.runtime import Runtime
 
 KV_POOL_TOKENS = 4096

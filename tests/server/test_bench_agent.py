@@ -11,7 +11,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds bench/
 
 import radixflow as rf
-
 from bench import agent
 
 

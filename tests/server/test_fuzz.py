@@ -16,8 +16,11 @@ FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None
 
 json_scalars = st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(
     allow_nan=False, allow_infinity=False) | st.text(max_size=12)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-    st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
 
 # Values that are wrong for the field they are put in.
 NOT_INT = st.one_of(st.text(max_size=5), st.floats(allow_nan=False).filter(

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import openai
 import pytest
 import requests
 from helpers.live_server import LiveServer, descendants, kill_all, wait_gone
+
 from radixflow.runtime.server_args import ServerArgs
 
 KEY = "s3cret-key"

@@ -51,8 +51,8 @@ def test_chat_stream_matches_non_stream(client):
 
 
 def test_seed_reproducible_and_n_choices_differ(client):
-    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0, "seed": 1234, "n": 3,
-              "extra_body": {"ignore_eos": True}}
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0,
+          "seed": 1234, "n": 3, "extra_body": {"ignore_eos": True}}
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     texts = [c.message.content for c in a.choices]

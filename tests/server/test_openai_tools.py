@@ -9,6 +9,7 @@ import json
 import jsonschema
 import openai
 import pytest
+
 from radixflow.runtime.errors import InvalidRequest
 from radixflow.runtime.server.openai_tools import CALL_BEGIN, CALL_END, plan_tools, with_tools
 
