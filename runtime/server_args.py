@@ -72,7 +72,8 @@ class ServerArgs:
     port: int = _arg(30000, "HTTP port")
     api_key: str | None = _arg(
         None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
-    seed: int = _arg(0, "global random seed")
+    seed: int = _arg(0, "seed of the draws of requests that carry no seed of their own: the "
+                     "same requests in the same order and batching give the same outputs")
     log_level: str = _arg("info", "logging level")
 
     def __post_init__(self) -> None:

@@ -46,6 +46,7 @@ def sample(
     top_logprobs_num: int = 0,
     need_logprobs: bool = True,
     backend: SamplingBackend = "auto",
+    generator: torch.Generator | None = None,
 ) -> SampleOutput:
     """Choose one token per row.
 
@@ -53,7 +54,8 @@ def sample(
     fp32 logits may be masked in place (never when logprobs are asked for).
     bitmask: xgrammar's packed int32 [bs, ceil(vocab / 32)] on the logits' device, applied to
     `mask_rows` (every row when None). Logprobs are of the raw logits, before masks, penalties
-    and temperature.
+    and temperature. `generator` (on the logits' device) draws for the rows with no generator
+    of their own (the server's --seed); None: torch's default.
     """
     bs, vocab = logits.shape
     if bs != batch.batch_size or vocab != batch.vocab_size:
@@ -77,10 +79,10 @@ def sample(
     elif pick_backend(backend, work) == "torch":
         next_ids = sample_by_race_torch(work, batch.temperatures, batch.top_ks, batch.top_ps,
                                         batch.min_ps, _exponential_noise(batch, work.shape,
-                                                                         work.device))
+                                                                         work.device, generator))
     else:
         next_ids = sample_from_logits(work, batch.temperatures, batch.top_ks, batch.top_ps,
-                                      batch.min_ps, _uniforms(batch, work.device),
+                                      batch.min_ps, _uniforms(batch, work.device, generator),
                                       backend=backend)
 
     if not need_logprobs:  # nobody asked: skip a full pass over the logits
@@ -90,9 +92,11 @@ def sample(
                         top_logprobs=top)
 
 
-def _uniforms(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+def _uniforms(batch: SamplingBatch, device: torch.device,
+              generator: torch.Generator | None) -> torch.Tensor:
     """The draw's uniforms [bs, rounds]: seeded rows from their generator, the rest at once."""
-    uniforms = torch.rand((batch.batch_size, DEFAULT_NUM_ROUNDS), device=device)
+    uniforms = torch.rand((batch.batch_size, DEFAULT_NUM_ROUNDS), device=device,
+                          generator=generator)
     for row in batch.seeded_rows:
         uniforms[row] = torch.rand(DEFAULT_NUM_ROUNDS, generator=batch.generators[row],
                                    device=device)
@@ -102,10 +106,11 @@ def _uniforms(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _exponential_noise(batch: SamplingBatch, shape: torch.Size,
-                       device: torch.device) -> torch.Tensor:
+def _exponential_noise(batch: SamplingBatch, shape: torch.Size, device: torch.device,
+                       generator: torch.Generator | None) -> torch.Tensor:
     """The race's Exp(1) noise [bs, vocab]: seeded rows from their generator, the rest at once."""
-    noise = torch.empty(shape, dtype=torch.float32, device=device).exponential_()
+    noise = torch.empty(shape, dtype=torch.float32, device=device).exponential_(
+        generator=generator)
     for row in batch.seeded_rows:
         noise[row] = torch.empty(shape[1], dtype=torch.float32, device=device).exponential_(
             generator=batch.generators[row])

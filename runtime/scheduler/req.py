@@ -30,7 +30,6 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
-    stream: bool = False
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     arrival: int = 0  # admission order, for FCFS and fairness
@@ -41,7 +40,6 @@ class Req:
     last_node: TreeNode | None = None  # locked tree node; unlocked exactly once
     finish: Finish | None = None
     num_retractions: int = 0
-    aborted: bool = False
     generator: torch.Generator | None = None
     stop_checker: Any = None  # IncrementalDetokenizer when the request has stop strings
     grammar: Any = None  # GrammarState when the request has a constraint
@@ -61,7 +59,7 @@ class Req:
         model's, where the sampler draws from it."""
         req = cls(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling,
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival)
+                  top_logprobs_num=msg.top_logprobs_num, arrival=arrival)
         if msg.sampling.seed is not None:
             req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req

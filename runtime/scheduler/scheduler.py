@@ -49,6 +49,8 @@ class Scheduler:
         self.kv_pool, self.req_to_token = self.runner.kv_pool, self.runner.req_to_token
         self.table = self.req_to_token.table
         self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token)
+        # the draws of requests that carry no seed of their own (--seed)
+        self.generator = torch.Generator(device=self.runner.device).manual_seed(args.seed)
         self.eos_ids = self._eos_ids(hf_config)
         self.waiting: list[Req] = []
         self.prefilling: list[Req] = []  # hold a row; prompt computed in chunks
@@ -381,7 +383,7 @@ class Scheduler:
         need_logprobs = any(r.return_logprob for r in reqs)
         result = sample(logits, batch, bitmask=bitmask, mask_rows=mask_rows,
                         top_logprobs_num=top_k, need_logprobs=need_logprobs,
-                        backend=self.args.sampling_backend)
+                        backend=self.args.sampling_backend, generator=self.generator)
         next_ids = result.next_ids.tolist()
         logprobs = result.logprobs.tolist() if need_logprobs else [0.0] * len(reqs)
         tops = None

@@ -201,3 +201,16 @@ def test_n_samples_with_one_seed_differ_and_repeat(engine):
     assert first == again
     assert len({tuple(ids) for ids in first}) == 3
     settle(engine)
+
+
+def test_server_seed_makes_unseeded_sampling_repeat(tiny_llama):
+    """--seed: requests without a seed draw from the server's generator, so the same requests
+    in the same order give the same outputs, and another server seed other ones."""
+    def run(seed: int) -> list[list[int]]:
+        with Engine(str(tiny_llama), dtype="float32", max_total_tokens=1000, seed=seed) as eng:
+            params = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+            return [eng.generate(p, params)["output_ids"] for p in ("Once upon", "A small")]
+
+    first = run(5)
+    assert run(5) == first
+    assert run(6) != first
