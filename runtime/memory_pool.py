@@ -72,5 +72,8 @@ class KVPool:
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # (a 16-bit pool under an fp32 model rounds K/V here)
-        self.k[layer_id].index_copy_(0, slots, k.to(self.k[layer_id].dtype))
-        self.v[layer_id].index_copy_(0, slots, v.to(self.v[layer_id].dtype))
+        pool_k, pool_v = self.k[layer_id], self.v[layer_id]
+        if k.dtype != pool_k.dtype:
+            k, v = k.to(pool_k.dtype), v.to(pool_v.dtype)
+        pool_k.index_copy_(0, slots, k)
+        pool_v.index_copy_(0, slots, v)

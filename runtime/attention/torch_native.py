@@ -131,7 +131,7 @@ class TorchNativeAttnBackend:
         # [bs, kv_heads, suffix, head_dim]
         keys = _read(k_pool, plan.kv_slots, plan.kv_run_start, q.dtype).transpose(1, 2)
         values = _read(v_pool, plan.kv_slots, plan.kv_run_start, q.dtype).transpose(1, 2)
-        mask = None if plan.mask is None else plan.mask.to(q.dtype)
+        mask = None if plan.mask is None else _as(plan.mask, q.dtype)
         out, lse = _flash(queries, keys, values, 0.0, False, attn_mask=mask, scale=self.scale)
         if plan.prefix_slots is not None:
             # all requests' queries against the shared prefix, gathered once
@@ -148,8 +148,8 @@ class TorchNativeAttnBackend:
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 plan: _ExtendPlan, bs: int) -> torch.Tensor:
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
-        keys = _gather(k_pool, plan.kv_slots).to(q.dtype).transpose(1, 2)
-        values = _gather(v_pool, plan.kv_slots).to(q.dtype).transpose(1, 2)
+        keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)
+        values = _as(_gather(v_pool, plan.kv_slots), q.dtype).transpose(1, 2)
         if plan.q_rows is not None:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
@@ -178,8 +178,15 @@ def _read(pool: torch.Tensor, slots: torch.Tensor, run_start: int | None,
     """pool[slots] for [..., n] slots as `dtype`: a view when they are the run run_start..
     (one request) and the pool holds that dtype (a 16-bit pool under an fp32 model: a copy)."""
     if run_start is None:
-        return _gather(pool, slots).to(dtype)
-    return pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:]).to(dtype)
+        return _as(_gather(pool, slots), dtype)
+    return _as(pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:]),
+               dtype)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as `dtype` (a 16-bit KV pool under an fp32 model); `.to` costs a dispatch even when it
+    has nothing to do, and this path runs a few times per layer."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
