@@ -68,6 +68,13 @@ class PushSocket:
     def send(self, msg: Message) -> None:
         self.sock.send(messages.encode(msg), copy=False)
 
+
+def send_to_each(msg: Message, *socks: PushSocket) -> None:
+    """One message to several sockets, encoded once."""
+    data = messages.encode(msg)
+    for push in socks:
+        push.sock.send(data, copy=False)
+
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` lets queued messages (a last ProcessFailed) still go out."""
         self.sock.close(linger=linger_ms)

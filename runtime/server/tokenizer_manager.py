@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from ..errors import InvalidRequest, ServerUnavailable
-from ..ipc import AsyncPullSocket, PushSocket
+from ..ipc import AsyncPullSocket, PushSocket, send_to_each
 from ..messages import (
     AbortReq,
     FlushCacheDone,
@@ -161,8 +161,7 @@ class TokenizerManager:
         for i, req in enumerate(reqs):
             self.states[req.rid] = _ReqState(req=req, index=i, group=group)
             # The detokenizer learns the stop strings first; then the scheduler starts.
-            self.detok_sock.send(req)
-            self.sched_sock.send(req)
+            send_to_each(req, self.detok_sock, self.sched_sock)
         if self.metrics is not None:
             self.metrics.requests_started(len(reqs))
         return group
@@ -171,9 +170,7 @@ class TokenizerManager:
         state = self.states.pop(rid, None)
         if state is None or self.failure is not None:
             return
-        abort = AbortReq(rid=rid)
-        self.sched_sock.send(abort)
-        self.detok_sock.send(abort)
+        send_to_each(AbortReq(rid=rid), self.sched_sock, self.detok_sock)
         if self.metrics is not None:
             self.metrics.request_aborted()
 
