@@ -12,6 +12,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable
 from ..native_api import ResponseBuilder, parse_generate, raise_if_rejected
+from ..program import execute_program
 from .metrics import CONTENT_TYPE
 from .respond import collect, respond
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
@@ -69,10 +70,6 @@ async def program(request: Request) -> Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         raise InvalidRequest("the program must be a JSON object")
-    try:
-        from radixflow.runtime.program import execute_program
-    except ImportError:
-        return error_response(501, "/program is not available in this build")
     state = server_state(request)
     loop = asyncio.get_running_loop()
 
