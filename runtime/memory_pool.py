@@ -9,10 +9,15 @@ import torch
 
 
 class ReqToTokenPool:
-    """[max_running, max_context] int32 table: (request row, position) -> KV slot."""
+    """`req_to_token`, [max_running, max_context] int32: (req_pool_idx, position) -> KV slot.
+
+    A running request holds one row, its `req_pool_idx`; a batch lists its requests' rows as
+    `req_pool_indices`.
+    """
 
     def __init__(self, max_running: int, max_context: int, device: torch.device | str = "cpu"):
-        self.table = torch.zeros((max_running, max_context), dtype=torch.int32, device=device)
+        self.req_to_token = torch.zeros((max_running, max_context), dtype=torch.int32,
+                                        device=device)
         self._free_rows = list(range(max_running - 1, -1, -1))
         self.size = max_running
 
@@ -23,8 +28,8 @@ class ReqToTokenPool:
     def alloc(self) -> int | None:
         return self._free_rows.pop() if self._free_rows else None
 
-    def free(self, row: int) -> None:
-        self._free_rows.append(row)
+    def free(self, req_pool_idx: int) -> None:
+        self._free_rows.append(req_pool_idx)
 
 
 class KVPool:

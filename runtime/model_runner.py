@@ -47,7 +47,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 class BatchRequest:
     """One request's part of a forward: `ids` go in at positions start_pos.. with these slots."""
 
-    row: int
+    req_pool_idx: int  # its row of req_to_token
     ids: list[int]
     start_pos: int
     logit_offsets: list[int]  # offsets within `ids` whose logits are wanted
@@ -76,7 +76,8 @@ class ModelRunner:
         num_slots = args.max_total_tokens or self._default_num_slots(per_token)
         self.kv_pool = KVPool(num_slots, ma.num_layers, ma.num_kv_heads, ma.head_dim,
                               self.kv_dtype, self.device)
-        self.req_to_token = ReqToTokenPool(args.max_running_requests, self.context_len, self.device)
+        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests, self.context_len,
+                                                self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
                                              ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
         self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
@@ -192,9 +193,9 @@ class ModelRunner:
                 and all(len(p.ids) == 1 and p.logit_offsets == [0] for p in parts)):
             # one token per request: no batch tensors to build, one C call
             return c_step.run([p.ids[0] for p in parts], [p.start_pos for p in parts], out_slots,
-                              [p.row for p in parts], self.req_to_token.table)
+                              [p.req_pool_idx for p in parts], self.req_to_token_pool.req_to_token)
         input_ids, positions, logits_indices = [], [], []
-        seq_lens, prefix_lens, ext_lens, rows = [], [], [], []
+        seq_lens, prefix_lens, ext_lens, req_pool_indices = [], [], [], []
         offset = 0
         for part in parts:
             n = len(part.ids)
@@ -204,7 +205,7 @@ class ModelRunner:
             prefix_lens.append(part.start_pos)
             ext_lens.append(n)
             seq_lens.append(part.start_pos + n)
-            rows.append(part.row)
+            req_pool_indices.append(part.req_pool_idx)
             offset += n
         dev = self.device
 
@@ -213,10 +214,10 @@ class ModelRunner:
 
         batch = ForwardBatch(
             mode=mode, input_ids=t(input_ids), positions=t(positions),
-            out_slots=out_slots.to(dev), req_pool_indices=t(rows), seq_lens=t(seq_lens),
+            out_slots=out_slots.to(dev), req_pool_indices=t(req_pool_indices), seq_lens=t(seq_lens),
             prefix_lens=t(prefix_lens), extend_lens=t(ext_lens), seq_lens_cpu=seq_lens,
             prefix_lens_cpu=prefix_lens, extend_lens_cpu=ext_lens,
-            logits_indices=t(logits_indices), req_to_token=self.req_to_token.table,
+            logits_indices=t(logits_indices), req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.kv_pool,
         )
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):

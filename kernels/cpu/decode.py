@@ -120,26 +120,30 @@ class DecodeStep:
         return dict(zip(PROFILE_PHASES, self._profile.tolist()))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 out_slots: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                 out_slots: torch.Tensor, req_to_token: torch.Tensor,
+                 req_pool_indices: torch.Tensor,
                  lens: torch.Tensor) -> torch.Tensor:
         """One token for each of B requests. x: fp32 [B, hidden] (embeddings); cos, sin: fp32
         [B, head_dim] (their positions' rope rows); out_slots: int64 [B], where their K/V go;
-        table: the int32 [requests, context] request -> KV slot table, whose row rows[r] holds
-        request r's lens[r] slots (out_slots[r] last); rows, lens: int64 [B].
+        req_to_token: the int32 [requests, context] request -> KV slot table, whose row
+        req_pool_indices[r] holds request r's lens[r] slots (out_slots[r] last);
+        req_pool_indices, lens: int64 [B].
         Returns logits [B, vocab]."""
         batch = x.shape[0]
         if not 0 < batch <= self.max_batch:
             raise ValueError(f"{batch} requests, expected 1..{self.max_batch}")
         for name, t, dtype in (("x", x, torch.float32), ("cos", cos, torch.float32),
                                ("sin", sin, torch.float32), ("out_slots", out_slots, torch.int64),
-                               ("table", table, torch.int32), ("rows", rows, torch.int64),
+                               ("req_to_token", req_to_token, torch.int32),
+                               ("req_pool_indices", req_pool_indices, torch.int64),
                                ("lens", lens, torch.int64)):
             if t.dtype != dtype or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous {dtype} tensor")
-        if int(lens.min()) < 1 or int(lens.max()) > min(self.max_context, table.shape[1]):
+        if int(lens.min()) < 1 or int(lens.max()) > min(self.max_context, req_to_token.shape[1]):
             raise ValueError(f"KV lengths must be 1..{self.max_context}")
         logits = torch.empty(batch, self.shape.vocab, dtype=torch.float32)
         self._step(self._model_ref, batch, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                   out_slots.data_ptr(), table.data_ptr(), table.shape[1], rows.data_ptr(),
+                   out_slots.data_ptr(), req_to_token.data_ptr(), req_to_token.shape[1],
+                   req_pool_indices.data_ptr(),
                    lens.data_ptr(), logits.data_ptr())
         return logits

@@ -91,15 +91,15 @@ class CpuDecode:
 
     @torch.inference_mode()
     def run(self, tokens: list[int], positions: list[int], out_slots: torch.Tensor,
-            rows: list[int], table: torch.Tensor) -> torch.Tensor:
+            req_pool_indices: list[int], req_to_token: torch.Tensor) -> torch.Tensor:
         """Logits (float32, [B, vocab]) after tokens[r] at positions[r] for B requests; their
-        K/V go to out_slots (int64 [B]). table: the request -> KV slot table (int32), whose
-        row rows[r] already holds out_slots[r] at positions[r]."""
+        K/V go to out_slots (int64 [B]). req_to_token: the request -> KV slot table (int32),
+        whose row req_pool_indices[r] already holds out_slots[r] at positions[r]."""
         self.calls += 1
         model = self.model
         ids = torch.tensor(tokens, dtype=torch.int64)
         pos = torch.tensor(positions, dtype=torch.int64)
         x = model.embed_tokens.weight.index_select(0, ids).float()
         cos, sin = model.rope.cos.index_select(0, pos), model.rope.sin.index_select(0, pos)
-        return self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), table,
-                         torch.tensor(rows, dtype=torch.int64), pos + 1)
+        return self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), req_to_token,
+                         torch.tensor(req_pool_indices, dtype=torch.int64), pos + 1)

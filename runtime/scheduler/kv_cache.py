@@ -15,9 +15,9 @@ from .req import Req
 
 
 class KVCache:
-    def __init__(self, tree: RadixTree, kv_pool: KVPool, req_to_token: ReqToTokenPool):
-        self.tree, self.kv_pool, self.req_to_token = tree, kv_pool, req_to_token
-        self.table = req_to_token.table
+    def __init__(self, tree: RadixTree, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool):
+        self.tree, self.kv_pool, self.req_to_token_pool = tree, kv_pool, req_to_token_pool
+        self.req_to_token = req_to_token_pool.req_to_token
 
     def try_alloc(self, n: int) -> torch.Tensor | None:
         """n free slots, evicting unlocked tree leaves if needed; None if they cannot be had."""
@@ -34,9 +34,9 @@ class KVCache:
         return slots
 
     def release(self, req: Req) -> None:
-        """Hand the request's computed tokens to the tree, unlock, give back the row."""
+        """Hand the request's computed tokens to the tree, unlock, give back its row."""
         n = req.computed_len
-        slots = self.table[req.row, :n].long()
+        slots = self.req_to_token[req.req_pool_idx, :n].long()
         if self.tree.disabled:
             self.kv_pool.free(slots)
         else:
@@ -44,8 +44,8 @@ class KVCache:
             if dup > req.tree_len:
                 self.kv_pool.free(slots[req.tree_len:dup])
         self.tree.unlock(req.last_node)
-        self.req_to_token.free(req.row)
-        req.row, req.last_node, req.tree_len, req.computed_len = None, None, 0, 0
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node, req.tree_len, req.computed_len = None, None, 0, 0
 
     def cache_unfinished(self, req: Req) -> None:
         """Insert what the request has computed so far and re-point its row at the tree."""
@@ -53,12 +53,12 @@ class KVCache:
             return
         n = req.computed_len
         key = req.fill_ids[:n]
-        slots = self.table[req.row, :n].long()
+        slots = self.req_to_token[req.req_pool_idx, :n].long()
         dup = self.tree.insert(key, slots.clone())
         if dup > req.tree_len:
             self.kv_pool.free(slots[req.tree_len:dup])
         match = self.tree.match_prefix(key)
-        self.table[req.row, :match.length] = cat_slots(match.values).to(torch.int32)
+        self.req_to_token[req.req_pool_idx, :match.length] = cat_slots(match.values).to(torch.int32)
         self.tree.lock(match.last_node)
         self.tree.unlock(req.last_node)
         req.last_node, req.tree_len = match.last_node, match.length

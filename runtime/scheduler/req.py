@@ -36,7 +36,7 @@ class Req:
     cached_len: int = 0  # prompt tokens whose KV came from the tree at first admission
     computed_len: int = 0  # tokens of fill_ids whose KV is in the pool (row prefix)
     tree_len: int = 0  # leading tokens whose slots the tree owns (locked through last_node)
-    row: int | None = None  # row in ReqToTokenPool
+    req_pool_idx: int | None = None  # its row of req_to_token (ReqToTokenPool)
     last_node: TreeNode | None = None  # locked tree node; unlocked exactly once
     finish: Finish | None = None
     num_retractions: int = 0

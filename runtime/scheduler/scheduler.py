@@ -46,9 +46,9 @@ class Scheduler:
         self.tokenizer = tokenizer or load_tokenizer(args.tokenizer or self.model_folder)
         self.runner = ModelRunner(args, self.model_folder, hf_config)
         self.tree = RadixTree(disabled=args.disable_radix_cache)
-        self.kv_pool, self.req_to_token = self.runner.kv_pool, self.runner.req_to_token
-        self.table = self.req_to_token.table
-        self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token)
+        self.kv_pool, self.req_to_token_pool = self.runner.kv_pool, self.runner.req_to_token_pool
+        self.req_to_token = self.req_to_token_pool.req_to_token
+        self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token_pool)
         # the draws of requests that carry no seed of their own (--seed)
         self.generator = torch.Generator(device=self.runner.device).manual_seed(args.seed)
         self.eos_ids = self._eos_ids(hf_config)
@@ -203,7 +203,7 @@ class Scheduler:
         budget = Budget(
             tokens=self.args.max_prefill_tokens,
             kv_slots=self.kv_pool.num_free + self.tree.evictable_size() - reserved,
-            rows=self.req_to_token.num_free,
+            rows=self.req_to_token_pool.num_free,
             running=self.args.max_running_requests - len(self.running) - len(self.prefilling))
         matches = {}
 
@@ -241,11 +241,11 @@ class Scheduler:
         if cached < match.length:  # only part of the match is used: lock a shorter path
             match = self.tree.match_prefix(req.fill_ids[:cached])
             node = match.last_node
-        req.row = self.req_to_token.alloc()
+        req.req_pool_idx = self.req_to_token_pool.alloc()
         self.tree.lock(node)
         req.last_node, req.tree_len, req.computed_len = node, cached, cached
         if cached:
-            self.table[req.row, :cached] = cat_slots(match.values).to(torch.int32)
+            self.req_to_token[req.req_pool_idx, :cached] = cat_slots(match.values).to(torch.int32)
         if req.num_retractions == 0:
             req.cached_len = cached
             self.stats["cache_hit_tokens"] += cached
@@ -267,7 +267,7 @@ class Scheduler:
             req, n = plan.req, plan.extend_len
             start = req.computed_len
             slots = self.kv.alloc(n)
-            self.table[req.row, start:start + n] = slots.to(torch.int32)
+            self.req_to_token[req.req_pool_idx, start:start + n] = slots.to(torch.int32)
             slot_chunks.append(slots)
             completes = start + n == req.seq_len
             offsets = []
@@ -283,7 +283,8 @@ class Scheduler:
                 sample_reqs.append(req)
                 sample_rows.append(row + len(offsets) - 1)
             row += len(offsets)
-            parts.append(BatchRequest(req.row, req.fill_ids[start:start + n], start, offsets))
+            parts.append(BatchRequest(req.req_pool_idx, req.fill_ids[start:start + n], start,
+                                      offsets))
         mask = self.grammars.start_fill(sample_reqs)  # overlaps the forward
         logits = self._forward(ForwardMode.EXTEND, parts, torch.cat(slot_chunks))
         for plan in plans:
@@ -340,9 +341,10 @@ class Scheduler:
         parts, used = [], 0
         for req in reqs:
             start, end = req.computed_len, req.seq_len
-            self.table[req.row, start:end] = slots[used:used + end - start].to(torch.int32)
+            self.req_to_token[req.req_pool_idx, start:end] = \
+                slots[used:used + end - start].to(torch.int32)
             used += end - start
-            parts += [BatchRequest(req.row, [req.fill_ids[pos]], pos,
+            parts += [BatchRequest(req.req_pool_idx, [req.fill_ids[pos]], pos,
                                    [0] if pos == end - 1 else []) for pos in range(start, end)]
         mask = self.grammars.start_fill(reqs)  # overlaps the forward
         logits = self._forward(ForwardMode.DECODE, parts, slots)
@@ -366,7 +368,7 @@ class Scheduler:
     def _forward(self, mode: ForwardMode, parts: list[BatchRequest],
                  slots: torch.Tensor) -> torch.Tensor:
         self.num_forward_passes += 1
-        self.num_request_forwards += len({part.row for part in parts})
+        self.num_request_forwards += len({part.req_pool_idx for part in parts})
         return self.runner.forward(mode, parts, slots)
 
     # ---- sampling and finishing ----
@@ -467,7 +469,8 @@ class Scheduler:
         del req.output_ids[-num_tokens:]
         self.stats["generation_tokens"] -= num_tokens
         if req.computed_len > req.seq_len:
-            self.kv_pool.free(self.table[req.row, req.seq_len:req.computed_len].long())
+            dropped = self.req_to_token[req.req_pool_idx, req.seq_len:req.computed_len]
+            self.kv_pool.free(dropped.long())
             req.computed_len = req.seq_len
         if req.stop_checker is not None:  # it cannot take tokens back: rebuild it
             req.stop_checker = self._new_stop_checker(req)

@@ -17,11 +17,11 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 def make_batch(mode, pools, rows, prefix_lens, extend_lens):
-    kv_pool, req_to_token = pools
+    kv_pool, req_to_token_pool = pools
     out_slots = kv_pool.alloc(sum(extend_lens))
     used = 0
     for row, prefix_len, extend_len in zip(rows, prefix_lens, extend_lens, strict=True):
-        req_to_token.table[row, prefix_len:prefix_len + extend_len] = \
+        req_to_token_pool.req_to_token[row, prefix_len:prefix_len + extend_len] = \
             out_slots[used:used + extend_len].int()
         used += extend_len
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
@@ -36,7 +36,7 @@ def make_batch(mode, pools, rows, prefix_lens, extend_lens):
         seq_lens=t(seq_lens), prefix_lens=t(prefix_lens), extend_lens=t(extend_lens),
         seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens),
         extend_lens_cpu=list(extend_lens),
-        logits_indices=t([len(positions) - 1]), req_to_token=req_to_token.table,
+        logits_indices=t([len(positions) - 1]), req_to_token=req_to_token_pool.req_to_token,
         kv_pool=kv_pool,
     )
 

@@ -58,10 +58,10 @@ def _reference_of(quantized: ModelRunner, folder) -> ModelRunner:
 def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.Tensor:
     """Logits after each token, every token fed as a one-token decode step."""
     slots = runner.kv_pool.alloc(len(tokens))
-    runner.req_to_token.table[row, :len(tokens)] = slots.to(torch.int32)
+    runner.req_to_token_pool.req_to_token[row, :len(tokens)] = slots.to(torch.int32)
     out = []
     for i, tok in enumerate(tokens):
-        part = BatchRequest(row=row, ids=[tok], start_pos=i, logit_offsets=[0])
+        part = BatchRequest(req_pool_idx=row, ids=[tok], start_pos=i, logit_offsets=[0])
         out.append(runner.forward(ForwardMode.DECODE, [part], slots[i:i + 1]))
     runner.kv_pool.free(slots)
     return torch.cat(out)
@@ -154,11 +154,11 @@ def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]]) -> list[to
     step holds one token of each request not yet done (so the batch shrinks)."""
     slots = [runner.kv_pool.alloc(len(seq)) for seq in seqs]
     for row, (seq, s) in enumerate(zip(seqs, slots)):
-        runner.req_to_token.table[row, :len(seq)] = s.to(torch.int32)
+        runner.req_to_token_pool.req_to_token[row, :len(seq)] = s.to(torch.int32)
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
     for i in range(max(map(len, seqs))):
         live = [r for r, seq in enumerate(seqs) if i < len(seq)]
-        parts = [BatchRequest(row=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0])
+        parts = [BatchRequest(req_pool_idx=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0])
                  for r in live]
         out_slots = torch.cat([slots[r][i:i + 1] for r in live])
         logits = runner.forward(ForwardMode.DECODE, parts, out_slots)
@@ -194,13 +194,14 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
     prefix = (TOKENS * 3)[:45]
     suffixes = [TOKENS[:9], TOKENS[4:16], TOKENS[7:10], TOKENS[::-1][:11]]
     shared = runner.kv_pool.alloc(len(prefix))
-    runner.req_to_token.table[0, :len(prefix)] = shared.to(torch.int32)
+    runner.req_to_token_pool.req_to_token[0, :len(prefix)] = shared.to(torch.int32)
     for i, tok in enumerate(prefix):  # the prefix computed once, by row 0
         runner.forward(ForwardMode.DECODE, [BatchRequest(0, [tok], i, [0])], shared[i:i + 1])
     own = [runner.kv_pool.alloc(len(s)) for s in suffixes]
     for row, slots in enumerate(own):
-        runner.req_to_token.table[row, :len(prefix)] = shared.to(torch.int32)
-        runner.req_to_token.table[row, len(prefix):len(prefix) + len(slots)] = slots.to(torch.int32)
+        runner.req_to_token_pool.req_to_token[row, :len(prefix)] = shared.to(torch.int32)
+        req_to_token = runner.req_to_token_pool.req_to_token
+        req_to_token[row, len(prefix):len(prefix) + len(slots)] = slots.to(torch.int32)
     got: list[list[torch.Tensor]] = [[] for _ in suffixes]
     for i in range(max(map(len, suffixes))):
         live = [r for r, s in enumerate(suffixes) if i < len(s)]

@@ -276,9 +276,9 @@ def test_decode_rows_of_one_request_equal_an_extend(tiny_llama):
     forced = engine.tokenizer.encode(' over the lazy dog.')
     logits = []
     for decode_rows in (False, True):
-        row = runner.req_to_token.alloc()
+        row = runner.req_to_token_pool.alloc()
         slots = runner.kv_pool.alloc(len(prompt) + len(forced))
-        runner.req_to_token.table[row, :len(slots)] = slots.to(torch.int32)
+        runner.req_to_token_pool.req_to_token[row, :len(slots)] = slots.to(torch.int32)
         runner.forward(ForwardMode.EXTEND, [BatchRequest(row, prompt, 0, [])],
                        slots[:len(prompt)])
         rest = slots[len(prompt):]

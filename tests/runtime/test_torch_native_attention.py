@@ -33,7 +33,7 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
     torch.manual_seed(0)
     bs = len(prefix_lens)
     pool = KVPool(2000, 1, KVH, D, dtype)
-    table = ReqToTokenPool(bs, 512).table
+    table = ReqToTokenPool(bs, 512).req_to_token
     shared = pool.alloc(shared_prefix)
     for i, p in enumerate(prefix_lens):
         own = pool.alloc(p - shared_prefix)
