@@ -61,13 +61,13 @@ def score_decode(ids: list[int], level: str) -> tuple[torch.Tensor, list[int], s
         runner = engine.scheduler.runner  # idle: the engine has no request
         if runner.cpu_decode is None:
             raise SystemExit("the C decode step does not run on this machine")
-        row, slots = runner.req_to_token.alloc(), runner.kv_pool.alloc(len(ids))
-        runner.req_to_token.table[row, :len(ids)] = slots.to(torch.int32)
+        row, slots = runner.req_to_token_pool.alloc(), runner.kv_pool.alloc(len(ids))
+        runner.req_to_token_pool.req_to_token[row, :len(ids)] = slots.to(torch.int32)
         logits = torch.cat([
             runner.forward(ForwardMode.DECODE, [BatchRequest(row, [tok], i, [0])], slots[i:i + 1])
             for i, tok in enumerate(ids[:-1])])
         runner.kv_pool.free(slots)
-        runner.req_to_token.free(row)
+        runner.req_to_token_pool.free(row)
         applied = engine.scheduler.model_info()["quantization"]
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
