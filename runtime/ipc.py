@@ -2,10 +2,10 @@
 
 Convention: the receiving end of each link binds, senders connect.
 
-    TokenizerManager --PUSH--> scheduler_addr (Scheduler PULL binds)
-    TokenizerManager --PUSH--> detokenizer_addr (GenerateReq/AbortReq: stop strings, cleanup)
+    SchedulerClient --PUSH--> scheduler_addr (Scheduler PULL binds)
+    SchedulerClient --PUSH--> detokenizer_addr (GenerateReq/AbortReq: stop strings, cleanup)
     Scheduler        --PUSH--> detokenizer_addr (Detokenizer PULL binds)
-    Detokenizer      --PUSH--> tokenizer_addr   (TokenizerManager PULL binds)
+    Detokenizer      --PUSH--> client_addr      (SchedulerClient PULL binds)
 
 Every socket of the server is one of these wrappers, and only `messages.decode` ever turns
 received bytes into objects: nothing is unpickled.
@@ -30,7 +30,7 @@ from .messages import Message
 class IpcAddrs:
     scheduler: str
     detokenizer: str
-    tokenizer: str
+    client: str
     folder: str
 
     @classmethod
@@ -39,7 +39,7 @@ class IpcAddrs:
         folder = tempfile.mkdtemp(prefix="rf-")
         os.chmod(folder, 0o700)
         return cls(scheduler=f"ipc://{folder}/s", detokenizer=f"ipc://{folder}/d",
-                   tokenizer=f"ipc://{folder}/t", folder=folder)
+                   client=f"ipc://{folder}/c", folder=folder)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 Nothing received is ever unpickled; `decode` only builds the classes in `Message`.
 
-    HTTP/TokenizerManager --GenerateReq/AbortReq/FlushCacheReq--> Scheduler
-    Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> TokenizerManager
+    HTTP/SchedulerClient --GenerateReq/AbortReq/FlushCacheReq--> Scheduler
+    Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> SchedulerClient
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def load_decoder(tokenizer_path: str) -> Any:
     path = Path(tokenizer_path) / "tokenizer.json"
     if path.is_file():
         return TokenizerJsonDecoder(path)
-    from .tokenizer_manager import load_tokenizer
+    from .scheduler_client import load_tokenizer
 
     return load_tokenizer(tokenizer_path)
 

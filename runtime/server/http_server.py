@@ -1,7 +1,7 @@
 """The FastAPI app: the native and OpenAI routers, auth, and the one error handler.
 
 A request's path: route handler (native_routes, openai_api) -> request building (native_api,
-openai_requests) -> TokenizerManager.submit -> respond (JSON or SSE, via native_api's
+openai_requests) -> SchedulerClient.submit -> respond (JSON or SSE, via native_api's
 ResponseBuilder and openai_responses).
 """
 
@@ -21,21 +21,21 @@ from ..server_args import ServerArgs
 from . import native_routes, openai_api
 from .metrics import Metrics
 from .responses import error_response, validation_error
+from .scheduler_client import SchedulerClient
 from .state import ServerState
-from .tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(args: ServerArgs, tm: TokenizerManager, metrics: Metrics | None = None,
+def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | None = None,
                *, served_model_name: str, processes: dict[str, int] | None = None) -> FastAPI:
-    """The whole HTTP surface; `tm` must be started on the loop that serves the app.
+    """The whole HTTP surface; `client` must be started on the loop that serves the app.
 
     `processes` (name -> pid of the server's processes) is shown in /get_server_info.
     """
     app = FastAPI(title="radixflow", version=native_routes.VERSION, docs_url=None,
                   redoc_url=None)
-    app.state.server = ServerState(args=args, tm=tm, served_model_name=served_model_name,
+    app.state.server = ServerState(args=args, client=client, served_model_name=served_model_name,
                                    metrics=metrics, processes=processes or {})
     for exc_type, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(exc_type, handler)

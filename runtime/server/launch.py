@@ -213,7 +213,7 @@ def serve(args: ServerArgs) -> int:
 def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:
     """Start both children, load the tokenizer meanwhile, wait until the model is ready."""
     from ..model_loader import DEFAULT_MODEL_NAME, resolve_model
-    from .tokenizer_manager import load_tokenizer
+    from .scheduler_client import load_tokenizer
 
     served = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     folder = str(resolve_model(args.model))
@@ -223,7 +223,7 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
                                 addrs.scheduler, addrs.detokenizer)
     detok_conn = children.start("detokenizer",
                                 "radixflow.runtime.server.detokenizer:run_detokenizer",
-                                tokenizer_path, addrs.detokenizer, addrs.tokenizer)
+                                tokenizer_path, addrs.detokenizer, addrs.client)
     bar = _LoadingBar(served)
     try:
         tokenizer = load_tokenizer(tokenizer_path)
@@ -266,31 +266,31 @@ class _HttpProcess:
 
         from .http_server import create_app
         from .metrics import Metrics
-        from .tokenizer_manager import TokenizerManager
+        from .scheduler_client import SchedulerClient
 
         args, addrs = self.args, self.addrs
-        tm: TokenizerManager | None = None
-        metrics = Metrics(self.served, lambda: tm.stats if tm is not None else None)
-        tm = TokenizerManager(self.tokenizer, self.model_info, scheduler_addr=addrs.scheduler,
-                              detokenizer_addr=addrs.detokenizer, recv_addr=addrs.tokenizer,
+        client: SchedulerClient | None = None
+        metrics = Metrics(self.served, lambda: client.stats if client is not None else None)
+        client = SchedulerClient(self.tokenizer, self.model_info, scheduler_addr=addrs.scheduler,
+                              detokenizer_addr=addrs.detokenizer, recv_addr=addrs.client,
                               metrics=metrics)
-        tm.start()
+        client.start()
         processes = {"http": os.getpid(),
                      **{name: proc.pid for name, proc in self.children.procs.items()}}
-        app = create_app(args, tm, metrics, served_model_name=self.served, processes=processes)
+        app = create_app(args, client, metrics, served_model_name=self.served, processes=processes)
         server = uvicorn.Server(uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
             timeout_graceful_shutdown=3, timeout_keep_alive=30))
-        watcher = asyncio.create_task(self._watch(server, tm))
+        watcher = asyncio.create_task(self._watch(server, client))
         try:
             await server.serve()
         finally:
             watcher.cancel()
-            await tm.close()
+            await client.close()
         if not server.started and self.exit_code == 0:
             self.exit_code = 1  # could not bind the port; uvicorn logged why
 
-    async def _watch(self, server: Any, tm: Any) -> None:
+    async def _watch(self, server: Any, client: Any) -> None:
         """Announce the server once it listens; shut it down when a child or the pipeline
         fails."""
         announced = False
@@ -299,11 +299,11 @@ class _HttpProcess:
                 announced = True
                 _announce(server, self.args, self.served)
             dead = self.children.dead()
-            if dead is not None or tm.failure is not None:
+            if dead is not None or client.failure is not None:
                 reason = (f"the {dead[0]} process died unexpectedly (exit code {dead[1]})"
-                          if dead is not None else tm.failure)
+                          if dead is not None else client.failure)
                 logger.error("%s; the server is unhealthy and shuts down", reason)
-                tm.fail(reason or "a server process failed")
+                client.fail(reason or "a server process failed")
                 self.exit_code = 1
                 await asyncio.sleep(0.5)  # let waiting clients receive their 503s
                 server.should_exit = True

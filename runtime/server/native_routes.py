@@ -16,8 +16,8 @@ from ..program import execute_program
 from .metrics import CONTENT_TYPE
 from .respond import collect, respond
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
+from .scheduler_client import RequestGroup, SchedulerClient
 from .state import ServerState, read_json, server_state
-from .tokenizer_manager import RequestGroup, TokenizerManager
 
 VERSION = "0.1.0"
 
@@ -26,13 +26,13 @@ router = APIRouter()
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    tm = server_state(request).tm
-    parsed = parse_generate(await read_json(request), tm.tokenizer, tm.context_length,
-                            vocab_size=tm.vocab_size)
-    group = tm.submit(parsed.reqs)
-    builders = parsed.builders(tm.tokenizer)
+    client = server_state(request).client
+    parsed = parse_generate(await read_json(request), client.tokenizer, client.context_length,
+                            vocab_size=client.vocab_size)
+    group = client.submit(parsed.reqs)
+    builders = parsed.builders(client.tokenizer)
     return await respond(
-        tm, group, builders, request,
+        client, group, builders, request,
         stream=native_stream(group, builders) if parsed.stream else None,
         result=lambda bs: parsed.response([b.result() for b in bs]))
 
@@ -53,13 +53,14 @@ async def native_stream(group: RequestGroup, builders: list[ResponseBuilder]
     yield SSE_DONE
 
 
-async def generate_json(tm: TokenizerManager, body: Any) -> Any:
+async def generate_json(client: SchedulerClient, body: Any) -> Any:
     """/generate for in-process callers (the /program executor): the response object."""
     if isinstance(body, dict):
         body = {**body, "stream": False}
-    parsed = parse_generate(body, tm.tokenizer, tm.context_length, vocab_size=tm.vocab_size)
-    builders = parsed.builders(tm.tokenizer)
-    async with tm.submit(parsed.reqs) as group:
+    parsed = parse_generate(body, client.tokenizer, client.context_length,
+                            vocab_size=client.vocab_size)
+    builders = parsed.builders(client.tokenizer)
+    async with client.submit(parsed.reqs) as group:
         await collect(group, builders)
     raise_if_rejected(builders)
     return parsed.response([b.result() for b in builders])
@@ -74,7 +75,8 @@ async def program(request: Request) -> Response:
     loop = asyncio.get_running_loop()
 
     def generate_sync(gen_body: dict) -> dict:
-        return asyncio.run_coroutine_threadsafe(generate_json(state.tm, gen_body), loop).result()
+        work = generate_json(state.client, gen_body)
+        return asyncio.run_coroutine_threadsafe(work, loop).result()
 
     result = await loop.run_in_executor(state.program_pool, execute_program, body, generate_sync)
     return OrjsonResponse(result)
@@ -82,16 +84,16 @@ async def program(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    tm = server_state(request).tm
-    if not tm.is_healthy:
-        return error_response(503, tm.failure or "unhealthy")
+    client = server_state(request).client
+    if not client.is_healthy:
+        return error_response(503, client.failure or "unhealthy")
     return Response(status_code=200)
 
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
     body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    await asyncio.wait_for(generate_json(server_state(request).tm, body), timeout=60)
+    await asyncio.wait_for(generate_json(server_state(request).client, body), timeout=60)
     return Response(status_code=200)
 
 
@@ -99,9 +101,9 @@ async def health_generate(request: Request) -> Response:
 @router.get("/model_info")
 async def model_info(request: Request) -> Response:
     state = server_state(request)
-    info = dict(state.tm.model_info)
+    info = dict(state.client.model_info)
     info.setdefault("tokenizer_path", state.args.tokenizer or info.get("model_path"))
-    tok = state.tm.tokenizer
+    tok = state.client.tokenizer
     info.update(is_generation=True, served_model_name=state.served_model_name,
                 chat_template=getattr(tok, "chat_template", None),
                 bos_token=getattr(tok, "bos_token", None),
@@ -116,24 +118,24 @@ async def get_server_info(request: Request) -> Response:
 
 
 def server_info(state: ServerState) -> dict:
-    tm = state.tm
+    client = state.client
     info = {k: v for k, v in dataclasses.asdict(state.args).items() if k != "api_key"}
     info["api_key_set"] = state.args.api_key is not None
-    info.update(model_info=tm.model_info, version=VERSION, healthy=tm.is_healthy,
-                failure=tm.failure, processes=state.processes)
-    s = tm.stats
+    info.update(model_info=client.model_info, version=VERSION, healthy=client.is_healthy,
+                failure=client.failure, processes=state.processes)
+    s = client.stats
     if s is not None:
         info.update(num_running=s.num_running, num_waiting=s.num_waiting,
                     kv_used_tokens=s.kv_used_tokens, kv_total_tokens=s.kv_total_tokens,
                     cache_hit_tokens=s.cache_hit_tokens, prompt_tokens=s.prompt_tokens,
-                    generation_tokens=s.generation_tokens, stats_time=tm.stats_time)
-    info["num_pending_requests"] = len(tm.states)
+                    generation_tokens=s.generation_tokens, stats_time=client.stats_time)
+    info["num_pending_requests"] = len(client.states)
     return info
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
-    if not await server_state(request).tm.flush_cache():
+    if not await server_state(request).client.flush_cache():
         return error_response(400, "cache not flushed: requests are still running; "
                                    "retry when the server is idle")
     return PlainTextResponse("Cache flushed.\n")

@@ -28,14 +28,15 @@ async def models(request: Request) -> Response:
     state = server_state(request)
     return OrjsonResponse({"object": "list", "data": [{
         "id": state.served_model_name, "object": "model", "created": 0, "owned_by": "radixflow",
-        "root": state.tm.model_info.get("model_path"), "max_model_len": state.tm.context_length}]})
+        "root": state.client.model_info.get("model_path"),
+        "max_model_len": state.client.context_length}]})
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     state = server_state(request)
     body: CompletionRequest = await _read_body(request, state, CompletionRequest)
-    job = completion_job(state.tm, body)
+    job = completion_job(state.client, body)
     fmt = CompletionFormat(job, state.served_model_name, body)
     return await _answer(request, state, job, fmt, token_texts=body.logprobs is not None)
 
@@ -45,7 +46,7 @@ async def chat_completions(request: Request) -> Response:
     state = server_state(request)
     body: ChatCompletionRequest = await _read_body(request, state, ChatCompletionRequest)
     tools = plan_tools(body.tools, body.tool_choice)
-    job = chat_job(state.tm, body, tools)
+    job = chat_job(state.client, body, tools)
     fmt = ChatFormat(job, state.served_model_name, body, tools)
     return await _answer(request, state, job, fmt, token_texts=bool(body.logprobs))
 
@@ -58,10 +59,10 @@ async def _read_body(request: Request, state: ServerState, model: type) -> Any:
 
 async def _answer(request: Request, state: ServerState, job: Job,
                   fmt: CompletionFormat | ChatFormat, *, token_texts: bool) -> Response:
-    tm = state.tm
-    group = tm.submit(job.reqs)
-    builders = [ResponseBuilder(r, tm.tokenizer, return_text_in_logprobs=token_texts)
+    client = state.client
+    group = client.submit(job.reqs)
+    builders = [ResponseBuilder(r, client.tokenizer, return_text_in_logprobs=token_texts)
                 for r in job.reqs]
-    return await respond(tm, group, builders, request,
+    return await respond(client, group, builders, request,
                          stream=openai_stream(fmt, group, builders) if job.stream else None,
                          result=fmt.result)

@@ -15,7 +15,7 @@ from ..sampling_params import SamplingParams
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_tools import ToolPlan, with_tools
 from .responses import validation_error
-from .tokenizer_manager import TokenizerManager
+from .scheduler_client import SchedulerClient
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
@@ -48,19 +48,19 @@ def validate_body(raw: Any, model: type[BaseModel], *, served_model_name: str,
                             f"{served_model_name!r}")
     return body
 
-def completion_job(tm: TokenizerManager, body: CompletionRequest) -> Job:
+def completion_job(client: SchedulerClient, body: CompletionRequest) -> Job:
     if body.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
     if body.echo and body.stream:
         raise InvalidRequest("echo is not supported with stream", param="echo")
-    ids_list, texts = _completion_prompts(tm, body.prompt)
-    return _build_job(tm, body, ids_list, texts, body.max_tokens, logprobs=body.logprobs,
+    ids_list, texts = _completion_prompts(client, body.prompt)
+    return _build_job(client, body, ids_list, texts, body.max_tokens, logprobs=body.logprobs,
                       echo=body.echo)
 
 
-def _completion_prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[int]], list[str]]:
+def _completion_prompts(client: SchedulerClient, prompt: Any) -> tuple[list[list[int]], list[str]]:
     """(token ids, text) of each prompt: a string, strings, token ids, or lists of token ids."""
     if isinstance(prompt, str):
         texts = [prompt]
@@ -75,26 +75,26 @@ def _completion_prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[in
     ids_list: list[list[int]] = []
     for k, text in enumerate(texts):
         if text is not None:
-            ids_list.append(tokenize_prompt(tm.tokenizer, text))
+            ids_list.append(tokenize_prompt(client.tokenizer, text))
             continue
         ids = list(prompt[k])
-        if any(not 0 <= t < tm.vocab_size for t in ids):
-            raise InvalidRequest(f"prompt holds a token id outside [0, {tm.vocab_size})",
+        if any(not 0 <= t < client.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt holds a token id outside [0, {client.vocab_size})",
                                  param="prompt")
         ids_list.append(ids)
-    prompt_texts = [t if t is not None else tm.tokenizer.decode(ids)
+    prompt_texts = [t if t is not None else client.tokenizer.decode(ids)
                     for t, ids in zip(texts, ids_list, strict=True)]
     return ids_list, prompt_texts
 
 
-def chat_job(tm: TokenizerManager, body: ChatCompletionRequest, tools: ToolPlan | None) -> Job:
+def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPlan | None) -> Job:
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-    text = render_chat(tm.tokenizer, body, tools)
-    ids = tm.tokenizer.encode(text, add_special_tokens=False)
+    text = render_chat(client.tokenizer, body, tools)
+    ids = client.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return _build_job(tm, body, [ids], [text], max_tokens, logprobs=logprobs,
+    return _build_job(client, body, [ids], [text], max_tokens, logprobs=logprobs,
                       constraint=tools.sampling_fields() if tools else None)
 
 
@@ -137,7 +137,7 @@ def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
     return sampling
 
 
-def _build_job(tm: TokenizerManager, body: AnyRequest,
+def _build_job(client: SchedulerClient, body: AnyRequest,
                prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
                logprobs: int | None, echo: bool = False,
                constraint: dict | None = None) -> Job:
@@ -148,11 +148,11 @@ def _build_job(tm: TokenizerManager, body: AnyRequest,
         if not ids:
             raise InvalidRequest("the prompt is empty (it has no tokens)", param="prompt")
         explicit = max_tokens is not None
-        room = tm.context_length - len(ids)
+        room = client.context_length - len(ids)
         for j in range(body.n):
             sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j,
                                  constraint)
-            sampling = fit_to_context(sampling, len(ids), tm.context_length, strict=explicit)
+            sampling = fit_to_context(sampling, len(ids), client.context_length, strict=explicit)
             reqs.append(GenerateReq(
                 rid=new_rid(), input_ids=ids, sampling=sampling,
                 return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,

@@ -20,7 +20,7 @@ from .openai_requests import Job
 from .openai_tools import ToolPlan
 from .respond import collect
 from .responses import SSE_DONE, error_body, sse
-from .tokenizer_manager import RequestGroup
+from .scheduler_client import RequestGroup
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 

@@ -15,24 +15,24 @@ from starlette.types import Receive, Scope, Send
 from ..errors import rejection
 from ..native_api import ResponseBuilder, raise_if_rejected
 from .responses import OrjsonResponse
-from .tokenizer_manager import RequestGroup, TokenizerManager
+from .scheduler_client import RequestGroup, SchedulerClient
 
 CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 
 
-async def respond(tm: TokenizerManager, group: RequestGroup, builders: list[ResponseBuilder],
+async def respond(client: SchedulerClient, group: RequestGroup, builders: list[ResponseBuilder],
                   request: Request, *, stream: AsyncIterator[bytes] | None,
                   result: Callable[[list[ResponseBuilder]], Any]) -> Response:
     """SSE from `stream` when given, else the JSON of `result(builders)` once every request
     finished. Raises the error of a request the scheduler refused."""
     if stream is not None:
-        return await _open_stream(tm, group, request, stream)
+        return await _open_stream(client, group, request, stream)
     try:
         await until_disconnect(collect(group, builders), request)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     finally:
-        tm.release(group)
+        client.release(group)
     raise_if_rejected(builders)
     return OrjsonResponse(result(builders))
 
@@ -67,7 +67,7 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _open_stream(tm: TokenizerManager, group: RequestGroup, request: Request,
+async def _open_stream(client: SchedulerClient, group: RequestGroup, request: Request,
                        content: AsyncIterator[bytes]) -> Response:
     """The SSE response for `group`, once its first outputs are in.
 
@@ -82,24 +82,24 @@ async def _open_stream(tm: TokenizerManager, group: RequestGroup, request: Reque
             if error is not None:
                 raise error
     except ClientGone:
-        tm.release(group)
+        client.release(group)
         return Response(status_code=CLIENT_CLOSED)
     except BaseException:
-        tm.release(group)
+        client.release(group)
         raise
-    return _GroupStreamingResponse(content, tm, group)
+    return _GroupStreamingResponse(content, client, group)
 
 
 class _GroupStreamingResponse(StreamingResponse):
     """A stream that releases (aborts) its request group however the response ends."""
 
-    def __init__(self, content: AsyncIterator[bytes], tm: TokenizerManager, group: RequestGroup):
+    def __init__(self, content: AsyncIterator[bytes], client: SchedulerClient, group: RequestGroup):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.tm, self.group = tm, group
+        self.client, self.group = client, group
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.tm.release(self.group)
+            self.client.release(self.group)

@@ -13,13 +13,13 @@ from fastapi import Request
 from ..errors import InvalidRequest
 from ..server_args import ServerArgs
 from .metrics import Metrics
-from .tokenizer_manager import TokenizerManager
+from .scheduler_client import SchedulerClient
 
 
 @dataclass
 class ServerState:
     args: ServerArgs
-    tm: TokenizerManager
+    client: SchedulerClient
     served_model_name: str
     metrics: Metrics | None = None
     processes: dict[str, int] = field(default_factory=dict)  # name -> pid, for server_info
@@ -34,7 +34,7 @@ class ServerState:
     @property
     def model_names(self) -> set[str]:
         """The names a request's `model` may give: the served name or the model path."""
-        return {self.served_model_name, str(self.tm.model_info.get("model_path"))}
+        return {self.served_model_name, str(self.client.model_info.get("model_path"))}
 
 
 def server_state(request: Request) -> ServerState:

@@ -1,4 +1,4 @@
-"""TokenizerManager: the HTTP process's side of the pipeline.
+"""SchedulerClient: the HTTP process's side of the pipeline.
 
 Owns the tokenizer, sends GenerateReq/AbortReq/FlushCacheReq to the scheduler over ZMQ,
 receives TextBatchOut (plus stats and acknowledgements) from the detokenizer and routes each
@@ -52,12 +52,12 @@ class _ReqState:
 class RequestGroup:
     """Requests answered together (a batch, or n samples); their outputs share one queue.
 
-    Use as `async with tm.submit(reqs) as group:`; leaving the block aborts whatever has
+    Use as `async with client.submit(reqs) as group:`; leaving the block aborts whatever has
     not finished (client gone, error), so the scheduler frees its KV at once.
     """
 
-    def __init__(self, tm: TokenizerManager, reqs: list[GenerateReq]):
-        self.tm = tm
+    def __init__(self, client: SchedulerClient, reqs: list[GenerateReq]):
+        self.client = client
         self.reqs = reqs
         self.queue: asyncio.Queue[tuple[int, ReqTextOut] | None] = asyncio.Queue()
         self.unfinished = {r.rid for r in reqs}
@@ -72,7 +72,7 @@ class RequestGroup:
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
         if any(item is None for item in items):
-            raise ServerUnavailable(self.tm.failure or "the server is shutting down")
+            raise ServerUnavailable(self.client.failure or "the server is shutting down")
         return items
 
     async def peek(self) -> list[tuple[int, ReqTextOut]]:
@@ -92,10 +92,10 @@ class RequestGroup:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.tm.release(self)
+        self.client.release(self)
 
 
-class TokenizerManager:
+class SchedulerClient:
     def __init__(self, tokenizer: Any, model_info: dict, *, scheduler_addr: str,
                  detokenizer_addr: str, recv_addr: str, metrics: Any = None):
         self.tokenizer = tokenizer
