@@ -13,9 +13,63 @@ import jsonschema
 
 
 def schema_errors(schema: dict, instance: object) -> list[str]:
-    validator = jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=FORMAT_CHECKER)
     return [e.message for e in validator.iter_errors(instance)]
+
+
+# ---- formats jsonschema checks only with optional packages (rfc3987, fqdn, isoduration,
+# uri-template): strict checks written from the RFCs' ABNF, so no format goes unchecked ----
+
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRESERVED_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="
+_PCHAR = rf"(?:[{_UNRESERVED_SUB}:@]|{_PCT})"
+_SEGMENT_NZ_NC = rf"(?:[{_UNRESERVED_SUB}@]|{_PCT})+"
+_AUTHORITY = (rf"(?:(?:[{_UNRESERVED_SUB}:]|{_PCT})*@)?"  # userinfo
+              rf"(?:\[[0-9A-Fa-f:.]+\]|\[v[0-9A-Fa-f]+\.[{_UNRESERVED_SUB}:]+\]"
+              rf"|(?:[{_UNRESERVED_SUB}]|{_PCT})*)"  # IP-literal, IPvFuture, reg-name
+              r"(?::[0-9]*)?")
+_TAIL = rf"(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"  # query, fragment
+_URI = re.compile(rf"[A-Za-z][A-Za-z0-9+\-.]*:(?://{_AUTHORITY}(?:/{_PCHAR}*)*"
+                  rf"|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?|{_PCHAR}+(?:/{_PCHAR}*)*|){_TAIL}")
+_RELATIVE_REF = re.compile(rf"(?://{_AUTHORITY}(?:/{_PCHAR}*)*|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
+                           rf"|{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*|){_TAIL}")
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DURATION = re.compile(
+    r"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:T(?:[0-9]+H"
+    r"(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S))?"
+    r"|T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)|[0-9]+W)")
+_VARSPEC = rf"(?:[A-Za-z0-9_]|{_PCT})(?:\.?(?:[A-Za-z0-9_]|{_PCT}))*(?::[1-9][0-9]{{0,3}}|\*)?"
+_URI_TEMPLATE = re.compile(
+    rf"(?:[^\x00-\x20\"'%<>\\^`{{|}}\x7f]|{_PCT}"
+    rf"|\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\}})*")
+
+
+def _is_hostname(text: str) -> bool:
+    """RFC 1123: dot-separated labels of 1-63 letters, digits and inner hyphens; 253 at most."""
+    return len(text) <= 253 and all(_LABEL.fullmatch(label) for label in text.split("."))
+
+
+_STRICT_FORMATS = {
+    "uri": lambda text: _URI.fullmatch(text) is not None,
+    "uri-reference": lambda text: (_URI.fullmatch(text) or _RELATIVE_REF.fullmatch(text))
+    is not None,
+    "hostname": _is_hostname,
+    "duration": lambda text: _DURATION.fullmatch(text) is not None,
+    "uri-template": lambda text: _URI_TEMPLATE.fullmatch(text) is not None,
+}
+
+
+def _format_checker() -> jsonschema.FormatChecker:
+    checker = jsonschema.FormatChecker(())
+    checker.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+    for name, check in _STRICT_FORMATS.items():
+        if name not in checker.checkers:
+            checker.checks(name)(lambda instance, check=check:
+                                 not isinstance(instance, str) or check(instance))
+    return checker
+
+
+FORMAT_CHECKER = _format_checker()
 
 
 def _arithmetic(text: str) -> bool:
