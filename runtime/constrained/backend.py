@@ -15,6 +15,7 @@ import xgrammar as xgr
 from .compile_cache import CompileCache, PendingGrammar
 from .grammar_build import compile_constraint
 from .limits import GrammarLimits, validate_constraint
+from .schema_rewrite import rewrite_spec
 from .state import GrammarState
 from .token_table import TokenTable, int32_bit
 
@@ -128,7 +129,8 @@ class GrammarBackend:
 
     def _compile_key(self, key: tuple[str, str]) -> CompiledGrammar:
         kind, spec = key
-        return compile_constraint(self._compiler, kind, spec, self.limits)
+        # the JSON Schemas as validate() checked them: rewritten where xgrammar is not exact
+        return compile_constraint(self._compiler, kind, rewrite_spec(kind, spec), self.limits)
 
     def _fill_stop_only(self, bitmask: torch.Tensor, row: int) -> None:
         bitmask[row].zero_()
