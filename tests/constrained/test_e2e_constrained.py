@@ -26,7 +26,10 @@ pytestmark = pytest.mark.e2e
 
 SCHEMAS = ["03_enum_color", "07_sentiment", "12_empty_allowed_array", "20_format_datetime",
            "23_format_ipv4", "25_format_uuid", "27_integer_range", "33_geo_point",
-           "35_any_of_objects", "39_ref_defs", "45_booleans_and_nulls", "48_tool_call"]
+           "35_any_of_objects", "39_ref_defs", "45_booleans_and_nulls", "48_tool_call",
+           # adversarial: rewritten oneOf, discriminated union, typed enum, untyped keywords
+           "63_one_of_enum_overlap", "67_one_of_discriminated_refs", "85_enum_typed",
+           "87_untyped_string_number_keywords"]
 REGEXES = ["iso_date", "time_24h", "us_phone", "email", "ipv4", "integer", "float",
            "identifier", "hex_color", "uuid", "yes_no", "anchored_named_groups"]
 GRAMMARS = ["arithmetic", "sql_select", "function_call", "multiple_choice"]
