@@ -252,7 +252,7 @@ def chat_agent(client, question: str, latencies: list[float]) -> tuple[int, int]
 def run_hf_baseline(qs: list[str], threads: int, dtype: str) -> dict:
     from openai import OpenAI
 
-    from radixflow.runtime.server.runtime import free_port
+    from radixflow.runtime.server.process import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

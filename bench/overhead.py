@@ -74,9 +74,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from radixflow.runtime.engine import Engine
-    from radixflow.runtime.server.runtime import Runtime
+    from radixflow.runtime.server.process import ServerProcess
 
-    with (Runtime(None, quantization=args.quantization) as rt,
+    with (ServerProcess(None, quantization=args.quantization) as rt,
           Engine(None, quantization=args.quantization) as engine,
           httpx.Client(timeout=60) as client):
         model = client.get(f"{rt.url}/v1/models").json()["data"][0]["id"]

@@ -115,7 +115,7 @@ def main() -> None:
 
     from radixflow.runtime.model_loader import resolve_model
     from radixflow.runtime.model_loader.default_model import fetch_default_gguf
-    from radixflow.runtime.server.runtime import Runtime
+    from radixflow.runtime.server.process import ServerProcess
 
     workloads = {name: wl.build(name, num_sessions=args.num_requests,
                                 concurrency=args.concurrency, seed=args.seed)
@@ -134,7 +134,7 @@ def main() -> None:
 
     def radixflow(label: str) -> None:
         with torch_capped_to(args.cpu_isa), \
-                Runtime(None, port=30124, enable_torch_compile=args.compile,
+                ServerProcess(None, port=30124, enable_torch_compile=args.compile,
                         cpu_isa=args.cpu_isa) as rt:
             runs[label] = run_all(rt.url)
 

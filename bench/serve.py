@@ -75,10 +75,10 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the summary file name")
     args = ap.parse_args()
 
-    from radixflow.runtime.server.runtime import Runtime
+    from radixflow.runtime.server.process import ServerProcess
 
     results: dict[str, dict[str, dict]] = {}
-    with Runtime(None, port=30123) as rt:
+    with ServerProcess(None, port=30123) as rt:
         results["radixflow"] = run_server_workloads("radixflow", rt.url, args, args.num_requests)
         metrics = httpx.get(f"{rt.url}/metrics").text
         info = httpx.get(f"{rt.url}/get_model_info").json()

@@ -26,7 +26,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".backends.base": ("Backend",),
     ".backends.default": ("get_default_backend", "set_default_backend"),
     ".backends.endpoint": ("Endpoint",),
-    ".backends.engine": ("Engine",),
     ".backends.openai": ("OpenAI",),
     ".backends.runtime": ("Runtime",),
     ".chat_template": ("ChatTemplate",),
@@ -40,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".params": ("GenParams",),
     ".program": ("Program", "function"),
     ".state": ("ProgramState",),
+    "radixflow.runtime.engine": ("Engine",),
     "radixflow.runtime.program": ("execute_program",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

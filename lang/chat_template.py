@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -137,3 +139,38 @@ class ChatTemplate:
                 return self._split(role, [])
             head = head[len(prev):]
         return head, tail
+
+
+# When a server does not report its chat template: SGLang's rules on model_path, abridged.
+_TEMPLATE_BY_PATH = (
+    (re.compile(r"llama-3.*instruct", re.IGNORECASE), LLAMA3_TEMPLATE),
+    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.IGNORECASE),
+     CHATML_TEMPLATE),
+)
+
+
+def template_from_model_info(info: dict[str, Any]) -> ChatTemplate:
+    """The template a /get_model_info body reports, else one guessed from its model_path."""
+    if info.get("chat_template"):
+        return ChatTemplate.from_model_info(info)
+    path = str(info.get("model_path", ""))
+    for pattern, source in _TEMPLATE_BY_PATH:
+        if pattern.search(path):
+            return ChatTemplate(source, bos_token=info.get("bos_token"),
+                                eos_token=info.get("eos_token"))
+    return ChatTemplate(None)
+
+
+_templates: weakref.WeakKeyDictionary[Any, ChatTemplate] = weakref.WeakKeyDictionary()
+
+
+def chat_template_of(backend: Any) -> ChatTemplate:
+    """The template programs on `backend` render roles with: its own `chat_template` if it
+    carries a ChatTemplate, else the one its `model_info` reports (built once per backend)."""
+    own = getattr(backend, "chat_template", None)
+    if isinstance(own, ChatTemplate):
+        return own
+    template = _templates.get(backend)
+    if template is None:
+        template = _templates[backend] = template_from_model_info(backend.model_info)
+    return template

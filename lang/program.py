@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from .backends.default import as_backend, get_default_backend
+from .chat_template import chat_template_of
 from .errors import InvalidRequest, ProgramError, TraceError
 from .graph import Graph
 from .params import DEFAULT_PARAMS, FIELDS, GenParams
@@ -179,7 +180,7 @@ class Program:
         return graph
 
     def _cache_prefix(self, batch_kwargs: list[dict], backend: Any) -> None:
-        template = backend.chat_template
+        template = chat_template_of(backend)
         candidates = []
         for item in [None, *batch_kwargs[:4]]:
             try:

@@ -18,6 +18,7 @@ from radixflow.runtime.program import ProgramExecutor, chat
 from radixflow.runtime.program.wire import MAX_BRANCHES, has_model_node
 
 from . import stretch
+from .chat_template import chat_template_of
 from .compile import WireCompiler
 from .errors import InvalidRequest, VariableNotFound, error_from_wire
 from .fork import ForkGroup, fail_forks, fold_branches
@@ -44,7 +45,7 @@ class ProgramState(stretch.Line):
         super().__init__()
         self.backend = backend
         self._compiler = (_branch_of._compiler.branch() if _branch_of is not None
-                          else WireCompiler(backend.chat_template, defaults))
+                          else WireCompiler(chat_template_of(backend), defaults))
         self._stream = stream
         self._text: str = ""
         self._fork_text = ""  # a branch's text where its fork happened

@@ -1,9 +1,11 @@
-"""Engine: the scheduler driven in-process by a background thread.
+"""Engine: the scheduler driven in-process by a background thread (`radixflow.Engine`).
 
-`generate` takes the same arguments as the native /generate body and returns the same JSON
-shapes, so tests, offline jobs and the DSL's in-process backend see exactly what an HTTP
-client of `radixflow serve` sees: the same parsing and response building (native_api), the
-same `Detokenizer` the detokenizer process runs, the same rejection errors.
+It is SGLang's offline engine (`generate(prompt, sampling_params, ...)`, `async_generate`,
+`shutdown`, a context manager) and a backend for DSL programs (`rf.set_default_backend(engine)`):
+`generate_from_body` takes a native /generate body and returns the same JSON shapes, so tests,
+offline jobs and programs see exactly what an HTTP client of `radixflow serve` sees: the same
+parsing and response building (native_api), the same `Detokenizer` the detokenizer process
+runs, the same rejection errors.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from typing import Any
 
 from .detokenize import Detokenizer
 from .errors import InvalidRequest, ServerUnavailable
+from .generate_api import GenerateAPI, prefill_only
 from .ipc import LocalInbox
 from .messages import AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, Message, ReqTextOut
-from .native_api import ParsedGenerate, ResponseBuilder, parse_generate, raise_if_rejected
-from .scheduler.scheduler import Scheduler
-from .server_args import ServerArgs
+from .native_api import (
+    ParsedGenerate,
+    ResponseBuilder,
+    describe_model,
+    parse_generate,
+    raise_if_rejected,
+)
+from .program import run_program_locally
+from .server_args import server_args_from
 
 logger = logging.getLogger(__name__)
 
@@ -40,24 +49,22 @@ class _Pending:
     held: list[ReqTextOut] = dataclasses.field(default_factory=list)
 
 
-class Engine:
+class Engine(GenerateAPI):
     """An in-process radixflow runtime.
 
-    Parameters are ServerArgs fields (`model=None` is the default SmolLM2-135M-Instruct).
-
-    Raises ValueError for an unknown or invalid argument.
+    `Engine(model_path=None, **server_args)`: ServerArgs fields as keywords (`model=` is the same
+    as `model_path=`; None is the default SmolLM2-135M-Instruct). Raises ValueError for an
+    unknown or invalid argument.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any):
-        known = {f.name for f in dataclasses.fields(ServerArgs)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown Engine argument(s) {unknown}; "
-                             "see ServerArgs for the options")
-        self.args = ServerArgs(model=model, **kwargs)
+    def __init__(self, model_path: str | None = None, **server_args: Any):
+        from .scheduler.scheduler import Scheduler  # torch: only when an engine starts
+
+        self.args = server_args_from(model_path, server_args, who="Engine")
         self.scheduler = Scheduler(self.args)
         self.tokenizer = self.scheduler.tokenizer
-        self.model_info = self.scheduler.model_info()
+        self.model_info = describe_model(self.scheduler.model_info(), self.tokenizer,
+                                         tokenizer_path=self.args.tokenizer)
         self._inbox = LocalInbox()
         self._detokenizer = Detokenizer(self.tokenizer)  # used by the scheduler thread only
         self._pending: dict[str, _Pending] = {}
@@ -67,22 +74,10 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
 
-    # ---- public API ----
+    def __repr__(self) -> str:
+        return f"Engine(model_path={self.model_info.get('model_path')!r})"
 
-    def generate(self, text: str | list[str] | None = None,
-                 sampling_params: dict | list | None = None,
-                 *, input_ids: list[int] | list[list[int]] | None = None,
-                 return_logprob: bool = False, logprob_start_len: int | None = None,
-                 top_logprobs_num: int | None = None, return_text_in_logprobs: bool = False,
-                 stream: bool = False, rid: str | list[str] | None = None,
-                 ) -> dict | list[dict] | Iterator[dict]:
-        """Generate like POST /generate: a dict (a list for a batch or n > 1), or an iterator
-        of stream events when stream=True. Raises InvalidRequest for a bad request."""
-        body = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params,
-                "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num,
-                "return_text_in_logprobs": return_text_in_logprobs, "stream": stream, "rid": rid}
-        return self.generate_from_body({k: v for k, v in body.items() if v is not None})
+    # ---- public API (generate and async_generate: GenerateAPI) ----
 
     def generate_from_body(self, body: dict) -> dict | list[dict] | Iterator[dict]:
         parsed = parse_generate(body, self.tokenizer, self.scheduler.context_len,
@@ -102,6 +97,19 @@ class Engine:
         raise_if_rejected(builders)
         return parsed.response([b.result() for b in builders])
 
+    def run_program(self, program: dict, *, stream: bool = False,
+                    on_text: Any = None) -> dict:
+        """Run a /program body (a straight-line stretch of a DSL program) in this process."""
+        return run_program_locally(self.generate_from_body, program, stream=stream,
+                                   on_text=on_text)
+
+    def cache_prefix(self, text: str) -> None:
+        """Prefill `text` into the prefix cache without generating."""
+        self.generate_from_body(prefill_only(text))
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
     def abort(self, rid: str) -> None:
         self._inbox.put(AbortReq(rid=rid))
 
@@ -114,9 +122,11 @@ class Engine:
         return {f: getattr(msg, f) for f in msg.__struct_fields__}
 
     def shutdown(self) -> None:
+        """Stop the scheduler thread; later calls raise ServerUnavailable."""
         if self._thread.is_alive():
             self._inbox.put(_SHUTDOWN)
             self._thread.join(timeout=30)
+        self._failed = self._failed or "it was shut down"
 
     def __enter__(self) -> Engine:
         return self

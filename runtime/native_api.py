@@ -360,3 +360,15 @@ def raise_if_rejected(builders: list[ResponseBuilder]) -> None:
         error = rejection(builder.finish_reason)
         if error is not None:
             raise error
+
+
+def describe_model(model_info: dict, tokenizer: Any, **extra: Any) -> dict:
+    """The /get_model_info body: the scheduler's model_info, the tokenizer's chat template and
+    special tokens (what a client needs to render chat turns itself), and `extra` fields."""
+    info = {**model_info, "is_generation": True,
+            "chat_template": getattr(tokenizer, "chat_template", None),
+            "bos_token": getattr(tokenizer, "bos_token", None),
+            "eos_token": getattr(tokenizer, "eos_token", None)}
+    info.update({k: v for k, v in extra.items() if v is not None})
+    info.setdefault("tokenizer_path", info.get("model_path"))
+    return info

@@ -140,3 +140,18 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str) -> ServerArgs:
+    """ServerArgs of a Python constructor (`Engine`, `Runtime`): `model_path` (SGLang's name) or
+    `model=`, plus field keywords. Raises ValueError naming unknown or conflicting keywords."""
+    known = {f.name for f in dataclasses.fields(ServerArgs)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown {who} argument(s) {unknown}; the options are ServerArgs "
+                         "fields (`radixflow serve --help` lists them as flags)")
+    if model_path is not None and kwargs.get("model") is not None:
+        raise ValueError(f"{who}: pass model_path or model, not both")
+    if model_path is not None:
+        kwargs = {**kwargs, "model": model_path}
+    return ServerArgs(**kwargs)

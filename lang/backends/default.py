@@ -8,26 +8,23 @@ from typing import Any
 from ..errors import NoBackendError
 from .base import Backend
 from .endpoint import Endpoint
-from .engine import Engine
 
 _default: Backend | None = None
 _default_lock = threading.Lock()
 
 
 def as_backend(obj: Any) -> Backend:
-    """`obj` as a backend: a backend as is, a URL as an Endpoint, a runtime Engine wrapped."""
+    """`obj` as a backend: a backend (rf.Engine, rf.Runtime, ...) as is, a URL as an Endpoint."""
     if isinstance(obj, str):
         return Endpoint(obj)
-    if hasattr(obj, "run_program") and hasattr(obj, "chat_template"):
+    if isinstance(obj, Backend):
         return obj
-    if hasattr(obj, "generate") and hasattr(obj, "tokenizer"):  # radixflow.runtime.engine.Engine
-        return Engine(engine=obj)
     raise TypeError(f"not a backend: {obj!r:.80} (use rf.Endpoint(url), rf.Runtime(), "
                     f"rf.Engine() or rf.OpenAI(model))")
 
 
 def set_default_backend(backend: Any) -> None:
-    """Make `backend` (or a URL, or a runtime Engine) the backend of runs that name none."""
+    """Make `backend` (or a URL) the backend of runs that name none."""
     global _default
     with _default_lock:
         _default = None if backend is None else as_backend(backend)

@@ -4,38 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..chat_template import CHATML_TEMPLATE, LLAMA3_TEMPLATE, ChatTemplate
+from radixflow.runtime.generate_api import GenerateAPI, prefill_only
+from radixflow.runtime.program import run_program_locally
+
+from ..chat_template import ChatTemplate, template_from_model_info
 from ..errors import BackendError, ContextTooLong, InvalidRequest, ServerUnavailable
-from .base import OnText, prefill_only, run_locally
+from .base import OnText
 
 logger = logging.getLogger(__name__)
 
-# When a server does not report its chat template: SGLang's rules on model_path, abridged.
-_TEMPLATE_BY_PATH = (
-    (re.compile(r"llama-3.*instruct", re.IGNORECASE), LLAMA3_TEMPLATE),
-    (re.compile(r"smollm.*instruct|qwen.*(chat|instruct)|tinyllama|chatml", re.IGNORECASE),
-     CHATML_TEMPLATE),
-)
-
-
-def template_from_model_info(info: dict[str, Any]) -> ChatTemplate:
-    if info.get("chat_template"):
-        return ChatTemplate.from_model_info(info)
-    path = str(info.get("model_path", ""))
-    for pattern, source in _TEMPLATE_BY_PATH:
-        if pattern.search(path):
-            return ChatTemplate(source, bos_token=info.get("bos_token"),
-                                eos_token=info.get("eos_token"))
-    return ChatTemplate(None)
-
-
-class Endpoint:
+class Endpoint(GenerateAPI):
     """A server at `url` speaking radixflow's native API (SGLang's /generate wire format).
+
+    `generate(prompt, sampling_params, ...)` and `async_generate` take SGLang's Engine calls
+    (radixflow.runtime.generate_api); `generate_from_body(body)` posts a /generate body as is.
 
     `api_key` is sent as a Bearer token. Straight-line stretches go to POST /program; against
     a server without that route (SGLang) they run here, one /generate per gen. `timeout` bounds
@@ -60,7 +46,7 @@ class Endpoint:
 
     # ---- backend protocol ----
 
-    def generate(self, body: dict) -> dict | list[dict] | Iterator[dict]:
+    def generate_from_body(self, body: dict) -> dict | list[dict] | Iterator[dict]:
         if body.get("stream"):
             return self._stream("/generate", body)
         return self._request("POST", "/generate", body)
@@ -77,7 +63,8 @@ class Endpoint:
                     raise
                 logger.info("%s has no /program route; running programs client-side", self.url)
                 self._program_route = False
-        return run_locally(self, program, stream=stream, on_text=on_text)
+        return run_program_locally(self.generate_from_body, program, stream=stream,
+                                   on_text=on_text)
 
     def cache_prefix(self, text: str) -> None:
         self._request("POST", "/generate", prefill_only(text))

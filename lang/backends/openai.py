@@ -43,7 +43,7 @@ class OpenAI:
 
     # ---- backend protocol ----
 
-    def generate(self, body: dict) -> dict | Iterator[dict]:
+    def generate_from_body(self, body: dict) -> dict | Iterator[dict]:
         if body.get("return_logprob") or isinstance(body.get("text"), list) or "input_ids" in body:
             raise UnsupportedFeature("the OpenAI backend cannot return prompt log-probabilities "
                                      "or run batched / token-id prompts")
@@ -55,7 +55,7 @@ class OpenAI:
 
     def run_program(self, program: dict, *, stream: bool = False,
                     on_text: OnText | None = None) -> dict:
-        executor = ProgramExecutor(self.generate, stream=stream, on_text=on_text,
+        executor = ProgramExecutor(self.generate_from_body, stream=stream, on_text=on_text,
                                    keep_exceptions=True, select=self._select, with_messages=True)
         return executor.run(program)
 
@@ -104,7 +104,7 @@ class OpenAI:
         body = {"text": prompt, "messages": messages, "in_open_role": in_open_role,
                 "sampling_params": {"max_new_tokens": max(len(c) for c in choices) + 8,
                                     "temperature": 0, "regex": regex}}
-        out = self.generate(body)["text"]
+        out = self.generate_from_body(body)["text"]
         matches = [i for i, c in enumerate(choices) if out.strip() == c or out.startswith(c)]
         if not matches:
             raise UnsupportedFeature(f"select over the OpenAI backend: the model answered {out!r}, "

@@ -7,7 +7,7 @@ log-probabilities; errors.py holds the errors a run reports and their wire form.
 
 from __future__ import annotations
 
-from .executor import ProgramExecutor, execute_program
+from .executor import ProgramExecutor, execute_program, run_program_locally
 from .wire import validate_program
 
-__all__ = ["ProgramExecutor", "execute_program", "validate_program"]
+__all__ = ["ProgramExecutor", "execute_program", "run_program_locally", "validate_program"]

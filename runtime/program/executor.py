@@ -36,6 +36,14 @@ def execute_program(program: dict, generate: Generate) -> dict:
     return ProgramExecutor(generate).run(program)
 
 
+def run_program_locally(generate: Generate, program: dict, *, stream: bool = False,
+                        on_text: OnText | None = None) -> dict:
+    """Client side: run a /program body in this process, each gen a `generate` call (a native
+    /generate body in, its response out). Exceptions stay objects in "error"."""
+    executor = ProgramExecutor(generate, stream=stream, on_text=on_text, keep_exceptions=True)
+    return executor.run(program)
+
+
 class ProgramExecutor:
     """Runs program node lists over a native `generate` callable.
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable
-from ..native_api import ResponseBuilder, parse_generate, raise_if_rejected
+from ..native_api import ResponseBuilder, describe_model, parse_generate, raise_if_rejected
 from ..program import execute_program
 from .metrics import CONTENT_TYPE
 from .respond import collect, respond
@@ -101,14 +101,9 @@ async def health_generate(request: Request) -> Response:
 @router.get("/model_info")
 async def model_info(request: Request) -> Response:
     state = server_state(request)
-    info = dict(state.client.model_info)
-    info.setdefault("tokenizer_path", state.args.tokenizer or info.get("model_path"))
-    tok = state.client.tokenizer
-    info.update(is_generation=True, served_model_name=state.served_model_name,
-                chat_template=getattr(tok, "chat_template", None),
-                bos_token=getattr(tok, "bos_token", None),
-                eos_token=getattr(tok, "eos_token", None))
-    return OrjsonResponse(info)
+    return OrjsonResponse(describe_model(
+        state.client.model_info, state.client.tokenizer, tokenizer_path=state.args.tokenizer,
+        served_model_name=state.served_model_name))
 
 
 @router.get("/get_server_info")

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from radixflow.backends.base import run_locally
 from radixflow.chat_template import ChatTemplate
+from radixflow.runtime.program import run_program_locally
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -49,7 +49,7 @@ class FakeBackend:
 
     # ---- backend protocol ----
 
-    def generate(self, body: dict) -> Any:
+    def generate_from_body(self, body: dict) -> Any:
         with self._lock:
             self.calls.append(body)
         if self.fail_on is not None and self.fail_on(body):
@@ -65,11 +65,12 @@ class FakeBackend:
     def run_program(self, program: dict, *, stream: bool = False, on_text=None) -> dict:
         with self._lock:
             self.programs.append(program)
-        return run_locally(self, program, stream=stream, on_text=on_text)
+        return run_program_locally(self.generate_from_body, program, stream=stream,
+                                   on_text=on_text)
 
     def cache_prefix(self, text: str) -> None:
         self.prefixes.append(text)
-        self.generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
+        self.generate_from_body({"text": text, "sampling_params": {"max_new_tokens": 0}})
 
     def shutdown(self) -> None:
         pass

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from radixflow.runtime.server.runtime import free_port
+from radixflow.runtime.server.process import free_port
 
 
 def descendants(pid: int) -> set[int]:

@@ -11,6 +11,7 @@ from helpers.fake_backend import CHATML, FakeBackend
 from helpers.http_stub import ServedApp, free_port
 
 import radixflow as rf
+from radixflow.chat_template import chat_template_of
 from radixflow.runtime.program import execute_program
 
 
@@ -37,7 +38,7 @@ class StubServer:
             body = await request.json()
             if "forbidden" in json.dumps(body):
                 return JSONResponse({"error": {"message": "forbidden word", "type": "x"}}, 400)
-            out = self.fake.generate(body)
+            out = self.fake.generate_from_body(body)
             if body.get("stream"):
                 def events():
                     for event in out:
@@ -49,7 +50,7 @@ class StubServer:
         if program_route:
             @app.post("/program")
             async def program(request: Request):
-                return execute_program(await request.json(), self.fake.generate)
+                return execute_program(await request.json(), self.fake.generate_from_body)
 
         self.served = ServedApp(app)
         self.url = self.served.url
@@ -92,7 +93,7 @@ def test_a_program_stretch_is_one_http_request(stub):
 def test_without_program_route_the_client_runs_the_stretch(stub_without_program):
     backend = rf.Endpoint(stub_without_program.url)
     # the template comes from the model path when the server does not send one
-    assert backend.chat_template.end_of_turn() == "<|im_end|>"
+    assert chat_template_of(backend).end_of_turn() == "<|im_end|>"
     stub_without_program.paths.clear()
     state = chat.run(question="The capital of France?", backend=backend)
     assert state["answer"] == "Paris"

@@ -14,12 +14,13 @@ import jsonschema
 import pytest
 
 import radixflow as rf
+from radixflow.chat_template import chat_template_of
 
 GREEDY = {"temperature": 0}
 
 
 def raw(backend, text: str, **sp) -> str:
-    return backend.generate({"text": text, "sampling_params": {**sp}})["text"]
+    return backend.generate(text, sp)["text"]
 
 
 @rf.function
@@ -70,9 +71,9 @@ def test_select_agrees_with_the_model_log_probabilities(backend):
     meta = state.get_meta_info("city")
     prompt = "The capital of France is "
     for choice, entries in zip(choices, meta["input_token_logprobs"]):
-        full = backend.generate({"text": prompt + choice, "sampling_params": {"max_new_tokens": 0},
-                                 "return_logprob": True, "return_text_in_logprobs": True,
-                                 "logprob_start_len": 0})["meta_info"]["input_token_logprobs"]
+        full = backend.generate(prompt + choice, {"max_new_tokens": 0}, return_logprob=True,
+                                return_text_in_logprobs=True,
+                                logprob_start_len=0)["meta_info"]["input_token_logprobs"]
         tail = full[-len(entries):]
         assert "".join(e[2] for e in tail).endswith(choice)
         assert [e[0] for e in entries] == pytest.approx([e[0] for e in tail], abs=1e-3)
@@ -120,7 +121,7 @@ def test_roles_use_the_model_template(backend):
         s += rf.assistant(rf.gen("reply", max_tokens=6, **GREEDY))
 
     state = chat.run(backend=backend)
-    begin, end = backend.chat_template.role_texts("system")
+    begin, end = chat_template_of(backend).role_texts("system")
     assert state.text().startswith(begin + "Be brief." + end)
     assert state.messages()[-1] == {"role": "assistant", "content": state["reply"]}
 
@@ -161,11 +162,14 @@ def test_request_errors_are_clear(backend):
         too_long.run(backend=backend)
 
 
-def test_a_runtime_engine_can_be_the_default_backend(engine_backend):
-    rf.set_default_backend(engine_backend.engine)  # the raw runtime Engine gets wrapped
+def test_one_engine_class_is_both_the_offline_engine_and_a_backend(engine_backend):
+    from radixflow.runtime.engine import Engine
+
+    assert rf.Engine is Engine and isinstance(engine_backend, rf.Backend)
+    rf.set_default_backend(engine_backend)
     try:
-        wrapped = two_step.run(topic="cats")["a"]
-        assert wrapped == two_step.run(topic="cats", backend=engine_backend)["a"]
+        by_default = two_step.run(topic="cats")["a"]
+        assert by_default == two_step.run(topic="cats", backend=engine_backend)["a"]
     finally:
         rf.set_default_backend(None)
 
@@ -173,10 +177,10 @@ def test_a_runtime_engine_can_be_the_default_backend(engine_backend):
 def test_server_reports_the_model_chat_template(server_backend, engine_backend):
     if "chat_template" not in server_backend.model_info:
         pytest.skip("the server does not report chat_template in /get_model_info yet")
-    assert server_backend.chat_template.source == engine_backend.chat_template.source
+    assert chat_template_of(server_backend).source == chat_template_of(engine_backend).source
     for role, history in [("user", []), ("assistant", ["user"]), ("user", ["system"])]:
-        assert (server_backend.chat_template.role_texts(role, history)
-                == engine_backend.chat_template.role_texts(role, history))
+        assert (chat_template_of(server_backend).role_texts(role, history)
+                == chat_template_of(engine_backend).role_texts(role, history))
 
 
 def test_openai_backend_against_the_server_s_v1_api(server_backend):

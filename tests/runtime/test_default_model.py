@@ -121,3 +121,20 @@ def test_int4_weights_are_as_close_to_fp32_as_bf16(fp32_and_bf16_logprobs, level
     assert _agreement(top, ref_top) >= MIN_AGREEMENT[level]
     # bench/quality.py measured bf16 0.043, int4 0.041 (avx512) / 0.054 (avx2) mean |d logprob|
     assert int4_error <= 1.5 * bf16_error + 0.01, (int4_error, bf16_error)
+
+
+def test_sglang_offline_calls_as_written():
+    import radixflow
+
+    engine = radixflow.Engine()
+    try:
+        out = engine.generate("The capital of France is", {"max_new_tokens": 8})
+        assert 0 < out["meta_info"]["completion_tokens"] <= 8 and isinstance(out["text"], str)
+        params = {"max_new_tokens": 4, "temperature": 0}
+        batch = engine.generate(["The capital of France is", "1, 2, 3,"], params)
+        assert " Paris" in batch[0]["text"] and len(batch) == 2
+        ids = engine.tokenizer.encode("The capital of France is")
+        by_ids = engine.generate(input_ids=[ids], sampling_params=params)
+        assert by_ids[0]["output_ids"] == batch[0]["output_ids"]
+    finally:
+        engine.shutdown()

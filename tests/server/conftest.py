@@ -6,7 +6,7 @@ import pytest
 from helpers.live_server import descendants, wait_gone
 from helpers.tiny_models import make_tiny_model
 
-from radixflow.runtime.server.runtime import Runtime
+from radixflow.runtime.server.process import ServerProcess
 
 KV_POOL_TOKENS = 4096
 # Long enough that a 4000-token request is still running when its client hangs up.
@@ -21,8 +21,9 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir):
-    rt = Runtime(str(tiny_model_dir), max_total_tokens=KV_POOL_TOKENS, max_running_requests=16,
-                 served_model_name="tiny", log_level="warning", start_timeout=300)
+    rt = ServerProcess(str(tiny_model_dir), max_total_tokens=KV_POOL_TOKENS,
+                       max_running_requests=16, served_model_name="tiny", log_level="warning",
+                       start_timeout=300)
     children = descendants(rt.proc.pid)
     yield rt
     code = rt.shutdown()

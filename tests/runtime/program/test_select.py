@@ -26,17 +26,18 @@ def _backend():
 
 def test_mean_sum_and_unconditional_scores():
     fake = _backend()
-    best, meta, n = select_choice(fake.generate, "Pet: ", ["cat", "dog", "caterpillar"])
+    best, meta, n = select_choice(fake.generate_from_body, "Pet: ", ["cat", "dog", "caterpillar"])
     assert n == 2 and meta["method"] == "token_length_normalized"
     lengths = [len(e) for e in meta["input_token_logprobs"]]
     assert lengths == [3, 3, 11]
     assert meta["scores"][0] == pytest.approx(-1.2 / 3)
     assert meta["choices"][best] == "caterpillar"  # mean favours long easy tails
 
-    best, meta, _ = select_choice(fake.generate, "Pet: ", ["cat", "dog", "caterpillar"], "sum")
+    best, meta, _ = select_choice(fake.generate_from_body, "Pet: ", ["cat", "dog", "caterpillar"],
+                                  "sum")
     assert meta["choices"][best] == "cat" and meta["scores"][0] == pytest.approx(-1.2)
 
-    best, meta, n = select_choice(fake.generate, "Pet: ", ["cat", "dog"],
+    best, meta, n = select_choice(fake.generate_from_body, "Pet: ", ["cat", "dog"],
                                   "unconditional_likelihood_normalized")
     assert n == 3
     # the fake's logprobs ignore context, so conditional minus unconditional is 0 except
@@ -47,7 +48,7 @@ def test_mean_sum_and_unconditional_scores():
 
 def test_prefix_is_prefilled_once_then_one_batched_request():
     fake = _backend()
-    select_choice(fake.generate, "Q? ", ["a", "b", "c"])
+    select_choice(fake.generate_from_body, "Q? ", ["a", "b", "c"])
     first, second = fake.calls
     assert first == {"text": "Q? ", "sampling_params": {"max_new_tokens": 0}}
     assert second["text"] == ["Q? a", "Q? b", "Q? c"]

@@ -1,4 +1,4 @@
-"""`Runtime`: `radixflow serve` as a subprocess, for Python users (and tests)."""
+"""`ServerProcess`: `radixflow serve` as a subprocess of this program (rf.Runtime, tests, bench)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..errors import ServerUnavailable
-from ..server_args import ServerArgs
+from ..server_args import ServerArgs, server_args_from
 from .launch import PARENT_PID_ENV
 
 
@@ -39,25 +39,24 @@ def cli_flags(args: ServerArgs) -> list[str]:
     return flags
 
 
-class Runtime:
+class ServerProcess:
     """Start a radixflow server in a subprocess and wait until it is healthy.
 
-    Parameters are ServerArgs fields (`model=None` is the default SmolLM2-135M-Instruct);
-    `port=None` picks a free port. The server stops with `shutdown()`, at the end of a
-    `with` block, at interpreter exit, or when this process dies.
+    `ServerProcess(model_path=None, **server_args)`: ServerArgs fields as keywords (`model=` is
+    the same as `model_path=`; None is the default SmolLM2-135M-Instruct); `port=None` picks a
+    free port. The server stops with `shutdown()`, at the end of a `with` block, at interpreter
+    exit, or when this process dies. Talk to it over HTTP at `url` (rf.Runtime does).
 
     Raises ValueError for invalid arguments and ServerUnavailable when the server does not
     come up (the message ends with its log).
     """
 
-    def __init__(self, model: str | None = None, *, port: int | None = None,
+    def __init__(self, model_path: str | None = None, *, port: int | None = None,
                  start_timeout: float = 600.0, **kwargs: Any):
-        known = {f.name for f in dataclasses.fields(ServerArgs)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown Runtime argument(s) {unknown}; see ServerArgs")
         host = kwargs.pop("host", "127.0.0.1")
-        self.args = ServerArgs(model=model, host=host, port=port or free_port(host), **kwargs)
+        self.args = server_args_from(model_path, {**kwargs, "host": host,
+                                                  "port": port or free_port(host)},
+                                     who="Runtime")
         self.url = f"http://{self.args.host}:{self.args.port}"
         # Open for the server's whole life; closed in shutdown().
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
@@ -107,16 +106,6 @@ class Runtime:
         with open(self._log.name, errors="replace") as f:
             return "".join(f.readlines()[-num_lines:])
 
-    def generate(self, body: dict, timeout: float = 600.0) -> Any:
-        """POST /generate (non-streaming) and return the JSON answer; raises on non-200."""
-        import requests
-
-        r = requests.post(self.url + "/generate", json={**body, "stream": False},
-                          headers=self.headers(), timeout=timeout)
-        if r.status_code != 200:
-            raise RuntimeError(f"/generate answered {r.status_code}: {r.text}")
-        return r.json()
-
     def shutdown(self, timeout: float = 20.0) -> int | None:
         """Stop the server (SIGTERM, then SIGKILL after `timeout`); return its exit code."""
         proc, self.proc = self.proc, None
@@ -135,7 +124,7 @@ class Runtime:
             os.unlink(self._log.name)
         return proc.returncode
 
-    def __enter__(self) -> Runtime:
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
