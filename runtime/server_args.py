@@ -26,9 +26,14 @@ class _DeprecatedFlag(argparse.Action):
 @dataclass
 class ServerArgs:
     model: str | None = _arg(
-        None, "HF folder, .gguf file, or None for the default SmolLM2-135M-Instruct")
-    tokenizer: str | None = _arg(None, "tokenizer folder, if not the model's own")
-    served_model_name: str | None = _arg(None, "model name reported by the APIs")
+        None, "HF folder, .gguf file, or None for the default SmolLM2-135M-Instruct (also "
+        "`radixflow serve MODEL`)", aliases=("--model-path",))
+    tokenizer: str | None = _arg(None, "tokenizer folder, if not the model's own",
+                                 aliases=("--tokenizer-path",))
+    served_model_name: str | list[str] | None = _arg(
+        None, "model name(s) the APIs answer to; the first is the one they report", nargs="+")
+    chat_template: str | None = _arg(
+        None, "chat template instead of the model's: a Jinja file, or the template itself")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
         "auto", "auto: bf16 on GPUs and CPUs with AVX512-BF16/AMX, else fp32")
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
@@ -42,16 +47,20 @@ class ServerArgs:
         "auto", "int4: weight-only 4-bit linear layers (CPU), ~3x fewer bytes per decode step; "
         "auto: int4 layers and a Q8_0 head where that is lossless (a CPU whose level has "
         "radixflow's kernels, weights already 4-bit/8-bit groups as in the default model's GGUF)")
-    context_length: int | None = _arg(None, "max tokens per request (default: the model's)")
+    context_length: int | None = _arg(None, "max tokens per request (default: the model's)",
+                                      aliases=("--max-model-len",))
     kv_cache_gb: float = _arg(1.0, "KV cache size in GiB on CPU")
-    mem_fraction: float = _arg(0.85, "fraction of free GPU memory for weights + KV cache")
+    mem_fraction: float = _arg(0.85, "fraction of free GPU memory for weights + KV cache",
+                               aliases=("--mem-fraction-static", "--gpu-memory-utilization"))
     max_total_tokens: int | None = _arg(None, "KV pool size in tokens (overrides kv_cache_gb)")
-    max_running_requests: int = _arg(64, "max requests decoding at once")
+    max_running_requests: int = _arg(64, "max requests decoding at once",
+                                     aliases=("--max-num-seqs",))
     max_prefill_tokens: int = _arg(4096, "token budget of one prefill batch")
     chunked_prefill_size: int = _arg(1024, "longest prefill chunk of one request (-1: off)")
     schedule_policy: Literal["lpm", "fcfs"] = _arg(
         "lpm", "waiting-queue order: longest prefix match first, or first come first served")
-    disable_radix_cache: bool = _arg(False, "do not reuse KV across requests")
+    disable_radix_cache: bool = _arg(False, "do not reuse KV across requests",
+                                     aliases=("--no-enable-prefix-caching",))
     attention_backend: Literal["auto", "torch_native", "triton"] = _arg(
         "auto", "auto: triton on CUDA, torch_native on CPU")
     sampling_backend: Literal["auto", "torch", "triton"] = _arg(
@@ -66,14 +75,17 @@ class ServerArgs:
         "requests a step)", deprecated_aliases=("--disable-native-decode",))
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
-    tp_size: int = _arg(1, "tensor parallel size (only 1: tensor parallelism is not built yet)")
-    dp_size: int = _arg(1, "data parallel size (only 1: data parallelism is not built yet)")
+    tp_size: int = _arg(1, "tensor parallel size (only 1: tensor parallelism is not built yet)",
+                        aliases=("--tensor-parallel-size",))
+    dp_size: int = _arg(1, "data parallel size (only 1: data parallelism is not built yet)",
+                        aliases=("--data-parallel-size",))
     host: str = _arg("127.0.0.1", "HTTP host")
     port: int = _arg(30000, "HTTP port")
     api_key: str | None = _arg(
         None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
     seed: int = _arg(0, "seed of the draws of requests that carry no seed of their own: the "
-                     "same requests in the same order and batching give the same outputs")
+                     "same requests in the same order and batching give the same outputs",
+                     aliases=("--random-seed",))
     log_level: str = _arg("info", "logging level")
 
     def __post_init__(self) -> None:
@@ -100,6 +112,12 @@ class ServerArgs:
             from radixflow.kernels.cpu.features import check_level
 
             check_level(self.cpu_isa)  # a level the CPU lacks: a start-up error, never SIGILL
+        if isinstance(self.served_model_name, list | tuple):
+            if not self.served_model_name or not all(self.served_model_name):
+                raise ValueError("--served-model-name needs one or more non-empty names")
+            self.served_model_name = list(self.served_model_name)
+        if self.chat_template is not None:
+            chat_template_text(self.chat_template)  # a bad template: a start-up error
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name, hint in typing.get_type_hints(type(self)).items():
@@ -107,6 +125,12 @@ class ServerArgs:
             if typing.get_origin(hint) is Literal and getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of "
                                  f"{choices}, got {getattr(self, name)!r}")
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """The names given with --served-model-name (may be empty)."""
+        name = self.served_model_name
+        return [name] if isinstance(name, str) else list(name or [])
 
     @property
     def chunk_size(self) -> int:
@@ -123,23 +147,41 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             hint = hints[f.name]
             help_text = f.metadata.get("help", "")
+            names = (flag, *f.metadata.get("aliases", ()))
             if hint is bool:
-                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                parser.add_argument(*names, action="store_true", default=f.default,
+                                    help=help_text)
                 for alias in f.metadata.get("deprecated_aliases", ()):
                     parser.add_argument(alias, action=_DeprecatedFlag, dest=f.name, nargs=0,
                                         help=f"deprecated: use {flag}")
                 continue
             origin, args = typing.get_origin(hint), typing.get_args(hint)
             if origin is Literal:
-                parser.add_argument(flag, choices=args, default=f.default, help=help_text)
+                parser.add_argument(*names, choices=args, default=f.default, help=help_text)
                 continue
             base = next((a for a in args if a is not type(None)), hint) if args else hint
-            parser.add_argument(flag, type=base, default=f.default,
+            if typing.get_origin(base) is list:
+                base = typing.get_args(base)[0]
+            parser.add_argument(*names, type=base, default=f.default,
+                                nargs=f.metadata.get("nargs"),
                                 help=f"{help_text} (default: {f.default})")
+        parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                            help="the model, as vLLM's `vllm serve MODEL` takes it (or --model)")
+        parser.add_argument("--enable-prefix-caching", action="store_true",
+                            help="vLLM's flag: prefix caching (the radix cache) is on unless "
+                                 "--disable-radix-cache")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
-        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        tag = getattr(ns, "model_tag", None)
+        if tag is not None:
+            if values["model"] is not None and values["model"] != tag:
+                raise ValueError(f"two models given: {tag!r} and --model {values['model']!r}")
+            values["model"] = tag
+        if getattr(ns, "enable_prefix_caching", False) and values["disable_radix_cache"]:
+            raise ValueError("--enable-prefix-caching contradicts --disable-radix-cache")
+        return cls(**values)
 
 
 def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str) -> ServerArgs:
@@ -155,3 +197,23 @@ def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str
     if model_path is not None:
         kwargs = {**kwargs, "model": model_path}
     return ServerArgs(**kwargs)
+
+
+def chat_template_text(spec: str) -> str:
+    """The Jinja text of --chat-template: a file's contents, or the text itself. Raises
+    ValueError when it is neither a readable file nor a template that parses."""
+    import os
+
+    text = spec
+    if os.path.isfile(spec):
+        with open(spec, encoding="utf-8") as f:
+            text = f.read()
+    elif "{{" not in spec and "{%" not in spec:
+        raise ValueError(f"--chat-template {spec!r}: no such file, and not a Jinja template")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template does not parse: {exc}") from None
+    return text

@@ -25,7 +25,7 @@ from ..messages import (
 )
 from ..model_runner import BatchRequest, ModelRunner
 from ..sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
-from ..server_args import ServerArgs
+from ..server_args import ServerArgs, chat_template_text
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .grammar import MaskJob, SchedulerGrammar
 from .kv_cache import KVCache, cat_slots, evictable_len
@@ -44,6 +44,8 @@ class Scheduler:
         self.model_folder = model_folder or resolve_model(args.model)
         hf_config = hf_config or load_config(self.model_folder)
         self.tokenizer = tokenizer or load_tokenizer(args.tokenizer or self.model_folder)
+        if args.chat_template is not None:
+            self.tokenizer.chat_template = chat_template_text(args.chat_template)
         self.runner = ModelRunner(args, self.model_folder, hf_config)
         self.tree = RadixTree(disabled=args.disable_radix_cache)
         self.kv_pool, self.req_to_token_pool = self.runner.kv_pool, self.runner.req_to_token_pool

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ContextTooLong, RadixflowError
 from ..server_args import ServerArgs
-from . import native_routes, openai_api
+from . import native_routes, openai_api, tokenize_routes
 from .metrics import Metrics
 from .responses import error_response, validation_error
 from .scheduler_client import SchedulerClient
@@ -43,6 +43,7 @@ def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | Non
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
     app.include_router(openai_api.router)
     app.include_router(native_routes.router)
+    app.include_router(tokenize_routes.router)
     return app
 
 

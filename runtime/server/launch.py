@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
 from ..ipc import IpcAddrs
-from ..server_args import ServerArgs
+from ..server_args import ServerArgs, chat_template_text
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
     from ..model_loader import DEFAULT_MODEL_NAME, resolve_model
     from .scheduler_client import load_tokenizer
 
-    served = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    served = (args.served_model_names or [args.model or DEFAULT_MODEL_NAME])[0]
     folder = str(resolve_model(args.model))
     tokenizer_path = args.tokenizer or folder
     entry = os.environ.get(SCHEDULER_ENTRY_ENV) or DEFAULT_SCHEDULER_ENTRY
@@ -227,6 +227,8 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
     bar = _LoadingBar(served)
     try:
         tokenizer = load_tokenizer(tokenizer_path)
+        if args.chat_template is not None:
+            tokenizer.chat_template = chat_template_text(args.chat_template)
         model_info = children.wait_ready("scheduler", sched_conn, bar.progress)
     finally:
         bar.close()

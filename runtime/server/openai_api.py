@@ -27,9 +27,9 @@ router = APIRouter()
 async def models(request: Request) -> Response:
     state = server_state(request)
     return OrjsonResponse({"object": "list", "data": [{
-        "id": state.served_model_name, "object": "model", "created": 0, "owned_by": "radixflow",
+        "id": name, "object": "model", "created": 0, "owned_by": "radixflow",
         "root": state.client.model_info.get("model_path"),
-        "max_model_len": state.client.context_length}]})
+        "max_model_len": state.client.context_length} for name in state.served_model_names]})
 
 
 @router.post("/v1/completions")

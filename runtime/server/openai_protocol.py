@@ -1,7 +1,9 @@
 """Pydantic models of the OpenAI-compatible requests we accept.
 
-Strict: wrong JSON types and unknown fields are 400s naming the field, as OpenAI does. A few
-well-known extensions of vLLM/SGLang (top_k, min_p, ignore_eos, regex, ...) are accepted.
+Strict: wrong JSON types and unknown fields are 400s naming the field, as OpenAI does. The
+documented extensions of vLLM and SGLang are accepted: sampling (top_k, min_p, ignore_eos, ...),
+constraints (SGLang's regex / ebnf / json_schema, vLLM's guided_* and structured_outputs), and
+vLLM's /tokenize and /detokenize bodies.
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs`: one constraint."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    json_object: bool | None = None
+
+
 class _SamplingRequest(_Strict):
     model: str = Field(min_length=1)
     n: int = Field(1, ge=1, le=128)
@@ -62,6 +75,13 @@ class _SamplingRequest(_Strict):
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    # vLLM's constraint names (openai_constraints.py maps them).
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -110,3 +130,25 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize: vLLM's body (a prompt, or chat messages) and SGLang's (a prompt or a
+    list of prompts)."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize: `tokens` (one list, or SGLang's list of lists)."""
+
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
 from ..native_api import check_constraint, fit_to_context, new_rid, tokenize_prompt
 from ..sampling_params import SamplingParams
+from .openai_constraints import constraint_fields
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_tools import ToolPlan, with_tools
 from .responses import validation_error
@@ -106,32 +106,14 @@ def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
         "presence_penalty": body.presence_penalty, "repetition_penalty": body.repetition_penalty,
         "stop": body.stop, "stop_token_ids": body.stop_token_ids, "ignore_eos": body.ignore_eos,
         "min_new_tokens": body.min_tokens, "skip_special_tokens": body.skip_special_tokens,
-        "no_stop_trim": body.no_stop_trim, "regex": body.regex, "ebnf": body.ebnf,
-        "json_schema": body.json_schema,
+        "no_stop_trim": body.no_stop_trim, "logit_bias": body.logit_bias,
+        **constraint_fields(body, constraint),
     }
     if max_tokens is not None:
         d["max_new_tokens"] = max_tokens
     if body.seed is not None:
         # Every choice gets its own stream of randomness, reproducible from the seed.
         d["seed"] = (body.seed + choice) % (1 << 63)
-    fmt = body.response_format
-    if constraint:  # from tools
-        if (fmt is not None and fmt.type != "text") or any(
-                d[k] is not None for k in ("regex", "ebnf", "json_schema")):
-            raise InvalidRequest("tools cannot be combined with response_format, regex, ebnf "
-                                 'or json_schema (unless tool_choice is "none")', param="tools")
-        d.update(constraint)
-    if fmt is not None and fmt.type != "text":
-        if body.regex is not None or body.ebnf is not None or body.json_schema is not None:
-            raise InvalidRequest("response_format cannot be combined with regex, ebnf or "
-                                 "json_schema", param="response_format")
-        if fmt.type == "json_object":
-            d["json_schema"] = json.dumps({"type": "object"})
-        else:
-            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise InvalidRequest("response_format of type json_schema needs "
-                                     "json_schema.schema", param="response_format.json_schema")
-            d["json_schema"] = json.dumps(fmt.json_schema.schema_)
     sampling = SamplingParams.from_dict(d)
     check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
     return sampling
@@ -141,8 +123,6 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
                prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
                logprobs: int | None, echo: bool = False,
                constraint: dict | None = None) -> Job:
-    if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
     reqs = []
     for p, ids in enumerate(prompts):
         if not ids:

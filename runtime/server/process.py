@@ -34,6 +34,8 @@ def cli_flags(args: ServerArgs) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag)  # only store_true flags exist, and True differs from default
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
         else:
             flags += [flag, str(value)]
     return flags

@@ -32,9 +32,14 @@ class ServerState:
                                                thread_name_prefix="program")
 
     @property
+    def served_model_names(self) -> list[str]:
+        """Every name given with --served-model-name, the reported one first."""
+        return list(dict.fromkeys([self.served_model_name, *self.args.served_model_names]))
+
+    @property
     def model_names(self) -> set[str]:
-        """The names a request's `model` may give: the served name or the model path."""
-        return {self.served_model_name, str(self.client.model_info.get("model_path"))}
+        """The names a request's `model` may give: a served name or the model path."""
+        return {*self.served_model_names, str(self.client.model_info.get("model_path"))}
 
 
 def server_state(request: Request) -> ServerState:
