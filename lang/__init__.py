@@ -39,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".params": ("GenParams",),
     ".program": ("Program", "function"),
     ".state": ("ProgramState",),
+    ".tools": ("Tool", "call_tools"),
     "radixflow.runtime.engine": ("Engine",),
     "radixflow.runtime.program": ("execute_program",),
 }

@@ -64,7 +64,11 @@ class WireCompiler:
             sampling["regex"] = node.regex
         if node.json_schema is not None:
             sampling["json_schema"] = node.json_schema
+        if node.n != 1:
+            sampling["n"] = node.n
         out = {"type": "gen", "name": node.name, "sampling_params": sampling}
+        if node.tools:
+            out["tool_calls"] = True
         if node.return_logprob:
             out.update(return_logprob=True, return_text_in_logprobs=True)
             if node.logprob_start_len is not None:

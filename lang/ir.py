@@ -17,6 +17,7 @@ from radixflow.runtime.program.select import SELECT_METHODS
 
 from .errors import GrammarError, InvalidRequest
 from .params import GenParams
+from .tools import Tool, as_tools, calls_schema
 
 _METHOD_ALIASES = {"mean": "token_length_normalized",
                    "unconditional": "unconditional_likelihood_normalized"}
@@ -54,6 +55,8 @@ class Gen(Node):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    n: int = 1
+    tools: tuple[Tool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def gen(
     max_tokens: int | None = None,
     min_tokens: int | None = None,
     stop: str | list[str] | None = None,
+    stop_regex: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
@@ -179,19 +183,29 @@ def gen(
     return_logprob: bool = False,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
+    n: int = 1,
+    tools: list[Any] | None = None,
+    parallel_tool_calls: bool = True,
 ) -> Node:
     """Generate text into variable `name`.
 
     Options left None use the run's defaults. `regex` / `json_schema` (dict, JSON string or
     pydantic model) constrain the output; `choices` turns the call into `select`; `dtype` (int,
-    float, str, bool) is shorthand for a regex. Raises GrammarError for a regex that does not
-    compile or a schema that is not JSON, InvalidRequest for an empty choice list.
+    float, str, bool) is shorthand for a regex; `stop_regex` ends the text at a match, like a
+    stop string. `n` > 1 samples n continuations of the same prompt in one request: the variable
+    holds the list of their texts and none of them is appended to the program's text.
+    `tools` (Python functions or OpenAI tool dicts) makes the gen a tool call: the output is a
+    JSON list of `{"name", "arguments"}` held to the tools' schemas (one call unless
+    `parallel_tool_calls`), the variable holds the parsed list (`rf.call_tools` runs them).
+    Raises GrammarError for a regex that does not compile or a schema that is not JSON,
+    InvalidRequest for an empty choice list or a bad n / tools.
     """
     name = _check_name(name)
     if choices is not None:
         return select(name, choices, method=choices_method)
     params = GenParams.make(
-        max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+        max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_regex=stop_regex,
+        stop_token_ids=stop_token_ids,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed)
@@ -201,14 +215,21 @@ def gen(
         regex, extra_stop = _DTYPE_REGEX[dtype]
         if extra_stop:
             params = dataclasses.replace(params, stop=tuple(params.stop or ()) + extra_stop)
-    if regex is not None and json_schema is not None:
-        raise InvalidRequest("give at most one of regex and json_schema")
+    if sum(x is not None for x in (regex, json_schema, tools)) > 1:
+        raise InvalidRequest("give at most one of regex, json_schema and tools")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+        raise InvalidRequest(f"n must be an integer in [1, 128], got {n!r}")
+    tool_specs = as_tools(tools) if tools is not None else ()
+    if tool_specs:
+        if n != 1:
+            raise InvalidRequest("a gen with tools takes n=1")
+        json_schema = calls_schema(tool_specs, parallel=parallel_tool_calls)
     return Gen(
         name, params,
         regex=check_regex(regex) if regex is not None else None,
         json_schema=schema_to_str(json_schema) if json_schema is not None else None,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num)
+        top_logprobs_num=top_logprobs_num, n=n, tools=tool_specs)
 
 
 def select(name: str | None = None, choices: list[str] | None = None, *,

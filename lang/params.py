@@ -19,6 +19,7 @@ class GenParams:
     max_tokens: int | None = None
     min_tokens: int | None = None
     stop: tuple[str, ...] | None = None
+    stop_regex: tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -32,7 +33,8 @@ class GenParams:
 
     @classmethod
     def make(cls, **kwargs: Any) -> GenParams:
-        """Build from user keywords; `stop` may be a string or a list; `max_new_tokens` aliases."""
+        """Build from user keywords; `stop` and `stop_regex` may be a string or a list;
+        `max_new_tokens` aliases `max_tokens`."""
         if "max_new_tokens" in kwargs:
             kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
         if "min_new_tokens" in kwargs:
@@ -41,11 +43,12 @@ class GenParams:
         if unknown:
             raise InvalidRequest(f"unknown sampling option(s) {sorted(unknown)}; "
                                  f"known: {', '.join(FIELDS)}")
-        stop = kwargs.get("stop")
-        if isinstance(stop, str):
-            kwargs["stop"] = (stop,)
-        elif stop is not None:
-            kwargs["stop"] = tuple(stop)
+        for key in ("stop", "stop_regex"):
+            value = kwargs.get(key)
+            if isinstance(value, str):
+                kwargs[key] = (value,)
+            elif value is not None:
+                kwargs[key] = tuple(value)
         if kwargs.get("stop_token_ids") is not None:
             kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
         return cls(**kwargs)
@@ -67,6 +70,8 @@ class GenParams:
         }
         if p.repetition_penalty is not None:
             out["repetition_penalty"] = p.repetition_penalty
+        if p.stop_regex:
+            out["stop_regex"] = list(p.stop_regex)
         if p.seed is not None:
             out["seed"] = p.seed  # radixflow's name; SGLang calls it sampling_seed
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -87,6 +88,17 @@ class Program:
         state._thread = threading.Thread(target=target, name=f"rf-{self.name}", daemon=True)
         state._thread.start()
         return state
+
+    async def arun(self, *args: Any, **kwargs: Any) -> ProgramState:
+        """`run` for asyncio code (an agent running many programs in one event loop): the
+        program runs on a worker thread; with stream=True the state comes back at once and
+        `async for piece in state.text_aiter()` reads it."""
+        return await asyncio.to_thread(self.run, *args, **kwargs)
+
+    async def arun_batch(self, batch_kwargs: list[dict[str, Any]],
+                         **kwargs: Any) -> list[ProgramState]:
+        """`run_batch` for asyncio code."""
+        return await asyncio.to_thread(self.run_batch, batch_kwargs, **kwargs)
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
                   num_threads: int | str = "auto", progress_bar: bool = False,

@@ -8,10 +8,11 @@ joins are in fork.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from radixflow.runtime.program import ProgramExecutor, chat
@@ -168,6 +169,13 @@ class ProgramState(stretch.Line):
         yield from self._events.follow(var_name, lambda name: name in self._vars)
         if self._error is not None:
             raise self._error
+
+    async def text_aiter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        """`text_iter` for asyncio code: `async for piece in state.text_aiter(): ...`."""
+        pieces = self.text_iter(var_name)
+        done = object()
+        while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
+            yield piece
 
     def __repr__(self) -> str:
         status = "failed" if self._error else ("pending" if self._recorded else "done")

@@ -7,6 +7,7 @@ runs on the server (POST /program) and in the client (any backend without /progr
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -103,6 +104,12 @@ class ProgramExecutor:
                 return node["text"]
             case "gen":
                 value, meta = self._gen(node, text, result, messages, emit)
+                if isinstance(value, list):  # n > 1 samples: no one continuation to append
+                    _store(result, node, value, meta)
+                    return ""
+                if node.get("tool_calls"):
+                    _store(result, node, parse_tool_calls(value, node.get("name")), meta)
+                    return value
             case "select":
                 value, meta = self._select(node, text, result, messages, emit)
             case "fork":
@@ -110,9 +117,7 @@ class ProgramExecutor:
                 return ""
             case "join":
                 return self._join(node.get("mode", "gather"), last_fork, result)
-        if node.get("name") is not None:
-            result["variables"][node["name"]] = value
-            result["meta_info"][node["name"]] = meta
+        _store(result, node, value, meta)
         return value
 
     def _gen(self, node: dict, text: str, result: dict, messages: list | None,
@@ -125,6 +130,12 @@ class ProgramExecutor:
         if messages is not None:
             body.update(chat.message_kwargs(messages))
         result["meta"]["num_requests"] += 1
+        n = body["sampling_params"].get("n")
+        if isinstance(n, int) and n > 1:
+            samples = self.generate(body)  # n texts: not streamed, a list of responses
+            for resp in samples:
+                _count_tokens(result, resp["meta_info"])
+            return [r["text"] for r in samples], [r["meta_info"] for r in samples]
         if not self.stream:
             resp = self.generate(body)
             _count_tokens(result, resp["meta_info"])
@@ -185,6 +196,24 @@ class ProgramExecutor:
             result["variables"][name] = [b["variables"].get(name) for b in branches]
             result["meta_info"][name] = [b["meta_info"].get(name) for b in branches]
         return ""
+
+
+def _store(result: dict, node: dict, value: Any, meta: Any) -> None:
+    if node.get("name") is not None:
+        result["variables"][node["name"]] = value
+        result["meta_info"][node["name"]] = meta
+
+
+def parse_tool_calls(text: str, name: str | None) -> list[dict]:
+    """The calls a tool gen wrote: its JSON list of {"name", "arguments"} (wire.py)."""
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        raise InvalidRequest(f"the tool call in {name!r} is not complete JSON (did max_tokens "
+                             f"cut it?): {text[-80:]!r}") from None
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise InvalidRequest(f"the tool call in {name!r} is not a list of calls")
+    return calls
 
 
 def _count_tokens(result: dict, meta: dict) -> None:

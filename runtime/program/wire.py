@@ -8,7 +8,8 @@ Request (JSON object)::
        {"type": "role_begin", "role": "user", "text": "<|im_start|>user\\n"},   # rendered by
        {"type": "role_end", "role": "user", "text": "<|im_end|>\\n"},           # the client
        {"type": "gen", "name": "a", "sampling_params": {...native...},
-        "return_logprob": false, "logprob_start_len": null, "top_logprobs_num": null},
+        "return_logprob": false, "logprob_start_len": null, "top_logprobs_num": null,
+        "tool_calls": false},   # true: the output is a JSON list of calls, stored parsed
        {"type": "select", "name": "b", "choices": ["yes", "no"],
         "method": "token_length_normalized"},
        {"type": "fork", "branches": [[node, ...], [node, ...]]},  # branches run concurrently
@@ -20,6 +21,7 @@ Response::
     {"text": "<text appended by these nodes>",
      "pieces": ["<text appended by node 0>", ...],                 # one per top-level node
      "variables": {"a": "4", ...}, "meta_info": {"a": {...native meta_info...}, ...},
+                                  # sampling_params.n > 1: a list of texts (none appended)
      "branches": [[<branch result, same shape>, ...], ...],        # one list per fork node
      "meta": {"num_requests": 3, "prompt_tokens": ..., "completion_tokens": ...,
               "cached_tokens": ...},
@@ -90,6 +92,8 @@ def _validate_node(node: dict, at: str, *, depth: int, seen_fork: bool) -> int:
                 raise invalid("'name' must be a string or null")
             if kind == "gen" and not isinstance(node.get("sampling_params", {}), dict):
                 raise invalid("'sampling_params' must be an object")
+            if kind == "gen" and not isinstance(node.get("tool_calls", False), bool):
+                raise invalid("'tool_calls' must be a boolean")
             if kind == "select":
                 choices = node.get("choices")
                 if (not isinstance(choices, list) or not choices

@@ -59,8 +59,32 @@ def test_react_agent(default_engine):
 def test_json_extraction(default_engine):
     example = load("json_extraction")
     people = example.main(default_engine)  # validates every record against the schema
+    assert None not in people
     ages = [p.age for p in people]
     assert sum(a == b for a, b in zip(ages, [34, 35, 28, 61])) >= 3
+
+
+@pytest.mark.e2e
+def test_json_extraction_of_generated_documents_is_all_valid(default_engine):
+    example = load("json_extraction")
+    texts = example.generated_texts(24, seed=1)  # the example runs 100 with --num-docs 100
+    people = example.main(default_engine, texts=texts, show=False)
+    assert None not in people
+
+
+@pytest.mark.e2e
+def test_tool_agent(default_engine):
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))  # it imports its tools from react_agent
+    example = load("tool_agent")
+    states = example.main(default_engine, max_steps=2)
+    for state in states:
+        assert state.ok
+        calls = [m["content"] for m in state.messages() if m["role"] == "assistant"]
+        assert calls and all(c.startswith("[{\"name\": ") for c in calls)
+        observations = [m["content"] for m in state.messages() if m["role"] == "user"][1:]
+        assert all(o.startswith("Observation: ") for o in observations)
 
 
 @pytest.mark.e2e
