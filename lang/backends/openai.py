@@ -51,7 +51,10 @@ class OpenAI:
         chat = path.endswith("chat/completions")
         if body.get("stream"):
             return self._stream(path, {**request, "stream": True}, chat=chat)
-        return _native(self._post(path, request), chat=chat)
+        resp = self._post(path, request)
+        if request.get("n", 1) > 1:  # one native response per choice, as /generate answers n
+            return [_native({**resp, "choices": [c]}, chat=chat) for c in resp["choices"]]
+        return _native(resp, chat=chat)
 
     def run_program(self, program: dict, *, stream: bool = False,
                     on_text: OnText | None = None) -> dict:
@@ -77,6 +80,11 @@ class OpenAI:
             request["stop"] = sp["stop"] if isinstance(sp["stop"], list) else [sp["stop"]]
         if sp.get("seed") is not None:
             request["seed"] = sp["seed"]
+        if sp.get("n", 1) > 1:
+            request["n"] = sp["n"]
+        if sp.get("stop_regex"):
+            raise UnsupportedFeature("stop_regex is not an OpenAI API field: use a radixflow "
+                                     "backend (rf.Endpoint, rf.Runtime, rf.Engine)")
         for key, default in _DEFAULTS.items():  # extensions, only when they matter
             if sp.get(key) not in (None, default):
                 request[key] = sp[key]

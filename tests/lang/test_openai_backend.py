@@ -42,7 +42,9 @@ class OpenAIStub:
                         yield f"data: {json.dumps(chunk)}\n\n"
                     yield "data: [DONE]\n\n"
                 return StreamingResponse(events(), media_type="text/event-stream")
-            return {"id": "c1", "choices": [{"text": text, "finish_reason": "stop"}],
+            choices = [{"index": i, "text": f"{text}{i or ''}", "finish_reason": "stop"}
+                       for i in range(body.get("n", 1))]
+            return {"id": "c1", "choices": choices,
                     "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
 
         @app.post("/v1/chat/completions")
@@ -125,3 +127,23 @@ def test_streaming_completions(stub):
 
     state = prog.run(backend=backend, stream=True)
     assert list(state.text_iter("a")) == list(" Paris. More")
+
+
+def test_n_samples_and_stop_regex(stub):
+    backend = rf.OpenAI("m", base_url=stub.url + "/v1")
+
+    @rf.function
+    def many(s):
+        s += "Say:" + rf.gen("a", max_tokens=5, n=3)
+
+    stub.bodies.clear()
+    state = many.run(backend=backend)
+    assert state["a"] == [" Paris. More", " Paris. More1", " Paris. More2"]
+    assert stub.bodies[0]["n"] == 3 and state.text() == "Say:"
+
+    @rf.function
+    def cut(s):
+        s += "Say:" + rf.gen("a", max_tokens=5, stop_regex="[.]")
+
+    with pytest.raises(rf.UnsupportedFeature, match="stop_regex"):
+        cut.run(backend=backend)["a"]
