@@ -8,12 +8,15 @@ from typing import Any
 
 from .errors import InvalidRequest
 
-# Keys SGLang's native API accepts that we accept and ignore (they change nothing here).
-_IGNORED_KEYS = frozenset(
-    {"spaces_between_special_tokens", "stream_interval", "custom_params", "logit_bias",
-     "stop_regex", "lora_path"}
-)
+# Keys SGLang accepts that radixflow does not implement: a request that sets one is refused
+# (400 naming it) rather than served as if it had not been asked.
+_UNSUPPORTED_KEYS = frozenset({"custom_params", "lora_path"})
 MAX_NEW_TOKENS_LIMIT = 1 << 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_REGEXES = 16
+MAX_STOP_REGEX_LEN = 1024
+MAX_LOGIT_BIAS = 4096  # entries per request
+LOGIT_BIAS_LIMIT = 100.0  # |bias| <= 100; -100 bans the token (-inf), as OpenAI documents
 
 
 @dataclass
@@ -28,10 +31,14 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)  # end at the first match
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode
     no_stop_trim: bool = False
+    stream_interval: int | None = None  # stream every this many tokens (None: every step)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     n: int = 1
     seed: int | None = None
     # Constraints (at most one). Handled by runtime/constrained.
@@ -74,8 +81,10 @@ class SamplingParams:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
-            if key in _IGNORED_KEYS:
-                continue
+            if key in _UNSUPPORTED_KEYS:
+                if value is None:
+                    continue
+                raise InvalidRequest(f"{key} is not supported", param=key)
             if key == "sampling_seed":  # SGLang's name for `seed`
                 key = "seed"
             if key not in known:
@@ -83,8 +92,11 @@ class SamplingParams:
             if value is None:
                 continue
             kwargs[key] = value
-        if isinstance(kwargs.get("stop"), str):
-            kwargs["stop"] = [kwargs["stop"]]
+        for key in ("stop", "stop_regex"):
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = [kwargs[key]]
+        if isinstance(kwargs.get("logit_bias"), dict):
+            kwargs["logit_bias"] = _token_id_keys(kwargs["logit_bias"])
         for key in ("json_schema", "structural_tag"):
             if isinstance(kwargs.get(key), dict):
                 kwargs[key] = json.dumps(kwargs[key])
@@ -111,7 +123,8 @@ class SamplingParams:
                      "frequency_penalty", "presence_penalty"):
             check_type(name, (int, float))
             setattr(self, name, float(getattr(self, name)))
-        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "no_stop_trim"):
             check_type(name, (bool,))
         if self.seed is not None:
             check_type("seed", (int,))
@@ -138,8 +151,14 @@ class SamplingParams:
             raise bad("stop", "must be a string or a list of strings")
         if any(s == "" for s in self.stop):
             raise bad("stop", "must not contain empty strings")
-        if len(self.stop) > 64:
-            raise bad("stop", "may hold at most 64 strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"may hold at most {MAX_STOP_STRINGS} strings")
+        self._validate_stop_regex()
+        if self.stream_interval is not None:
+            check_type("stream_interval", (int,))
+            if self.stream_interval < 1:
+                raise bad("stream_interval", "must be >= 1")
+        self._validate_logit_bias()
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
@@ -157,3 +176,72 @@ class SamplingParams:
                 not isinstance(self.choices, list) or not self.choices
                 or not all(isinstance(c, str) and c for c in self.choices)):
             raise bad("choices", "must be a non-empty list of non-empty strings")
+
+    def _validate_stop_regex(self) -> None:
+        import regex
+
+        patterns = self.stop_regex
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise InvalidRequest(f"stop_regex must be a string or a list of strings "
+                                 f"(got {patterns!r})", param="stop_regex")
+        if len(patterns) > MAX_STOP_REGEXES:
+            raise InvalidRequest(f"stop_regex may hold at most {MAX_STOP_REGEXES} patterns",
+                                 param="stop_regex")
+        for pattern in patterns:
+            if len(pattern) > MAX_STOP_REGEX_LEN:
+                raise InvalidRequest(f"a stop_regex pattern may be at most {MAX_STOP_REGEX_LEN} "
+                                     f"characters (got {len(pattern)})", param="stop_regex")
+            try:
+                compiled = regex.compile(pattern)
+            except (regex.error, ValueError, OverflowError) as exc:
+                raise InvalidRequest(f"stop_regex {pattern!r} is not a valid regex: {exc}",
+                                     param="stop_regex") from None
+            if compiled.fullmatch("") is not None:
+                raise InvalidRequest(f"stop_regex {pattern!r} matches the empty string",
+                                     param="stop_regex")
+
+    def _validate_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict):
+            raise InvalidRequest(f"logit_bias must be an object mapping token ids to numbers "
+                                 f"(got {bias!r})", param="logit_bias")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens "
+                                 f"(got {len(bias)})", param="logit_bias")
+        for token, value in bias.items():
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidRequest(f"logit_bias keys must be token ids (non-negative ints), "
+                                     f"got {token!r}", param="logit_bias")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
+                raise InvalidRequest(f"logit_bias of token {token} must be a number in "
+                                     f"[-100, 100] (got {value!r})", param="logit_bias")
+        self.logit_bias = {token: float(value) for token, value in bias.items()}
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise InvalidRequest if logit_bias names a token id outside [0, vocab_size)."""
+        if self.logit_bias:
+            bad = next((t for t in self.logit_bias if t >= vocab_size), None)
+            if bad is not None:
+                raise InvalidRequest(f"logit_bias names token id {bad}, outside the vocabulary "
+                                     f"[0, {vocab_size})", param="logit_bias")
+
+
+def _token_id_keys(bias: dict) -> dict:
+    """logit_bias with its keys as ints: JSON (and OpenAI) sends them as strings ("50256")."""
+    out: dict = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str):
+            digits = key.strip()
+            if not digits.isascii() or not digits.isdigit():
+                raise InvalidRequest(f"logit_bias keys must be token ids, got {key!r}",
+                                     param="logit_bias")
+            token = int(digits)
+        if token in out:
+            raise InvalidRequest(f"logit_bias gives token {token} more than once",
+                                 param="logit_bias")
+        out[token] = value
+    return out

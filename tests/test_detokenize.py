@@ -229,3 +229,135 @@ def test_default_model_tokenizer(default_model_path):
     stream(detok, ids + [tok.eos_token_id])
     assert detok.matched_stop == "テキスト"
     assert detok.finish() == "Bonjour! Ça va? 日本語の"
+
+
+# ---- stop_regex ----
+
+
+def regex_pattern(full: str, data) -> str:
+    """A regex that occurs in `full` (or not): escaped characters with some '.' wildcards."""
+    import regex
+
+    if full and data.draw(st.booleans()):
+        lo = data.draw(st.integers(0, len(full) - 1))
+        piece = full[lo : data.draw(st.integers(lo + 1, min(len(full), lo + 4)))]
+    else:
+        piece = data.draw(st.text(min_size=1, max_size=3))
+    return "".join("." if i and data.draw(st.booleans()) else regex.escape(c)
+                   for i, c in enumerate(piece))
+
+
+@SETTINGS
+@given(text=texts, data=st.data(), no_stop_trim=st.booleans(),
+       chunk_sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3))
+def test_stop_regex_cuts_at_a_match_and_streams_only_what_stays(text, data, no_stop_trim,
+                                                                 chunk_sizes):
+    import regex
+
+    tok = tokenizer()
+    ids = encode(tok, text)
+    full = decode(tok, ids)
+    patterns = [regex_pattern(full, data) for _ in range(data.draw(st.integers(1, 2)))]
+    detok = IncrementalDetokenizer(tok, stop_regex=patterns, no_stop_trim=no_stop_trim)
+    seen = []
+    pos, turn = 0, 0
+    while pos < len(ids):
+        size = chunk_sizes[turn % len(chunk_sizes)]
+        detok.append(ids[pos : pos + size])
+        seen.append(detok.text)
+        pos, turn = pos + size, turn + 1
+    final = detok.finish()
+    assert all(final.startswith(s) for s in seen)  # nothing streamed is cut later
+    if detok.matched_stop is None:
+        assert final == full
+        assert not any(regex.search(p, full) for p in patterns)
+        return
+    assert detok.matched_stop in patterns
+    start = len(final)
+    if no_stop_trim:  # the kept match ends the text
+        m = next(m for m in regex.finditer(detok.matched_stop, final, overlapped=True)
+                 if m.end() == len(final))
+        start = m.start()
+    assert full.startswith(final[:start])
+    assert regex.match(detok.matched_stop, full, pos=start) is not None
+    # The cut is at the first match to appear: none ends before it in the text kept.
+    assert not any(regex.search(p, final[:start]) for p in patterns)
+
+
+@SETTINGS
+@given(text=texts, data=st.data(), chunk_sizes=st.lists(st.integers(1, 3), min_size=1,
+                                                        max_size=3))
+def test_an_escaped_stop_regex_is_a_stop_string(text, data, chunk_sizes):
+    import regex
+
+    tok = tokenizer()
+    ids = encode(tok, text)
+    full = decode(tok, ids)
+    stop = data.draw(st.sampled_from([full[i : i + 3] for i in range(len(full))] or ["x"]))
+    by_string = IncrementalDetokenizer(tok, stop=[stop])
+    by_regex = IncrementalDetokenizer(tok, stop_regex=[regex.escape(stop)])
+    assert stream(by_string, ids, chunk_sizes) == stream(by_regex, ids, chunk_sizes)
+    assert by_string.finish() == by_regex.finish()
+    assert (by_string.matched_stop is None) == (by_regex.matched_stop is None)
+
+
+def test_stop_regex_holds_back_a_possible_match_then_cuts():
+    tok = tokenizer()
+    detok = IncrementalDetokenizer(tok, stop_regex=[r"\d+\."])
+    for i in encode(tok, "The answer is 42. Done"):
+        detok.append([i])
+        assert "4" not in detok.text
+    assert detok.matched_stop == r"\d+\."
+    assert detok.finish() == "The answer is "
+    kept = IncrementalDetokenizer(tok, stop_regex=[r"\d+\."], no_stop_trim=True)
+    stream(kept, encode(tok, "The answer is 42. Done"))
+    assert kept.finish() == "The answer is 42."
+
+
+def test_a_regex_that_could_match_earlier_does_not_block_a_later_match():
+    tok = tokenizer()
+    detok = IncrementalDetokenizer(tok, stop_regex=[r"x.*z", "c"])
+    stream(detok, encode(tok, "ab x "))
+    assert detok.text == "ab "  # "x ..." may still become a match of x.*z
+    stream(detok, encode(tok, "c and z"))
+    assert detok.matched_stop == "c" and detok.finish() == "ab x "
+
+
+def test_a_stop_string_starting_earlier_wins_over_a_regex():
+    tok = tokenizer()
+    detok = IncrementalDetokenizer(tok, stop=["abcd"], stop_regex=["c"])
+    for char in "xxabcdyy":
+        detok.append(encode(tok, char))
+    assert detok.matched_stop == "abcd" and detok.finish() == "xx"
+
+
+def test_a_stop_regex_too_slow_to_search_is_an_error(monkeypatch):
+    from radixflow.runtime import detokenize
+
+    monkeypatch.setattr(detokenize, "REGEX_TIMEOUT_S", 1e-7)
+    tok = tokenizer()
+    detok = IncrementalDetokenizer(tok, stop_regex=[r"(a|aa)+b"])
+    for _ in range(5):
+        detok.append(encode(tok, "a" * 40))
+    assert detok.error is not None and "(a|aa)+b" in detok.error
+    assert detok.matched_stop is None and detok.finish() == "a" * 200
+
+
+def test_spaces_between_special_tokens_reaches_the_tokenizer():
+    tok = tokenizer()
+    seen = []
+
+    class RecordingTokenizer:
+        def decode(self, ids, **kwargs):
+            seen.append(kwargs.get("spaces_between_special_tokens"))
+            return tok.decode(ids, **kwargs)
+
+    ids = encode(tok, "Hi<|im_end|> there")
+    for flag in (True, False):
+        seen.clear()
+        detok = IncrementalDetokenizer(RecordingTokenizer(), skip_special_tokens=False,
+                                       spaces_between_special_tokens=flag)
+        stream(detok, ids)
+        # A fast tokenizer has no such option: the text is the same either way (as in SGLang).
+        assert detok.finish() == "Hi<|im_end|> there"
+        assert set(seen) == ({None} if flag else {False})

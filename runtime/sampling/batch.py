@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..sampling_params import LOGIT_BIAS_LIMIT
 from .penalties import Penalties
 
 if TYPE_CHECKING:
@@ -32,6 +34,10 @@ class SamplingBatch:
     banned_rows: torch.Tensor | None  # [num_banned] int64
     banned_ids: torch.Tensor | None  # [num_banned] int64
     penalties: Penalties | None  # None: no row has a penalty
+    # logit_bias: logits[bias_rows[j], bias_ids[j]] += bias_values[j] (-100 is -inf, a ban).
+    bias_rows: torch.Tensor | None = None  # [num_biased] int64; None: no row has a bias
+    bias_ids: torch.Tensor | None = None  # [num_biased] int64
+    bias_values: torch.Tensor | None = None  # [num_biased] float32
 
     @property
     def batch_size(self) -> int:
@@ -77,6 +83,7 @@ class SamplingBatch:
         temperatures = [0.0 if g else p.temperature for p, g in zip(params, is_greedy, strict=True)]
         banned_rows, banned_ids = _min_new_tokens_bans(params, output_ids, eos_ids, vocab_size)
         f32 = {"dtype": torch.float32, "device": device}
+        bias_rows, bias_ids, bias_values = _logit_biases(params, vocab_size, device)
         return cls(
             vocab_size=vocab_size,
             temperatures=torch.tensor(temperatures, **f32),
@@ -90,6 +97,9 @@ class SamplingBatch:
             banned_rows=_as_index(banned_rows, device),
             banned_ids=_as_index(banned_ids, device),
             penalties=Penalties.build(params, output_ids, prompt_ids, vocab_size, device),
+            bias_rows=bias_rows,
+            bias_ids=bias_ids,
+            bias_values=bias_values,
         )
 
 
@@ -113,3 +123,24 @@ def _min_new_tokens_bans(
         rows.extend([i] * len(banned))
         ids.extend(sorted(banned))
     return rows, ids
+
+
+def _logit_biases(
+    params: list[SamplingParams], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(rows, ids, values) of every row's logit_bias, or Nones when no row has one."""
+    rows: list[int] = []
+    ids: list[int] = []
+    values: list[float] = []
+    for i, p in enumerate(params):
+        if not p.logit_bias:
+            continue
+        # Ids past the vocabulary were refused at parse time; never index out of range here.
+        items = [(t, b) for t, b in p.logit_bias.items() if t < vocab_size]
+        rows.extend([i] * len(items))
+        ids.extend(t for t, _ in items)
+        values.extend(-math.inf if b <= -LOGIT_BIAS_LIMIT else b for _, b in items)
+    if not rows:
+        return None, None, None
+    return (_as_index(rows, device), _as_index(ids, device),
+            torch.tensor(values, dtype=torch.float32, device=device))

@@ -1,6 +1,7 @@
 """Batched sampling of one decode step's logits: the one function the scheduler calls.
 
-Order (as in vLLM / SGLang): grammar mask and min_new_tokens bans, penalties, then the draw:
+Order (as in vLLM / SGLang): grammar mask and min_new_tokens bans, penalties, logit_bias (a
+bias of -100 is -inf: the token is banned), then the draw:
 temperature, top-k, top-p and min-p acting jointly on the temperature-scaled distribution
 (semantics and algorithm: radixflow.kernels.sampling). An all-greedy batch takes the argmax
 (kernels.cpu.argmax_rows on the CPU). The draw runs the sort-free Triton kernel on CUDA (CDF
@@ -73,6 +74,9 @@ def sample(
         work = work.index_put(banned, torch.full((), -torch.inf, device=work.device))
     if batch.penalties is not None:
         work = batch.penalties.apply(work)
+    if batch.bias_rows is not None:  # after the penalties, as in SGLang
+        work = work.index_put((batch.bias_rows, batch.bias_ids), batch.bias_values,
+                              accumulate=True)
 
     if batch.all_greedy:
         next_ids = argmax_rows(work) if work.is_cpu else work.argmax(dim=-1)  # [bs]

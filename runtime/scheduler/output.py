@@ -12,6 +12,9 @@ def make_output(req: Req) -> ReqTokenOut | None:
     end = len(req.output_ids)
     if req.can_jump and req.finish is None:
         end = max(req.sent_len, end - HOLD_BACK_TOKENS)
+    interval = req.sampling.stream_interval
+    if interval and req.finish is None and req.sent_len and end - req.sent_len < interval:
+        return None  # stream_interval: the first token at once, then every `interval` tokens
     new_ids = req.output_ids[req.sent_len:end]
     req.sent_len = end
     input_logprobs = _input_logprob_fields(req)

@@ -320,3 +320,71 @@ def test_mismatched_logits_shape_is_rejected():
     batch = make_batch([SamplingParams()])
     with pytest.raises(ValueError, match="do not match"):
         sample(torch.zeros(2, VOCAB), batch)
+
+
+def test_a_batch_without_logit_bias_builds_no_bias_tensors():
+    batch = make_batch([SamplingParams(), SamplingParams(logit_bias={})])
+    assert batch.bias_rows is None and batch.bias_ids is None and batch.bias_values is None
+
+
+def test_logit_bias_moves_the_greedy_choice_of_its_row_only():
+    torch.manual_seed(9)
+    logits = torch.randn(3, VOCAB)
+    before = logits.clone()
+    plain = logits.argmax(dim=-1)
+    low = int(logits[1].argmin())
+    params = [SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, logit_bias={low: 100.0}),
+              SamplingParams(temperature=0.0, logit_bias={int(plain[2]): -100.0})]
+    out = sample(logits, make_batch(params), need_logprobs=True)
+    assert out.next_ids[0] == plain[0] and out.next_ids[1] == low
+    assert out.next_ids[2] != plain[2]
+    assert out.next_ids[2] == logits[2].topk(2).indices[1]  # the runner-up
+    assert torch.equal(logits, before)  # logprobs stay those of the raw logits
+    torch.testing.assert_close(out.logprobs, compute_logprobs(before, out.next_ids))
+
+
+def test_a_bias_of_minus_100_bans_even_a_dominant_token():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 4] = 1e4  # far more than any finite bias could undo
+    ban = SamplingParams(temperature=0.0, logit_bias={4: -100.0})
+    assert sample(logits.clone(), make_batch([ban])).next_ids.item() != 4
+    hot = SamplingParams(temperature=5.0, logit_bias={4: -100.0, 9: -100.0})
+    assert not {4, 9} & set(draws(logits[0], hot, 2000).tolist())
+
+
+def test_a_bias_of_plus_100_forces_a_token_when_sampling():
+    torch.manual_seed(10)
+    logits = torch.randn(VOCAB) * 3
+    forced = int(logits.argmin())
+    params = SamplingParams(temperature=1.5, top_p=0.9, logit_bias={forced: 100.0})
+    assert set(draws(logits, params, 500).tolist()) == {forced}
+
+
+def test_logit_bias_cannot_lift_a_grammar_mask_or_a_min_new_tokens_ban():
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 6] = 1.0
+    allowed = torch.zeros(2, VOCAB, dtype=torch.bool)
+    allowed[:, [6, 8]] = True
+    params = SamplingParams(temperature=0.0, logit_bias={11: 100.0, 8: 50.0})
+    out = sample(logits.clone(), make_batch([params] * 2), bitmask=pack(allowed))
+    assert out.next_ids.tolist() == [8, 8]
+    early = SamplingParams(temperature=0.0, min_new_tokens=2, logit_bias={EOS: 100.0})
+    assert sample(logits[:1].clone(), make_batch([early], output_ids=[[1]])).next_ids.item() == 6
+    done = make_batch([early], output_ids=[[1, 2]])
+    assert sample(logits[:1].clone(), done).next_ids.item() == EOS
+
+
+def test_logit_bias_adds_to_the_penalised_logits():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 7] = 2.0, 1.1
+    # A repetition penalty of 2 halves token 5's logit to 1.0; the bias is added afterwards
+    # (as in SGLang): 1.0 + 0.15 beats 1.1, where (2.0 + 0.15) / 2 would not.
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, logit_bias={5: 0.15})
+    out = sample(logits.clone(), make_batch([params], output_ids=[[5]]))
+    assert out.next_ids.item() == 5
+
+
+def test_logit_bias_past_the_vocabulary_is_dropped_not_indexed():
+    batch = make_batch([SamplingParams(temperature=0.0, logit_bias={3: 1.0, VOCAB + 5: 1.0})])
+    assert batch.bias_ids.tolist() == [3]
