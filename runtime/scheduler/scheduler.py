@@ -141,7 +141,7 @@ class Scheduler:
         if error is not None:
             self._finish(req, Finish(type="abort", message=error, status_code=400))
             return
-        if msg.sampling.stop:
+        if msg.sampling.stop or msg.sampling.stop_regex:
             req.stop_checker = self._new_stop_checker(req)
         if msg.sampling.constraint is not None:
             rejected = self.grammars.submit(req)  # compiles in the background
@@ -156,8 +156,10 @@ class Scheduler:
 
         # The prompt context, as in the detokenizer: a stop string is found where the text
         # the client gets has it.
-        return IncrementalDetokenizer(self.tokenizer, stop=req.sampling.stop,
-                                      skip_special_tokens=req.sampling.skip_special_tokens,
+        s = req.sampling
+        return IncrementalDetokenizer(self.tokenizer, stop=s.stop, stop_regex=s.stop_regex,
+                                      skip_special_tokens=s.skip_special_tokens,
+                                      spaces_between_special_tokens=s.spaces_between_special_tokens,
                                       prompt_ids=req.input_ids)
 
     def _resolve_grammars(self) -> None:
@@ -431,6 +433,8 @@ class Scheduler:
             req.stop_checker.append([token])
             if req.stop_checker.matched_stop is not None:
                 return Finish(type="stop", matched=req.stop_checker.matched_stop)
+            if req.stop_checker.error is not None:  # a stop_regex too slow to search
+                return Finish(type="abort", message=req.stop_checker.error, status_code=400)
         if req.num_tokens_left <= 0:
             return Finish(type="length", length=params.max_new_tokens)
         if req.seq_len >= self.context_len:
