@@ -99,6 +99,18 @@ def check_constraint(sampling: SamplingParams) -> None:
         validate_constraint(*sampling.constraint)
 
 
+# SGLang /generate fields radixflow does not implement: a body that sets one is refused (400
+# naming it) rather than served as if it had not been asked. False and null mean unset.
+UNSUPPORTED_FIELDS = ("lora_path", "custom_logit_processor", "return_hidden_states",
+                      "token_ids_logprob")
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for key in UNSUPPORTED_FIELDS:
+        if body.get(key) is not None and body.get(key) is not False:
+            raise InvalidRequest(f"{key} is not supported", param=key)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -190,9 +202,11 @@ def parse_generate(
         raise InvalidRequest("the request body must be a JSON object")
     if vocab_size is None:
         vocab_size = len(tokenizer)
+    _refuse_unsupported(body)
     prompts, is_batch = _prompts(body, tokenizer, vocab_size)
     samplings = _sampling_list(body, len(prompts))
     for sampling in samplings:
+        sampling.check_vocab(vocab_size)
         check_constraint(sampling)
     rids = _rids(body, len(prompts), is_batch)
     stream = _opt_bool(body, "stream")
