@@ -156,19 +156,26 @@ def _randomize_(model, *, seed: int, std: float) -> None:
 
 
 def make_tiny_model(
-    dest: Path, arch: str = "llama", *, seed: int = 0, std: float = 0.15, **config_overrides: Any
+    dest: Path, arch: str = "llama", *, seed: int = 0, std: float = 0.15, tokenizer: Any = None,
+    **config_overrides: Any
 ) -> Path:
     """Write a complete tiny HF model folder (config, float32 safetensors, tokenizer) to `dest`.
 
     `arch` is one of ARCHS; `config_overrides` are transformers config fields (e.g.
-    ``num_hidden_layers=4``). The same arch, seed and overrides always give the same files.
-    Returns `dest`.
+    ``num_hidden_layers=4``). `tokenizer`: a real one to use instead of the tiny BPE (e.g.
+    test_assets.load_tokenizer("qwen3"), its chat template set); the vocab and bos/eos ids
+    follow it. The same arch, seed and overrides always give the same files. Returns `dest`.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     dest = Path(dest)
-    tokenizer = make_tiny_tokenizer()
+    if tokenizer is None:
+        tokenizer = make_tiny_tokenizer()
+    else:
+        ends = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                "pad_token_id": tokenizer.eos_token_id}
+        config_overrides = {**ends, **config_overrides}
     config = tiny_config(arch, vocab_size=len(tokenizer), **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
