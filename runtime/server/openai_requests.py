@@ -133,6 +133,7 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
             sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j,
                                  constraint)
             sampling = fit_to_context(sampling, len(ids), client.context_length, strict=explicit)
+            sampling.check_vocab(client.vocab_size)
             reqs.append(GenerateReq(
                 rid=new_rid(), input_ids=ids, sampling=sampling,
                 return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,

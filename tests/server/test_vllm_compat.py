@@ -79,10 +79,14 @@ def test_bad_constraints_are_400s_that_name_the_field(client, extra, param):
     assert param in str(err.value)
 
 
-def test_logit_bias_is_no_longer_refused(client):
-    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0,
-                                  logit_bias={"5": -100})
-    assert r.choices[0].finish_reason in ("length", "stop")
+def test_logit_bias_forces_and_checks_ids(client, server):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                  logit_bias={"70": 100}, extra_body={"ignore_eos": True})
+    forced = requests.post(server.url + "/detokenize", json={"tokens": [70, 70, 70]}).json()
+    assert r.choices[0].text == forced["text"]
+    with pytest.raises(openai.BadRequestError, match="10000000"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                  logit_bias={"10000000": 5})
 
 
 def test_tokenize_round_trips(server, tokenizer):
