@@ -2,8 +2,9 @@
 
 Nothing received is ever unpickled; `decode` only builds the classes in `Message`.
 
-    HTTP/SchedulerClient --GenerateReq/AbortReq/FlushCacheReq--> Scheduler
+    HTTP/SchedulerClient --GenerateReq/AbortReq/FlushCacheReq/Open-/CloseSessionReq--> Scheduler
     Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> SchedulerClient
+    (FlushCacheDone, OpenSessionDone: the detokenizer passes them on unchanged)
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, omit_defaults
     pass
 
 
+class SessionParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A /generate body's `session_params` (SGLang's): which session the request belongs to
+    and what of the session's token history comes before its own tokens (see
+    scheduler/sessions.py)."""
+
+    id: str
+    rid: str | None = None  # the request of the session to continue; None: start a new branch
+    offset: int | None = None  # keep history[:offset] (Python slice), when not None or 0
+    replace: bool = False  # abort `rid` (or clear the whole session) and take its place
+    drop_previous_output: bool = False  # continue from `rid`'s prompt, without its output
+
+
 class GenerateReq(_Msg):
     rid: str
     input_ids: list[int]
@@ -25,6 +38,8 @@ class GenerateReq(_Msg):
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     stream: bool = False
+    # The scheduler puts the session's history before input_ids; None: no session.
+    session: SessionParams | None = None
 
 
 class AbortReq(_Msg):
@@ -33,6 +48,22 @@ class AbortReq(_Msg):
 
 class FlushCacheReq(_Msg):
     pass
+
+
+class OpenSessionReq(_Msg):
+    session_id: str  # chosen by the sender (a fresh uuid when the client gave none)
+    capacity_of_str_len: int  # the most tokens one request of the session may hold
+    timeout: float | None = None  # close after this many seconds without a new request
+
+
+class CloseSessionReq(_Msg):
+    session_id: str
+
+
+class OpenSessionDone(_Msg):
+    session_id: str
+    success: bool
+    message: str | None = None  # why not, when success is False
 
 
 class Finish(_Msg):
@@ -113,8 +144,9 @@ class ProcessFailed(_Msg):
     message: str
 
 
-Message = (GenerateReq | AbortReq | FlushCacheReq | Finish | TokenBatchOut | TextBatchOut
-           | SchedulerStats | FlushCacheDone | ProcessFailed)
+Message = (GenerateReq | AbortReq | FlushCacheReq | OpenSessionReq | CloseSessionReq | Finish
+           | TokenBatchOut | TextBatchOut | SchedulerStats | FlushCacheDone | OpenSessionDone
+           | ProcessFailed)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -52,6 +52,7 @@ class Req:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     reported_input_logprobs: bool = False
+    session_node: Any = None  # its node in a session (sessions.py) while it runs
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:

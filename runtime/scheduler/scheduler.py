@@ -6,6 +6,7 @@ one decode batch if requests are running, and report every request that got new 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -15,11 +16,14 @@ from radixflow.radix_cache import RadixTree
 from ..forward_batch import ForwardMode
 from ..messages import (
     AbortReq,
+    CloseSessionReq,
     Finish,
     FlushCacheDone,
     FlushCacheReq,
     GenerateReq,
     Message,
+    OpenSessionDone,
+    OpenSessionReq,
     SchedulerStats,
     TokenBatchOut,
 )
@@ -31,6 +35,7 @@ from .grammar import MaskJob, SchedulerGrammar
 from .kv_cache import KVCache, cat_slots, evictable_len
 from .output import make_output
 from .req import Req, ReqStatus
+from .sessions import Continuation, Sessions
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,7 @@ class Scheduler:
             self.tokenizer, self.runner.vocab_size, stop_token_ids=sorted(self.eos_ids),
             compile_timeout=args.grammar_compile_timeout,
             jump_forward=not args.disable_jump_forward)
+        self.sessions = Sessions(getattr(self.tokenizer, "bos_token_id", None))
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
         self.num_forward_passes = 0
@@ -96,6 +102,8 @@ class Scheduler:
 
     def step(self, inbox: list[Message]) -> list[Message]:
         out: list[Message] = []
+        if self.sessions:
+            self.sessions.reap()
         for msg in inbox:
             self._handle(msg, out)
         self._resolve_grammars()
@@ -131,16 +139,32 @@ class Scheduler:
             self._abort(msg.rid, "aborted by the client")
         elif isinstance(msg, FlushCacheReq):
             out.append(FlushCacheDone(success=self._flush_cache()))
+        elif isinstance(msg, OpenSessionReq):
+            error = self.sessions.open(msg.session_id, msg.capacity_of_str_len, msg.timeout)
+            out.append(OpenSessionDone(session_id=msg.session_id, success=error is None,
+                                       message=error))
+        elif isinstance(msg, CloseSessionReq):
+            if not self.sessions.close(msg.session_id):
+                logger.info("close_session: no open session %r", msg.session_id)
         else:
             logger.warning("scheduler ignores unexpected message %s", type(msg).__name__)
 
     def _add_request(self, msg: GenerateReq) -> None:
         self._arrivals += 1
         req = Req.from_message(msg, self._arrivals, self.runner.device)
+        cont = None
+        if msg.session is not None:
+            cont = self.sessions.continuation(req.rid, msg.session, req.input_ids)
+            if isinstance(cont, str):
+                self._finish(req, Finish(type="abort", message=cont, status_code=400))
+                return
+            req.input_ids = cont.input_ids
         error = self._validate(req)
         if error is not None:
             self._finish(req, Finish(type="abort", message=error, status_code=400))
             return
+        if cont is not None:
+            self._fit_session_request(req, cont)
         if msg.sampling.stop or msg.sampling.stop_regex:
             req.stop_checker = self._new_stop_checker(req)
         if msg.sampling.constraint is not None:
@@ -150,6 +174,19 @@ class Scheduler:
                 return
         self.by_rid[req.rid] = req
         self.waiting.append(req)
+        if cont is not None:
+            for displaced in self.sessions.commit(cont, req):
+                self._abort(displaced.rid, f"replaced by request {req.rid!r} of session "
+                                           f"{msg.session.id!r} (session_params.replace)")
+
+    def _fit_session_request(self, req: Req, cont: Continuation) -> None:
+        """max_new_tokens cut to what the context and the session's capacity leave (the HTTP
+        side could only count the request's own tokens)."""
+        room = min(self.context_len - len(req.input_ids), self.sessions.room(cont))
+        params = req.sampling
+        if params.max_new_tokens > room:
+            req.sampling = dataclasses.replace(
+                params, max_new_tokens=room, min_new_tokens=min(params.min_new_tokens, room))
 
     def _new_stop_checker(self, req: Req):
         from ..detokenize import IncrementalDetokenizer
@@ -485,6 +522,8 @@ class Scheduler:
     def _finish(self, req: Req, finish: Finish) -> None:
         req.finish = finish
         self._touched[req.rid] = req
+        if req.session_node is not None:
+            self.sessions.finished(req, refused=finish.status_code is not None)
         if req.status in (ReqStatus.PREFILLING, ReqStatus.RUNNING):
             self.kv.release(req)
             (self.prefilling if req.status == ReqStatus.PREFILLING else self.running).remove(req)
