@@ -21,12 +21,22 @@ from .detokenize import Detokenizer
 from .errors import InvalidRequest, ServerUnavailable
 from .generate_api import GenerateAPI, prefill_only
 from .ipc import LocalInbox
-from .messages import AbortReq, FlushCacheDone, FlushCacheReq, GenerateReq, Message, ReqTextOut
+from .messages import (
+    AbortReq,
+    FlushCacheDone,
+    FlushCacheReq,
+    GenerateReq,
+    Message,
+    OpenSessionDone,
+    ReqTextOut,
+)
 from .native_api import (
     ParsedGenerate,
     ResponseBuilder,
     describe_model,
+    parse_close_session,
     parse_generate,
+    parse_open_session,
     raise_if_rejected,
 )
 from .program import run_program_locally
@@ -69,6 +79,7 @@ class Engine(GenerateAPI):
         self._detokenizer = Detokenizer(self.tokenizer)  # used by the scheduler thread only
         self._pending: dict[str, _Pending] = {}
         self._control: queue.Queue = queue.Queue()  # replies to flush_cache
+        self._opening: dict[str, queue.Queue] = {}  # session id -> its open_session's reply
         self._lock = threading.Lock()
         self._failed: str | None = None
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
@@ -117,6 +128,48 @@ class Engine(GenerateAPI):
         self._inbox.put(FlushCacheReq())
         return self._control.get(timeout=60)
 
+    def open_session(self, capacity_of_str_len: int, session_id: str | None = None, *,
+                     timeout: float | None = None, streaming: bool | None = None) -> str:
+        """Open a session (SGLang's `Engine.open_session`) and return its id (`session_id`, or
+        a new one). A request sent with `session_params={"id": session_id, "rid": rid}`
+        continues request `rid` of the session: its prompt is rid's prompt and output, then its
+        own tokens, which are all the client sends (see runtime/scheduler/sessions.py).
+        `capacity_of_str_len`: the most tokens one request of the session may hold, history
+        included; `timeout`: seconds without a new request after which the session closes.
+        Raises InvalidRequest if a session with that id is open (or for a bad argument)."""
+        msg = parse_open_session({"capacity_of_str_len": capacity_of_str_len,
+                                  "session_id": session_id, "timeout": timeout,
+                                  "streaming": streaming})
+        self._check_running()
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        with self._lock:
+            if msg.session_id in self._opening:
+                raise InvalidRequest(f"session {msg.session_id!r} is being opened",
+                                     param="session_id")
+            self._opening[msg.session_id] = reply
+        try:
+            self._inbox.put(msg)
+            try:
+                done = reply.get(timeout=60)
+            except queue.Empty:
+                raise ServerUnavailable("the engine did not answer open_session") from None
+        finally:
+            with self._lock:
+                self._opening.pop(msg.session_id, None)
+        if isinstance(done, _Failure):
+            raise ServerUnavailable(f"the engine stopped: {done.message}")
+        if not done.success:
+            raise InvalidRequest(done.message or "the session was not opened",
+                                 param="session_id")
+        return msg.session_id
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session: its token history is forgotten; requests of it that still run
+        finish normally. Closing a session that is not open does nothing (as in SGLang)."""
+        msg = parse_close_session({"session_id": session_id})
+        self._check_running()
+        self._inbox.put(msg)
+
     def stats(self) -> dict:
         msg = self.scheduler.stats_message()
         return {f: getattr(msg, f) for f in msg.__struct_fields__}
@@ -136,9 +189,12 @@ class Engine(GenerateAPI):
 
     # ---- request plumbing ----
 
-    def _submit(self, parsed: ParsedGenerate) -> list[ResponseBuilder]:
+    def _check_running(self) -> None:
         if self._failed is not None:
             raise ServerUnavailable(f"the engine stopped: {self._failed}")
+
+    def _submit(self, parsed: ParsedGenerate) -> list[ResponseBuilder]:
+        self._check_running()
         builders = parsed.builders(self.tokenizer)
         with self._lock:
             for req in parsed.reqs:
@@ -205,11 +261,18 @@ class Engine(GenerateAPI):
             with self._lock:
                 for pending in self._pending.values():
                     pending.outputs.put(_Failure(self._failed))
+                for reply in self._opening.values():
+                    reply.put(_Failure(self._failed))
 
     def _detokenize(self, msg: Message) -> None:
         texts, passed_on = self._detokenizer.handle(msg)
         if isinstance(passed_on, FlushCacheDone):
             self._control.put(passed_on.success)
+        elif isinstance(passed_on, OpenSessionDone):
+            with self._lock:
+                reply = self._opening.get(passed_on.session_id)
+            if reply is not None:
+                reply.put(passed_on)
         if texts:
             self._deliver(texts)
 

@@ -21,7 +21,7 @@ from typing import Any
 # SGLang's generate() arguments that name a /generate body field of the same name.
 _BODY_FIELDS = ("input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
                 "return_text_in_logprobs", "token_ids_logprob", "stream", "rid", "image_data",
-                "lora_path", "custom_logit_processor", "return_hidden_states")
+                "lora_path", "custom_logit_processor", "return_hidden_states", "session_params")
 
 
 def generate_body(prompt: str | list[str] | None = None,
@@ -58,7 +58,8 @@ class GenerateAPI:
                  return_text_in_logprobs: bool = False, stream: bool = False,
                  **more: Any) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list of dicts), or with stream=True an
-        iterator of events for one prompt. `more`: `rid`, and SGLang fields this runtime refuses
+        iterator of events for one prompt. `more`: `rid`, `session_params` (continue a request of
+        a session, see `open_session`), and SGLang fields this runtime refuses
         with a message when set (`lora_path`, `image_data`, ...). Raises InvalidRequest for a
         bad request."""
         return self.generate_from_body(generate_body(
