@@ -39,7 +39,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "max_context",
-        "nthreads", "max_batch", "bf16_inputs")] + [
+        "nthreads", "max_batch", "bf16_inputs", "min_shared_prefix")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
         ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]

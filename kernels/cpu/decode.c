@@ -10,6 +10,12 @@
  * pool through the request's slot list; the per-row vector work (norms, rope, SiLU, residuals)
  * by rows, between barriers of our own (spin_wait).
  *
+ * Requests whose slot rows begin with the same slots (a prefix the radix cache holds once: a
+ * system prompt, few-shot examples, forked branches) are found once a step (find_groups); each
+ * such group attends over its shared prefix together (rf_attend_shared: all its queries against
+ * each block of prefix keys as one matrix product, FlashInfer's cascade), each request over the
+ * rest of its row alone, and the two partial softmaxes merge like the threads' do.
+ *
  * Numerics: the residual stream stays fp32; for a bf16 model the inputs of the matrix products
  * are rounded to bf16 as the torch model rounds them (an fp32 model's stay fp32), then prepared
  * for the integer weight formats as the level does it (gemv_<level>.c: exact 16-bit integers
@@ -29,7 +35,7 @@
 /* Per-row buffers hold max_batch rows. xb/xf (a product's input, bf16 and its fp32 values)
  * have rows of the product's in_features; the outputs have rows of its out_features. */
 typedef struct {
-    float *x, *xf, *qkv, *o, *gate_up, *scores, *partial;
+    float *x, *xf, *qkv, *o, *gate_up, *scores, *partial, *shared;
     uint16_t *xb, *qb;
     split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
 } buffers;
@@ -60,7 +66,8 @@ static int64_t layout(const rf_model *m, float *base, buffers *b) {
     TAKE(o, float, B * m->hidden);
     TAKE(gate_up, float, B * 2 * m->inter);
     TAKE(scores, float, m->nthreads * m->heads * m->max_context);
-    TAKE(partial, float, B * m->nthreads * part);
+    TAKE(partial, float, B * 2 * m->nthreads * part); /* per row: its own keys', the prefix's */
+    TAKE(shared, float, m->nthreads * pad16(rf_shared_work_floats(m)));
     TAKE(xb, uint16_t, B * w / 2 + 1);
     TAKE(qb, uint16_t, B * m->heads * q_stride(m) / 2);
 #undef TAKE
@@ -130,7 +137,7 @@ static void gemv_part(const rf_weight *w, const buffers *b, int64_t B, float *y)
         rf_bf16_gemm_tiles(w->data, b->xb, y, 0, B, w->n, w->k, t0, t1);
 }
 
-/* Merges the threads' partial softmaxes of every head into out (fp32 [heads][D]). */
+/* Merges `threads` partial softmaxes of every head into out (fp32 [heads][D]). */
 static void attend_merge(const rf_model *m, const float *partials, int64_t threads,
                          float *out) {
     const int64_t D = m->head_dim, stride = m->heads * (D + 2);
@@ -150,6 +157,70 @@ static void attend_merge(const rf_model *m, const float *partials, int64_t threa
         }
         for (int64_t d = 0; d < D; d++) out[h * D + d] = acc[d] / denom;
     }
+}
+
+/* ---- requests that share a prefix ---- */
+
+typedef struct {
+    int64_t count, prefix; /* requests, and the slots all of them begin with */
+    int16_t rows[MAX_BATCH]; /* their rows in the batch; rows[0] leads */
+} shared_group;
+
+/* How many of the first n slots a and b hold alike. */
+static int64_t common_slots(const int32_t *a, const int32_t *b, int64_t n) {
+    int64_t i = 0;
+    while (i + 16 <= n && !memcmp(a + i, b + i, 16 * sizeof(int32_t))) i += 16;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Groups the B rows by the slots they begin with, greedily: each row joins the group whose
+ * leader it shares the most with, where that adds to the prefix keys the group reads once
+ * (count x prefix minus the one read it keeps), or leads a group of its own. Returns how many
+ * groups share at least m->min_shared_prefix slots among two rows or more, put first in
+ * `groups`; prefix[r] is row r's group's shared length (0: it attends alone). */
+static int64_t find_groups(const rf_model *m, int64_t B, const int32_t *table, int64_t stride,
+                           const int64_t *rows, const int64_t *lens, shared_group *groups,
+                           int64_t *prefix) {
+    const int64_t least = m->min_shared_prefix;
+    int64_t count = 0;
+    for (int64_t r = 0; r < B; r++) prefix[r] = 0;
+    if (least <= 0 || B < 2) return 0;
+    for (int64_t r = 0; r < B; r++) {
+        const int32_t *mine = table + rows[r] * stride;
+        int64_t best = -1, best_gain = 0, best_len = 0;
+        for (int64_t g = 0; g < count; g++) {
+            shared_group *grp = groups + g;
+            const int32_t *lead = table + rows[grp->rows[0]] * stride;
+            const int64_t most = grp->prefix < lens[r] ? grp->prefix : lens[r];
+            if (most < least || lead[0] != mine[0]) continue;
+            const int64_t len = common_slots(lead, mine, most);
+            const int64_t gain = grp->count * len - (grp->count - 1) * grp->prefix;
+            if (len >= least && gain > best_gain) best = g, best_gain = gain, best_len = len;
+        }
+        if (best < 0) {
+            groups[count].count = 0;
+            groups[count].prefix = lens[r];
+            best = count++, best_len = lens[r];
+        }
+        groups[best].rows[groups[best].count++] = (int16_t)r;
+        groups[best].prefix = best_len;
+    }
+    int64_t shared = 0;
+    for (int64_t g = 0; g < count; g++)
+        if (groups[g].count > 1 && groups[g].prefix >= least) {
+            for (int64_t i = 0; i < groups[g].count; i++) prefix[groups[g].rows[i]] = groups[g].prefix;
+            groups[shared++] = groups[g];
+        }
+    return shared;
+}
+
+/* find_groups for Python (DecodeStep.shared_prefixes): prefix[r] for the B rows, and the
+ * number of groups. */
+int64_t rf_shared_prefixes(const rf_model *m, int64_t B, const int32_t *table, int64_t stride,
+                           const int64_t *rows, const int64_t *lens, int64_t *prefix) {
+    shared_group groups[MAX_BATCH];
+    return find_groups(m, B, table, stride, rows, lens, groups, prefix);
 }
 
 /* ---- synchronisation ---- */
@@ -190,6 +261,9 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
     const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size, qs = q_stride(m), part = m->heads * (D + 2);
     spin_barrier bar = {0, 0};
+    shared_group groups[MAX_BATCH];
+    int64_t prefix[MAX_BATCH];
+    const int64_t num_groups = find_groups(m, B, table, table_stride, rows, lens, groups, prefix);
     memcpy(b.x, x_in, B * H * sizeof(float));
     for (int64_t r = 0; r < B; r++) norm_input(m, m->layers[0].attn_norm, &m->layers[0].qkv, &b, r);
 #pragma omp parallel num_threads(m->nthreads)
@@ -228,17 +302,34 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             PHASE(PH_ROPE_KV);
-            for (int64_t r = 0; r < B; r++) { /* each row's keys split over the threads */
+            for (int64_t r = 0; r < B; r++) { /* each row's own keys split over the threads */
                 int64_t t0, t1;
-                thread_range(lens[r], &t0, &t1);
+                thread_range(lens[r] - prefix[r], &t0, &t1);
                 rf_attend_part(m, L, b.qkv + r * qkv_size, b.qb + r * m->heads * qs,
-                               table + rows[r] * table_stride, t0, t1,
-                            b.scores + id * m->heads * m->max_context,
-                            b.partial + (r * threads + id) * part);
+                               table + rows[r] * table_stride, prefix[r] + t0, prefix[r] + t1,
+                               b.scores + id * m->heads * m->max_context,
+                               b.partial + (r * 2 * threads + id) * part);
+            }
+            for (int64_t g = 0; g < num_groups; g++) { /* each shared prefix's keys, likewise */
+                const shared_group *grp = groups + g;
+                const float *gq[MAX_BATCH];
+                const uint16_t *gqb[MAX_BATCH];
+                float *out[MAX_BATCH];
+                for (int64_t i = 0; i < grp->count; i++) {
+                    const int64_t r = grp->rows[i];
+                    gq[i] = b.qkv + r * qkv_size;
+                    gqb[i] = b.qb + r * m->heads * qs;
+                    out[i] = b.partial + (r * 2 * threads + threads + id) * part;
+                }
+                int64_t t0, t1;
+                thread_range(grp->prefix, &t0, &t1);
+                rf_attend_shared(m, L, grp->count, gq, gqb, table + rows[grp->rows[0]] * table_stride,
+                                 t0, t1, b.shared + id * pad16(rf_shared_work_floats(m)), out);
             }
             SYNC();
             for (int64_t r = r0; r < r1; r++) {
-                attend_merge(m, b.partial + r * threads * part, threads, b.xf + r * L->o.k);
+                attend_merge(m, b.partial + r * 2 * threads * part, prefix[r] ? 2 * threads : threads,
+                             b.xf + r * L->o.k);
                 set_input(m, &L->o, &b, r);
             }
             SYNC();

@@ -8,6 +8,7 @@
 #define MAX_GROUP 16    /* query heads per KV head */
 #define MAX_BATCH 64    /* requests per step */
 #define MAX_HEAD_DIM 512
+#define SHARED_CHUNK 64 /* keys per block of a shared prefix's product (rf_attend_shared) */
 
 typedef struct {
     int64_t format, n, k;
@@ -26,6 +27,8 @@ typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_context, nthreads,
         max_batch;
     int64_t bf16_inputs; /* 1: a bf16 model (its products' inputs rounded to bf16), 0: fp32 */
+    int64_t min_shared_prefix; /* requests sharing at least this many leading KV slots attend
+                                  over them together (rf_attend_shared); 0: never */
     float eps, scale;
     const rf_layer *layers;
     const float *final_norm;
@@ -48,6 +51,23 @@ static inline int64_t q_stride(const rf_model *m) { return (m->head_dim + 31) / 
  * slots: its KV slots; scores: room for heads * max_context floats. */
 void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const uint16_t *qb,
                     const int32_t *slots, int64_t t0, int64_t t1, float *scores, float *partial);
+
+/* Queries per KV head that rf_attend_shared's buffers hold: max_batch requests x the heads of a
+ * group, padded to 16. */
+static inline int64_t shared_queries(const rf_model *m) {
+    return (m->max_batch * (m->heads / m->kv_heads) + 15) / 16 * 16;
+}
+
+/* This thread's keys [t0, t1) of a prefix that n requests share (slots: the prefix's KV slots,
+ * the same in each of their rows), for every head of all n at once: per KV head, the n x group
+ * queries against each block of SHARED_CHUNK keys as one matrix product, then the values, so
+ * that each key and value read feeds every query (FlashInfer's cascade). partial[i] gets
+ * request i's partial softmax as rf_attend_part writes it; q[i], qb[i] are its queries (fp32,
+ * bf16) as there. work: rf_shared_work_floats(m) floats of this thread's own. */
+void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const float *const *q,
+                      const uint16_t *const *qb, const int32_t *slots, int64_t t0, int64_t t1,
+                      float *work, float *const *partial);
+int64_t rf_shared_work_floats(const rf_model *m);
 
 /* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
 void rf_silu_mul(const float *gate_up, int64_t n, float *out);

@@ -4,6 +4,11 @@ tiled at.
 
 This module knows the C structures and nothing of radixflow's model classes:
 runtime/models/cpu_decode.py maps a model onto `LayerWeights` and `ModelShape`.
+
+Requests of a step whose slot rows begin with the same `min_shared_prefix` or more slots (a
+prefix the radix cache holds once) attend over that prefix together, as one matrix product per
+block of its keys for all their queries, merged with each one's own keys by log-sum-exp
+(decode.c's find_groups, step_<level>.c's rf_attend_shared); the scheduler need not know.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ import torch
 
 from . import TiledWeight, _library, limits
 from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Weight
+
+# Shared prefixes shorter than this attend per request: below it the per-request path costs
+# about as little (bench/results/cascade-attention-2026-12-01.md).
+MIN_SHARED_PREFIX = 64
 
 
 @dataclass
@@ -67,9 +76,11 @@ class DecodeStep:
 
     def __init__(self, shape: ModelShape, layers: list[LayerWeights], final_norm: torch.Tensor,
                  head: TiledWeight, max_context: int, num_threads: int,
-                 max_batch: int | None = None, bf16_inputs: bool = True):
+                 max_batch: int | None = None, bf16_inputs: bool = True,
+                 min_shared_prefix: int = MIN_SHARED_PREFIX):
         """max_batch: requests per call (default: the build's limit); bf16_inputs: the model
-        is bf16 (its products' inputs are rounded to bf16), else fp32."""
+        is bf16 (its products' inputs are rounded to bf16), else fp32; min_shared_prefix: the
+        shortest prefix of KV slots that requests attend over together (0: never)."""
         levels = {w.level for lw in layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)}
         if len(levels | {head.level}) != 1:
             raise ValueError(f"weights tiled at different CPU levels: {levels | {head.level}}")
@@ -93,7 +104,8 @@ class DecodeStep:
             for lw in layers])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
-                             num_threads, max_batch, int(bf16_inputs), shape.eps, shape.scale,
+                             num_threads, max_batch, int(bf16_inputs), min_shared_prefix,
+                             shape.eps, shape.scale,
                              self._layers, _ptr(final_norm), _weight(head), None, None)
         lib.rf_decode_scratch_floats.argtypes = [ctypes.POINTER(_Model)]
         lib.rf_decode_scratch_floats.restype = ctypes.c_int64
@@ -106,6 +118,81 @@ class DecodeStep:
                                ptr]
         self._step.restype = None
         self._model_ref = ctypes.byref(self._model)
+        self._lib = lib
+        lib.rf_shared_prefixes.argtypes = [ctypes.POINTER(_Model), i64, ptr, i64, ptr, ptr, ptr]
+        lib.rf_shared_prefixes.restype = i64
+        lib.rf_shared_work_floats.argtypes = [ctypes.POINTER(_Model)]
+        lib.rf_shared_work_floats.restype = i64
+        lib.rf_attend_part.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, ptr, i64, i64, ptr,
+                                       ptr]
+        lib.rf_attend_part.restype = None
+        lib.rf_attend_shared.argtypes = [ctypes.POINTER(_Model), ptr, i64, ptr, ptr, ptr, i64,
+                                         i64, ptr, ptr]
+        lib.rf_attend_shared.restype = None
+
+    @property
+    def min_shared_prefix(self) -> int:
+        """Requests whose slot rows begin with at least this many equal slots attend over them
+        together; 0 turns sharing off (every request attends alone)."""
+        return self._model.min_shared_prefix
+
+    @min_shared_prefix.setter
+    def min_shared_prefix(self, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"min_shared_prefix must be >= 0, got {value}")
+        self._model.min_shared_prefix = value
+
+    def shared_prefixes(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                        lens: torch.Tensor) -> list[int]:
+        """How many leading KV slots each request of a step (as `__call__` takes them) attends
+        over together with others: its group's shared prefix, or 0 (it attends alone)."""
+        batch = len(req_pool_indices)
+        if not 0 < batch <= self.max_batch:
+            raise ValueError(f"{batch} requests, expected 1..{self.max_batch}")
+        rows = req_pool_indices.to(torch.int64).contiguous()
+        lens = lens.to(torch.int64).contiguous()
+        table = req_to_token.to(torch.int32).contiguous()
+        if int(lens.min()) < 1 or int(lens.max()) > table.shape[1]:
+            raise ValueError(f"KV lengths must be 1..{table.shape[1]}")
+        out = torch.zeros(batch, dtype=torch.int64)
+        self._lib.rf_shared_prefixes(self._model_ref, batch, table.data_ptr(), table.shape[1],
+                                     rows.data_ptr(), lens.data_ptr(), out.data_ptr())
+        return out.tolist()
+
+    def attend(self, layer: int, q: torch.Tensor, slots: torch.Tensor, *,
+               together: bool) -> torch.Tensor:
+        """The step's attention kernels alone (one thread; for tests and benchmarks): each of n
+        requests' queries q (fp32 [n, heads, head_dim]) over the same KV slots (int32) of layer
+        `layer`'s cache, by rf_attend_shared (together) or rf_attend_part per request. Returns
+        the outputs, fp32 [n, heads, head_dim]."""
+        n, heads, dim = q.shape
+        shape = self.shape
+        if (heads, dim) != (shape.heads, shape.head_dim) or not 0 < n <= self.max_batch:
+            raise ValueError(f"q must be [1..{self.max_batch}, {shape.heads}, "
+                             f"{shape.head_dim}], got {tuple(q.shape)}")
+        q = q.float().contiguous()
+        qs = (dim + 31) // 32 * 32
+        qb = torch.zeros(n, heads, qs, dtype=torch.bfloat16)
+        qb[..., :dim] = q
+        slots = slots.to(torch.int32).contiguous()
+        keys = len(slots)
+        partial = torch.zeros(n, heads, dim + 2)
+        lib, layer_ref = self._lib, ctypes.byref(self._layers[layer])
+        if together:
+            work = torch.empty(lib.rf_shared_work_floats(self._model_ref))
+            ptrs = ctypes.c_void_p * n
+            lib.rf_attend_shared(self._model_ref, layer_ref, n,
+                                 ptrs(*[q[i].data_ptr() for i in range(n)]),
+                                 ptrs(*[qb[i].data_ptr() for i in range(n)]), slots.data_ptr(),
+                                 0, keys, work.data_ptr(),
+                                 ptrs(*[partial[i].data_ptr() for i in range(n)]))
+        else:
+            scores = torch.empty(heads * max(keys, 1) + 16)
+            for i in range(n):
+                lib.rf_attend_part(self._model_ref, layer_ref, q[i].data_ptr(), qb[i].data_ptr(),
+                                   slots.data_ptr(), 0, keys, scores.data_ptr(),
+                                   partial[i].data_ptr())
+        return partial[..., 2:] / partial[..., 1:2]
 
     def profile(self, enable: bool = True) -> dict[str, float] | None:
         """Starts (or stops) adding each step's seconds per phase; returns the sums so far."""

@@ -294,6 +294,160 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         }
 }
 
+/* ---- attention over a prefix that several requests share ---- */
+
+#define TILE_A 4 /* x rows per tile (keys for the scores, dimensions for the values) */
+#define TILE_B 2 /* 8-query registers per tile: 8 accumulators, as many as the FMA chains need */
+
+/* acc[a B + b] += the sum over k < K of x[a][k xs] (broadcast) times y[k ys + 8 b ..] (8
+ * queries' values): an A x B tile of registers that each hold 8 queries' sums. A and B are
+ * constants at each call (the tile stays in registers): one broadcast feeds B products, one
+ * load of y feeds A. */
+static inline __attribute__((always_inline)) void outer_products(
+    const float *const *x, int64_t xs, const float *y, int64_t ys, int64_t K, __m256 *acc,
+    const int A, const int B) {
+    __m256 t[TILE_A * TILE_B]; /* a local copy: __m256 may alias the floats read */
+    const float *xa[TILE_A];
+#pragma GCC unroll 8
+    for (int u = 0; u < A * B; u++) t[u] = acc[u];
+#pragma GCC unroll 4
+    for (int a = 0; a < A; a++) xa[a] = x[a];
+    for (int64_t k = 0; k < K; k++) {
+        __m256 yv[TILE_B];
+#pragma GCC unroll 2
+        for (int b = 0; b < B; b++) yv[b] = _mm256_loadu_ps(y + k * ys + 8 * b);
+#pragma GCC unroll 4
+        for (int a = 0; a < A; a++) {
+            const __m256 xk = _mm256_broadcast_ss(xa[a] + k * xs);
+#pragma GCC unroll 2
+            for (int b = 0; b < B; b++) t[a * B + b] = _mm256_fmadd_ps(xk, yv[b], t[a * B + b]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < A * B; u++) acc[u] = t[u];
+}
+
+static void outer_tile(const float *const *x, int64_t xs, const float *y, int64_t ys, int64_t K,
+                       __m256 *acc, int B) {
+    if (B == 1)
+        outer_products(x, xs, y, ys, K, acc, TILE_A, 1);
+    else
+        outer_products(x, xs, y, ys, K, acc, TILE_A, 2);
+}
+
+/* One K or V row of bf16 widened to fp32, in the permuted order (per 16 values, the 8 even then
+ * the 8 odd ones). */
+static inline void widen_row(const uint16_t *src, int64_t D, float *dst) {
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
+    for (int64_t c = 0; c < D; c += 16) {
+        __m256i kv = _mm256_loadu_si256((const __m256i *)(src + c));
+        _mm256_storeu_ps(dst + c, _mm256_castsi256_ps(_mm256_slli_epi32(kv, 16)));
+        _mm256_storeu_ps(dst + c + 8, _mm256_castsi256_ps(_mm256_and_si256(kv, odd)));
+    }
+}
+
+/* Dimension d's place in the permuted order. */
+static inline int64_t permuted(int64_t d) {
+    const int64_t r = d % 16;
+    return d - r + (r % 2 ? 8 + r / 2 : r / 2);
+}
+
+/* Work: qt (the queries, permuted and scaled, [D][Ms]), s (one block's scores, then weights,
+ * [CHUNK][Ms]), o (the V sums, [D][Ms], permuted), kf and vf (the block's K and V rows widened,
+ * [CHUNK][D], permuted), then max, sum and rescale per query. Ms: the queries padded to 8, at
+ * most shared_queries(m). */
+int64_t rf_shared_work_floats(const rf_model *m) {
+    const int64_t D = m->head_dim, Mp = shared_queries(m), C = SHARED_CHUNK;
+    return 2 * D * Mp + C * Mp + 2 * C * D + 3 * Mp;
+}
+
+void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const float *const *q,
+                      const uint16_t *const *qb, const int32_t *slots, int64_t t0, int64_t t1,
+                      float *work, float *const *partial) {
+    (void)qb; /* fp32 arithmetic: the fp32 queries */
+    const int64_t D = m->head_dim, G = m->heads / m->kv_heads, row = m->kv_heads * D;
+    const int64_t C = SHARED_CHUNK, Mp = shared_queries(m);
+    const int64_t M = n * G, Mb = (M + 7) / 8, Ms = 8 * Mb; /* queries, registers, stride */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < m->heads; h++) {
+            float *ph = partial[i] + h * (D + 2);
+            ph[0] = -INFINITY;
+            ph[1] = 0;
+            memset(ph + 2, 0, D * sizeof(float));
+        }
+    if (t1 <= t0) return;
+    float *qt = work, *s = qt + D * Mp, *o = s + C * Mp, *kf = o + D * Mp, *vf = kf + C * D;
+    float *mx = vf + C * D, *sum = mx + Mp, *alpha = sum + Mp;
+    const float *vx[MAX_HEAD_DIM]; /* dimension d' of the values: vf + d', every D */
+    for (int64_t d = 0; d < D; d++) vx[d] = vf + d;
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        /* query i = request i / G's head kvh G + i % G */
+        for (int64_t i = 0; i < Ms; i++) {
+            const float *src = i < M ? q[i / G] + (kvh * G + i % G) * D : NULL;
+            for (int64_t d = 0; d < D; d++) qt[permuted(d) * Ms + i] = src ? src[d] * m->scale : 0;
+            mx[i] = -INFINITY;
+            sum[i] = 0;
+        }
+        for (int64_t d = 0; d < D; d++) memset(o + d * Ms, 0, Ms * sizeof(float));
+        for (int64_t c0 = t0; c0 < t1; c0 += C) {
+            const int64_t keys = t1 - c0 < C ? t1 - c0 : C;
+            const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
+            for (int64_t j = 0; j < keys; j++) {
+                widen_row(L->k_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, kf + j * D);
+                widen_row(L->v_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, vf + j * D);
+            }
+            for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;
+            /* s[j][i] = q_i . k_j (scaled): 8 queries per register, each key value broadcast */
+            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+                for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
+                    __m256 acc[TILE_A * TILE_B];
+                    for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm256_setzero_ps();
+                    outer_tile(kx + j0, 1, qt + 8 * b0, Ms, D, acc, B);
+                    for (int a = 0; a < TILE_A && j0 + a < keys; a++)
+                        for (int b = 0; b < B; b++) _mm256_storeu_ps(s + (j0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
+                }
+            }
+            /* the running max per query; the block's scores become weights in place */
+            for (int64_t b = 0; b < Mb; b++) {
+                __m256 top = _mm256_set1_ps(-INFINITY);
+                for (int64_t j = 0; j < keys; j++) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * Ms + 8 * b));
+                const __m256 old = _mm256_loadu_ps(mx + 8 * b), now = _mm256_max_ps(old, top);
+                const __m256 rescale = exp256(_mm256_sub_ps(old, now)); /* old -inf: 0 */
+                __m256 total = _mm256_setzero_ps();
+                for (int64_t j = 0; j < keys; j++) {
+                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * Ms + 8 * b), now));
+                    total = _mm256_add_ps(total, e);
+                    _mm256_storeu_ps(s + j * Ms + 8 * b, e);
+                }
+                _mm256_storeu_ps(mx + 8 * b, now);
+                _mm256_storeu_ps(sum + 8 * b, _mm256_fmadd_ps(_mm256_loadu_ps(sum + 8 * b), rescale, total));
+                _mm256_storeu_ps(alpha + 8 * b, rescale);
+            }
+            /* o[d][i] = rescale_i o[d][i] + the block's weights of query i times values d */
+            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+                for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
+                    __m256 acc[TILE_A * TILE_B];
+                    for (int a = 0; a < TILE_A; a++)
+                        for (int b = 0; b < B; b++)
+                            acc[a * B + b] = _mm256_mul_ps(_mm256_loadu_ps(o + (d0 + a) * Ms + 8 * (b0 + b)),
+                                                           _mm256_loadu_ps(alpha + 8 * (b0 + b)));
+                    outer_tile(vx + d0, D, s + 8 * b0, Ms, keys, acc, B);
+                    for (int a = 0; a < TILE_A; a++)
+                        for (int b = 0; b < B; b++) _mm256_storeu_ps(o + (d0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
+                }
+            }
+        }
+        for (int64_t i = 0; i < M; i++) {
+            float *ph = partial[i / G] + (kvh * G + i % G) * (D + 2);
+            ph[0] = mx[i];
+            ph[1] = sum[i];
+            for (int64_t d = 0; d < D; d++) ph[2 + d] = o[permuted(d) * Ms + i];
+        }
+    }
+}
+
 void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {

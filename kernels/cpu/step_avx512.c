@@ -197,6 +197,168 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     }
 }
 
+/* ---- attention over a prefix that several requests share ---- */
+
+#define TILE_A 4 /* x rows per tile (keys for the scores, dimensions for the values) */
+#define TILE_B 4 /* 16-query registers per tile */
+
+/* acc[a B + b] += the sum over k < K of the bf16 pair x[a][k xs] (one dword, broadcast) times
+ * the 16 dwords y[k ys + 16 b ..] (the matching pairs of 16 queries): an A x B tile of
+ * registers that each hold 16 queries' sums. A and B are constants at each call (the tile
+ * stays in registers): one broadcast feeds B products, one load of y feeds A. */
+static inline __attribute__((always_inline)) void pair_products(
+    const uint32_t *const *x, int64_t xs, const uint32_t *y, int64_t ys, int64_t K, __m512 *acc,
+    const int A, const int B) {
+    __m512 t[TILE_A * TILE_B]; /* a local copy: __m512 may alias the dwords read */
+    const uint32_t *xa[TILE_A];
+    for (int u = 0; u < A * B; u++) t[u] = acc[u];
+    for (int a = 0; a < A; a++) xa[a] = x[a];
+    for (int64_t k = 0; k < K; k++) {
+        __m512i yv[TILE_B];
+        for (int b = 0; b < B; b++) yv[b] = _mm512_loadu_si512(y + k * ys + 16 * b);
+        for (int a = 0; a < A; a++) {
+            const __m512bh xk = (__m512bh)_mm512_set1_epi32((int)xa[a][k * xs]);
+            for (int b = 0; b < B; b++) t[a * B + b] = _mm512_dpbf16_ps(t[a * B + b], (__m512bh)yv[b], xk);
+        }
+    }
+    for (int u = 0; u < A * B; u++) acc[u] = t[u];
+}
+
+/* pair_products for B = 1 .. TILE_B registers (a constant in each case). */
+static void pair_tile(const uint32_t *const *x, int64_t xs, const uint32_t *y, int64_t ys,
+                      int64_t K, __m512 *acc, int B) {
+    switch (B) {
+    case 1: pair_products(x, xs, y, ys, K, acc, TILE_A, 1); break;
+    case 2: pair_products(x, xs, y, ys, K, acc, TILE_A, 2); break;
+    case 3: pair_products(x, xs, y, ys, K, acc, TILE_A, 3); break;
+    default: pair_products(x, xs, y, ys, K, acc, TILE_A, 4); break;
+    }
+}
+
+/* Work: qt (the queries as bf16 pairs, [D/2][Ms] dwords), s (one block's scores, [CHUNK][Ms]),
+ * pp (its weights as bf16 pairs of keys, [CHUNK/2][Ms] dwords), o (the V sums, [D][Ms]), vp (the
+ * block's V rows interleaved in pairs, [CHUNK/2][D] dwords), then max, sum and rescale per
+ * query. Ms: the queries padded to 16, at most shared_queries(m). */
+int64_t rf_shared_work_floats(const rf_model *m) {
+    const int64_t D = m->head_dim, Mp = shared_queries(m), C = SHARED_CHUNK;
+    return D / 2 * Mp + C * Mp + C / 2 * Mp + D * Mp + C / 2 * D + 3 * Mp;
+}
+
+void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const float *const *q,
+                      const uint16_t *const *qb, const int32_t *slots, int64_t t0, int64_t t1,
+                      float *work, float *const *partial) {
+    (void)q; /* vdpbf16ps multiplies the bf16 queries */
+    const int64_t D = m->head_dim, G = m->heads / m->kv_heads, row = m->kv_heads * D;
+    const int64_t qs = q_stride(m), P = D / 2, C = SHARED_CHUNK, Mp = shared_queries(m);
+    const int64_t M = n * G, Mb = (M + 15) / 16, Ms = 16 * Mb; /* queries, registers, stride */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < m->heads; h++) {
+            float *ph = partial[i] + h * (D + 2);
+            ph[0] = -INFINITY;
+            ph[1] = 0;
+            memset(ph + 2, 0, D * sizeof(float));
+        }
+    if (t1 <= t0) return;
+    uint32_t *qt = (uint32_t *)work;
+    float *s = work + P * Mp;
+    uint32_t *pp = (uint32_t *)(s + C * Mp);
+    float *o = (float *)(pp + C / 2 * Mp);
+    uint32_t *vp = (uint32_t *)(o + D * Mp);
+    float *mx = (float *)(vp + C / 2 * D), *sum = mx + Mp, *alpha = sum + Mp;
+    const uint32_t *vx[MAX_HEAD_DIM]; /* dimension d's pairs of values: vp + d, every D */
+    for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
+    static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_loadu_si512(pair_order);
+    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    const __m512 scale = _mm512_set1_ps(m->scale);
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        /* query i = request i / G's head kvh G + i % G, as pairs of dimensions */
+        for (int64_t i = 0; i < Ms; i++) {
+            const uint32_t *src = i < M ? (const uint32_t *)(qb[i / G] + (kvh * G + i % G) * qs) : NULL;
+            for (int64_t p = 0; p < P; p++) qt[p * Ms + i] = src ? src[p] : 0;
+            mx[i] = -INFINITY;
+            sum[i] = 0;
+        }
+        for (int64_t d = 0; d < D; d++) memset(o + d * Ms, 0, Ms * sizeof(float));
+        for (int64_t c0 = t0; c0 < t1; c0 += C) {
+            const int64_t keys = t1 - c0 < C ? t1 - c0 : C, pairs = (keys + 1) / 2;
+            const uint32_t *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
+            for (int64_t j = 0; j < C; j++)
+                kx[j] = (const uint32_t *)(L->k_cache + (int64_t)slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D);
+            /* s[j][i] = scale q_i . k_j: 16 queries per register, each key pair broadcast */
+            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+                for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
+                    __m512 acc[TILE_A * TILE_B];
+                    for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm512_setzero_ps();
+                    pair_tile(kx + j0, 1, qt + 16 * b0, Ms, P, acc, B);
+                    for (int a = 0; a < TILE_A && j0 + a < keys; a++)
+                        for (int b = 0; b < B; b++)
+                            _mm512_storeu_ps(s + (j0 + a) * Ms + 16 * (b0 + b), _mm512_mul_ps(acc[a * B + b], scale));
+                }
+            }
+            /* the running max per query; the block's weights as bf16 pairs of keys */
+            for (int64_t b = 0; b < Mb; b++) {
+                __m512 top = _mm512_set1_ps(-INFINITY);
+                for (int64_t j = 0; j < keys; j++) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j * Ms + 16 * b));
+                const __m512 old = _mm512_loadu_ps(mx + 16 * b), now = _mm512_max_ps(old, top);
+                const __m512 rescale = exp512(_mm512_sub_ps(old, now)); /* old -inf: ~0 */
+                __m512 total = _mm512_setzero_ps();
+                for (int64_t jp = 0; jp < pairs; jp++) {
+                    __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + 2 * jp * Ms + 16 * b), now));
+                    __m512 e1 = 2 * jp + 1 < keys
+                                    ? exp512(_mm512_sub_ps(_mm512_loadu_ps(s + (2 * jp + 1) * Ms + 16 * b), now))
+                                    : _mm512_setzero_ps();
+                    total = _mm512_add_ps(total, _mm512_add_ps(e0, e1));
+                    __m512i w = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's 16, then e1's */
+                    _mm512_storeu_si512(pp + jp * Ms + 16 * b, _mm512_permutexvar_epi16(interleave, w));
+                }
+                _mm512_storeu_ps(mx + 16 * b, now);
+                _mm512_storeu_ps(sum + 16 * b, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16 * b), rescale, total));
+                _mm512_storeu_ps(alpha + 16 * b, rescale);
+            }
+            /* the block's V rows, two keys interleaved into bf16 pairs per dimension */
+            for (int64_t jp = 0; jp < pairs; jp++) {
+                const uint16_t *va = L->v_cache + (int64_t)slots[c0 + 2 * jp] * row + kvh * D;
+                const uint16_t *vb = 2 * jp + 1 < keys ? L->v_cache + (int64_t)slots[c0 + 2 * jp + 1] * row + kvh * D : NULL;
+                for (int64_t d0 = 0; d0 < D; d0 += 32) {
+                    const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
+                    __m512i a = _mm512_maskz_loadu_epi16(dm, va + d0);
+                    __m512i b = vb ? _mm512_maskz_loadu_epi16(dm, vb + d0) : _mm512_setzero_si512();
+                    __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+                    _mm512_mask_storeu_epi32(vp + jp * D + d0, (__mmask16)dm, _mm512_permutex2var_epi32(lo, order_lo, hi));
+                    if (D - d0 > 16)
+                        _mm512_mask_storeu_epi32(vp + jp * D + d0 + 16, (__mmask16)(dm >> 16),
+                                                 _mm512_permutex2var_epi32(lo, order_hi, hi));
+                }
+            }
+            /* o[d][i] = rescale_i o[d][i] + the block's weights of query i times values d */
+            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+                for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
+                    __m512 acc[TILE_A * TILE_B];
+                    for (int a = 0; a < TILE_A; a++)
+                        for (int b = 0; b < B; b++)
+                            acc[a * B + b] = _mm512_mul_ps(_mm512_loadu_ps(o + (d0 + a) * Ms + 16 * (b0 + b)),
+                                                           _mm512_loadu_ps(alpha + 16 * (b0 + b)));
+                    pair_tile(vx + d0, D, pp + 16 * b0, Ms, pairs, acc, B);
+                    for (int a = 0; a < TILE_A; a++)
+                        for (int b = 0; b < B; b++)
+                            _mm512_storeu_ps(o + (d0 + a) * Ms + 16 * (b0 + b), acc[a * B + b]);
+                }
+            }
+        }
+        for (int64_t i = 0; i < M; i++) {
+            float *ph = partial[i / G] + (kvh * G + i % G) * (D + 2);
+            ph[0] = mx[i];
+            ph[1] = sum[i];
+            for (int64_t d = 0; d < D; d++) ph[2 + d] = o[d * Ms + i];
+        }
+    }
+}
+
 void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {

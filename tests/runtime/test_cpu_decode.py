@@ -191,6 +191,7 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
     over them together: the same logits as each request alone."""
     folder = tiny_model_factory("llama")
     runner = _runner(folder, quantization="int4")
+    runner.cpu_decode.step.min_shared_prefix = 16  # (a short prefix keeps the test fast)
     prefix = (TOKENS * 3)[:45]
     suffixes = [TOKENS[:9], TOKENS[4:16], TOKENS[7:10], TOKENS[::-1][:11]]
     shared = runner.kv_pool.alloc(len(prefix))
@@ -207,6 +208,11 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
         live = [r for r, s in enumerate(suffixes) if i < len(s)]
         parts = [BatchRequest(r, [suffixes[r][i]], len(prefix) + i, [0]) for r in live]
         out_slots = torch.cat([own[r][i:i + 1] for r in live])
+        if len(live) > 1:  # they attend over the prefix together
+            lens = torch.tensor([len(prefix) + i + 1] * len(live))
+            shared = runner.cpu_decode.step.shared_prefixes(
+                runner.req_to_token_pool.req_to_token, torch.tensor(live), lens)
+            assert shared == [len(prefix)] * len(live)
         logits = runner.forward(ForwardMode.DECODE, parts, out_slots)
         for j, r in enumerate(live):
             got[r].append(logits[j:j + 1])
@@ -218,3 +224,42 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
         runner.cpu_decode = step
         c_step = torch.cat(rows)
         assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
+
+
+def test_a_step_with_several_shared_prefixes_matches_each_request_alone(tiny_model_factory):
+    """One C step over rows in several groups (not adjacent in the batch, of different prefix
+    lengths, some rows in none) against the same step with sharing off."""
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, quantization="int4")
+    step = runner.cpu_decode.step
+    g = torch.Generator().manual_seed(0)
+    for k, v in zip(runner.kv_pool.k, runner.kv_pool.v):  # a random pool: every slot differs
+        k.copy_(torch.randn(k.shape, generator=g).to(k.dtype))
+        v.copy_(torch.randn(v.shape, generator=g).to(v.dtype))
+    fresh = iter((torch.randperm(250, generator=g) + 1).int().split(1))
+
+    def slots(n: int) -> torch.Tensor:
+        return torch.cat([next(fresh) for _ in range(n)])
+
+    a, b = slots(90), slots(66)
+    rows = [[a, slots(5)], [b, slots(12)], [a, slots(1)], [b[:40], slots(9)],
+            [a[:10], slots(20)], [a, slots(14)], [a[:80], slots(3)], [b, slots(2)]]
+    table = runner.req_to_token_pool.req_to_token
+    table_rows = torch.arange(len(rows)) + 2
+    lens = []
+    for row, pieces in zip(table_rows.tolist(), rows):
+        s = torch.cat(pieces)
+        table[row, :len(s)] = s
+        lens.append(len(s))
+    lens = torch.tensor(lens)
+    assert step.shared_prefixes(table, table_rows, lens) == [80, 66, 80, 0, 0, 80, 80, 66]
+    hidden, pos = runner.model.args.hidden_size, lens - 1
+    x = torch.randn(len(rows), hidden, generator=g)
+    cos, sin = runner.model.rope.cos.index_select(0, pos), runner.model.rope.sin[pos]
+    out_slots = table[table_rows, pos].long()
+    args = (x, cos, sin, out_slots, table, table_rows, lens)
+    together = step(*args)
+    step.min_shared_prefix = 0
+    alone = step(*args)
+    # the same up to bf16 weights' rounding at avx512; at avx2 up to fp32 sums' order
+    assert (together - alone).abs().max() <= 0.01 * alone.abs().max()
