@@ -2,9 +2,9 @@
 
 Convention: the receiving end of each link binds, senders connect.
 
-    SchedulerClient --PUSH--> scheduler_addr (Scheduler PULL binds)
+    SchedulerClient --PUSH--> scheduler_addr (Scheduler PULL binds; one per replica)
     SchedulerClient --PUSH--> detokenizer_addr (GenerateReq/AbortReq: stop strings, cleanup)
-    Scheduler        --PUSH--> detokenizer_addr (Detokenizer PULL binds)
+    Scheduler        --PUSH--> detokenizer_addr (Detokenizer PULL binds; every replica)
     Detokenizer      --PUSH--> client_addr      (SchedulerClient PULL binds)
 
 Every socket of the server is one of these wrappers, and only `messages.decode` ever turns
@@ -41,6 +41,10 @@ class IpcAddrs:
         return cls(scheduler=f"ipc://{folder}/s", detokenizer=f"ipc://{folder}/d",
                    client=f"ipc://{folder}/c", folder=folder)
 
+    def schedulers(self, n: int) -> list[str]:
+        """The inbox of each of n scheduler replicas (--dp-size); the first is `scheduler`."""
+        return [self.scheduler] + [f"{self.scheduler}{rank}" for rank in range(1, n)]
+
     def cleanup(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -68,16 +72,16 @@ class PushSocket:
     def send(self, msg: Message) -> None:
         self.sock.send(messages.encode(msg), copy=False)
 
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; `linger_ms` lets queued messages (a last ProcessFailed) still go out."""
+        self.sock.close(linger=linger_ms)
+
 
 def send_to_each(msg: Message, *socks: PushSocket) -> None:
     """One message to several sockets, encoded once."""
     data = messages.encode(msg)
     for push in socks:
         push.sock.send(data, copy=False)
-
-    def close(self, linger_ms: int = 0) -> None:
-        """Close; `linger_ms` lets queued messages (a last ProcessFailed) still go out."""
-        self.sock.close(linger=linger_ms)
 
 
 class PullSocket:

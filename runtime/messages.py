@@ -131,6 +131,7 @@ class SchedulerStats(_Msg):
     cache_hit_tokens: int  # cumulative prompt tokens served from the radix cache
     prompt_tokens: int  # cumulative prompt tokens seen
     generation_tokens: int  # cumulative generated tokens
+    dp_rank: int = 0  # the replica that sent it (serve --dp-size)
 
 
 class FlushCacheDone(_Msg):

@@ -7,7 +7,10 @@ import dataclasses
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .router.policy import PolicyConfig
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -77,8 +80,20 @@ class ServerArgs:
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
     tp_size: int = _arg(1, "tensor parallel size (only 1: tensor parallelism is not built yet)",
                         aliases=("--tensor-parallel-size",))
-    dp_size: int = _arg(1, "data parallel size (only 1: data parallelism is not built yet)",
+    dp_size: int = _arg(1, "data parallel size: scheduler replicas, each with its own model "
+                        "copy, KV pool and radix cache, behind this one HTTP server",
                         aliases=("--data-parallel-size",))
+    load_balance_method: Literal["cache_aware", "round_robin", "shortest_queue"] = _arg(
+        "cache_aware", "how --dp-size replicas share requests: cache_aware (the replica with "
+        "the longest prefix match, unless loads are imbalanced; SGLang's router policy), "
+        "round_robin, or shortest_queue (fewest requests in flight)")
+    cache_threshold: float = _arg(
+        0.5, "cache_aware: the fraction of a prompt a replica's prefix match must exceed to "
+        "get it; below it, the replica with the fewest cached prompt tokens")
+    balance_abs_threshold: int = _arg(
+        32, "cache_aware: loads are imbalanced (go to the least loaded replica) when "
+        "max - min > this and max > min * --balance-rel-threshold")
+    balance_rel_threshold: float = _arg(1.0001, "cache_aware: see --balance-abs-threshold")
     host: str = _arg("127.0.0.1", "HTTP host")
     port: int = _arg(30000, "HTTP port")
     api_key: str | None = _arg(
@@ -102,12 +117,11 @@ class ServerArgs:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
-        for name in ("tp_size", "dp_size"):
-            if getattr(self, name) != 1:
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: "
-                                 f"{'tensor' if name == 'tp_size' else 'data'} parallelism is "
-                                 "not implemented yet; radixflow runs one model replica on one "
-                                 "device")
+        if self.tp_size != 1:
+            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not implemented "
+                             "yet; each model replica runs on one device (--dp-size runs "
+                             "several replicas)")
+        self.policy_config()  # bad routing flags: start-up errors naming them
         if self.cpu_isa != "auto" and self.device != "cuda":
             from radixflow.kernels.cpu.features import check_level
 
@@ -131,6 +145,15 @@ class ServerArgs:
         """The names given with --served-model-name (may be empty)."""
         name = self.served_model_name
         return [name] if isinstance(name, str) else list(name or [])
+
+    def policy_config(self) -> PolicyConfig:
+        """How the HTTP process routes requests over the --dp-size replicas."""
+        from .router.policy import PolicyConfig
+
+        return PolicyConfig(method=self.load_balance_method,
+                            cache_threshold=self.cache_threshold,
+                            balance_abs_threshold=self.balance_abs_threshold,
+                            balance_rel_threshold=self.balance_rel_threshold)
 
     @property
     def chunk_size(self) -> int:
@@ -196,7 +219,11 @@ def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str
         raise ValueError(f"{who}: pass model_path or model, not both")
     if model_path is not None:
         kwargs = {**kwargs, "model": model_path}
-    return ServerArgs(**kwargs)
+    args = ServerArgs(**kwargs)
+    if who == "Engine" and args.dp_size > 1:
+        raise ValueError("Engine runs one model replica in this process; for dp_size > 1 use "
+                         "the server (`radixflow serve --dp-size N`, or rf.Runtime(dp_size=N))")
+    return args
 
 
 def chat_template_text(spec: str) -> str:

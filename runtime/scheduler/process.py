@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 import zmq
 
 from ..ipc import PullSocket, PushSocket
@@ -19,10 +20,16 @@ STATS_INTERVAL_S = 0.5
 STATS_INTERVAL_MS = int(STATS_INTERVAL_S * 1000)
 
 
-def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> None:
+def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
+                  dp_rank: int = 0) -> None:
     """PULL requests on in_addr, PUSH outputs to out_addr. `ready` is a multiprocessing
-    Connection: it receives {"ok": True, "model_info": {...}} or {"ok": False, "error": ...}."""
+    Connection: it receives {"ok": True, "model_info": {...}} or {"ok": False, "error": ...}.
+    `dp_rank`: which of the --dp-size replicas this is (its device; its stats say so)."""
     try:
+        if args.dp_size > 1:
+            from ..server.data_parallel import replica_args
+
+            args = replica_args(args, dp_rank)
         sched = Scheduler(args)
     except Exception as exc:
         logger.exception("scheduler failed to start")
@@ -42,7 +49,8 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any) -> 
                 outbox.send(out)
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S:
-                outbox.send(sched.stats_message())
+                stats = sched.stats_message()
+                outbox.send(msgspec.structs.replace(stats, dp_rank=dp_rank) if dp_rank else stats)
                 last_stats = now
             if msgs or not sched.is_idle:
                 checked = False

@@ -69,14 +69,14 @@ def watch_parent(parent_pid: int, on_gone: Callable[[], None], interval: float =
     threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 
-def _child_main(entry: str, log_level: str, parent_pid: int, *args: Any) -> None:
+def _child_main(entry: str, log_level: str, parent_pid: int, *args: Any, **kwargs: Any) -> None:
     """Every child process starts here: no orphans, quiet Ctrl-C, SIGTERM exits cleanly."""
     _set_parent_death_signal()
     watch_parent(parent_pid, lambda: os._exit(1))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     signal.signal(signal.SIGTERM, lambda *_: fast_exit(0))
     setup_logging(log_level)
-    _resolve(entry)(*args)
+    _resolve(entry)(*args, **kwargs)
 
 
 def fast_exit(code: int) -> None:
@@ -95,11 +95,11 @@ class Children:
     log_level: str
     procs: dict[str, mp.process.BaseProcess] = field(default_factory=dict)
 
-    def start(self, name: str, entry: str, *args: Any) -> Any:
-        """Start a child running entry(*args, ready_conn); return the parent's end."""
+    def start(self, name: str, entry: str, *args: Any, **kwargs: Any) -> Any:
+        """Start a child running entry(*args, ready_conn, **kwargs); return the parent's end."""
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child_main, name=name,
+        proc = ctx.Process(target=_child_main, name=name, kwargs=kwargs,
                            args=(entry, self.log_level, os.getpid(), *args, child_conn))
         proc.start()
         child_conn.close()
@@ -210,17 +210,28 @@ def serve(args: ServerArgs) -> int:
         addrs.cleanup()
 
 
+def scheduler_names(dp_size: int) -> list[str]:
+    """The scheduler processes' names: "scheduler", or "scheduler-<rank>" per replica."""
+    return ["scheduler"] if dp_size == 1 else [f"scheduler-{rank}" for rank in range(dp_size)]
+
+
 def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:
-    """Start both children, load the tokenizer meanwhile, wait until the model is ready."""
+    """Start the children (a scheduler per --dp-size replica, the detokenizer), load the
+    tokenizer meanwhile, wait until every model copy is ready."""
     from ..model_loader import DEFAULT_MODEL_NAME, resolve_model
+    from .data_parallel import default_threads
     from .scheduler_client import load_tokenizer
 
     served = (args.served_model_names or [args.model or DEFAULT_MODEL_NAME])[0]
     folder = str(resolve_model(args.model))
     tokenizer_path = args.tokenizer or folder
     entry = os.environ.get(SCHEDULER_ENTRY_ENV) or DEFAULT_SCHEDULER_ENTRY
-    sched_conn = children.start("scheduler", entry, args.replace(model=folder),
-                                addrs.scheduler, addrs.detokenizer)
+    sched_args = default_threads(args.replace(model=folder))
+    names = scheduler_names(args.dp_size)
+    sched_conns = [children.start(name, entry, sched_args, addr, addrs.detokenizer,
+                                  **({"dp_rank": rank} if args.dp_size > 1 else {}))
+                   for rank, (name, addr) in enumerate(zip(names, addrs.schedulers(len(names)),
+                                                           strict=True))]
     detok_conn = children.start("detokenizer",
                                 "radixflow.runtime.server.detokenizer:run_detokenizer",
                                 tokenizer_path, addrs.detokenizer, addrs.client)
@@ -229,11 +240,18 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
         tokenizer = load_tokenizer(tokenizer_path)
         if args.chat_template is not None:
             tokenizer.chat_template = chat_template_text(args.chat_template)
-        model_info = children.wait_ready("scheduler", sched_conn, bar.progress)
+        infos = [children.wait_ready(name, conn, bar.progress if rank == 0 else None)
+                 for rank, (name, conn) in enumerate(zip(names, sched_conns, strict=True))]
     finally:
         bar.close()
-    if not isinstance(model_info, dict) or "context_length" not in model_info:
-        raise ServerUnavailable(f"the scheduler sent a malformed ready message: {model_info!r}")
+    for info in infos:
+        if not isinstance(info, dict) or "context_length" not in info:
+            raise ServerUnavailable(f"the scheduler sent a malformed ready message: {info!r}")
+    model_info = infos[0]
+    if len(infos) > 1:
+        # Replicas may differ in KV pool size (GPU memory): a prompt must fit every one.
+        model_info = {**model_info, "max_total_tokens": min(
+            int(i.get("max_total_tokens") or 1 << 62) for i in infos)}
     children.wait_ready("detokenizer", detok_conn)
     return served, model_info, tokenizer
 
@@ -266,16 +284,19 @@ class _HttpProcess:
     async def _serve(self) -> None:
         import uvicorn
 
+        from .data_parallel import replica_info
         from .http_server import create_app
         from .metrics import Metrics
         from .scheduler_client import SchedulerClient
 
         args, addrs = self.args, self.addrs
         client: SchedulerClient | None = None
-        metrics = Metrics(self.served, lambda: client.stats if client is not None else None)
-        client = SchedulerClient(self.tokenizer, self.model_info, scheduler_addr=addrs.scheduler,
-                              detokenizer_addr=addrs.detokenizer, recv_addr=addrs.client,
-                              metrics=metrics)
+        metrics = Metrics(self.served, lambda: client.stats if client is not None else None,
+                          replicas=lambda: replica_info(client) if client is not None else [])
+        client = SchedulerClient(self.tokenizer, self.model_info,
+                                 scheduler_addr=addrs.schedulers(args.dp_size),
+                                 detokenizer_addr=addrs.detokenizer, recv_addr=addrs.client,
+                                 metrics=metrics, policy=args.policy_config())
         client.start()
         processes = {"http": os.getpid(),
                      **{name: proc.pid for name, proc in self.children.procs.items()}}

@@ -58,8 +58,44 @@ class _SchedulerCollector(Collector):
                       s.cache_hit_tokens)
 
 
+class _ReplicaCollector(Collector):
+    """Per scheduler replica (--dp-size; one row, rank 0, otherwise): load and cache use."""
+
+    def __init__(self, model_name: str, replicas: Callable[[], list[dict]]):
+        self.model_name = model_name
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self.replicas()
+        if not rows:
+            return
+        labels = ["model_name", "dp_rank"]
+        specs = [  # (name, doc, key, kind)
+            ("replica_load", "Requests in flight on the replica.", "load", GaugeMetricFamily),
+            ("replica_num_requests_running", "Requests in the replica's running batch.",
+             "num_running", GaugeMetricFamily),
+            ("replica_num_requests_waiting", "Requests waiting in the replica's queue.",
+             "num_waiting", GaugeMetricFamily),
+            ("replica_cache_hit_rate", "Prompt tokens the replica served from its radix cache "
+             "/ its prompt tokens.", "cache_hit_rate", GaugeMetricFamily),
+            ("replica_routed_requests", "Requests routed to the replica.", "routed_requests",
+             CounterMetricFamily),
+            ("replica_prompt_tokens", "Prompt tokens the replica processed.", "prompt_tokens",
+             CounterMetricFamily),
+            ("replica_cached_prompt_tokens", "Prompt tokens the replica served from its radix "
+             "cache.", "cache_hit_tokens", CounterMetricFamily),
+        ]
+        for name, doc, key, kind in specs:
+            family = kind(f"radixflow:{name}", doc, labels=labels)
+            for row in rows:
+                if key in row:
+                    family.add_metric([self.model_name, str(row["dp_rank"])], row[key])
+            yield family
+
+
 class Metrics:
-    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats | None]):
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats | None],
+                 replicas: Callable[[], list[dict]] | None = None):
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         self.requests = Counter("radixflow:requests", "Requests submitted to the scheduler.",
@@ -78,6 +114,8 @@ class Metrics:
                              labels, buckets=_LATENCY_BUCKETS,
                              registry=self.registry).labels(model_name)
         self.registry.register(_SchedulerCollector(model_name, stats))
+        if replicas is not None:
+            self.registry.register(_ReplicaCollector(model_name, replicas))
 
     def requests_started(self, n: int) -> None:
         self.requests.inc(n)

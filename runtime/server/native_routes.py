@@ -13,6 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from ..errors import InvalidRequest, ServerUnavailable
 from ..native_api import ResponseBuilder, describe_model, parse_generate, raise_if_rejected
 from ..program import execute_program
+from .data_parallel import replica_info
 from .metrics import CONTENT_TYPE
 from .respond import collect, respond
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
@@ -125,6 +126,8 @@ def server_info(state: ServerState) -> dict:
                     cache_hit_tokens=s.cache_hit_tokens, prompt_tokens=s.prompt_tokens,
                     generation_tokens=s.generation_tokens, stats_time=client.stats_time)
     info["num_pending_requests"] = len(client.states)
+    # Per scheduler replica (--dp-size): load, requests routed, cache hit rate.
+    info["replicas"] = replica_info(client)
     return info
 
 

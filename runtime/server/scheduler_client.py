@@ -29,6 +29,9 @@ from ..messages import (
     SchedulerStats,
     TextBatchOut,
 )
+from ..router.policy import LoadBalancer, PolicyConfig
+from ..router.prefix_tree import token_key
+from .data_parallel import total_stats
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ class _ReqState:
     req: GenerateReq
     index: int
     group: RequestGroup
+    replica: int = 0  # the scheduler replica (--dp-size) that runs it
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
 
@@ -96,8 +100,11 @@ class RequestGroup:
 
 
 class SchedulerClient:
-    def __init__(self, tokenizer: Any, model_info: dict, *, scheduler_addr: str,
-                 detokenizer_addr: str, recv_addr: str, metrics: Any = None):
+    def __init__(self, tokenizer: Any, model_info: dict, *, scheduler_addr: str | list[str],
+                 detokenizer_addr: str, recv_addr: str, metrics: Any = None,
+                 policy: PolicyConfig | None = None):
+        """`scheduler_addr`: one scheduler, or a list of --dp-size replicas, which `policy`
+        (default: round robin) chooses between for each request."""
         self.tokenizer = tokenizer
         self.model_info = model_info
         # A prompt must fit the context and the KV pool (the scheduler would abort it).
@@ -110,13 +117,20 @@ class SchedulerClient:
         # Plain sockets with no high-water mark: a send never blocks, so submit and abort
         # are synchronous and keep their order.
         self.send_ctx = zmq.Context()
-        self.sched_sock = PushSocket(self.send_ctx, scheduler_addr, unbounded=True)
+        addrs = [scheduler_addr] if isinstance(scheduler_addr, str) else list(scheduler_addr)
+        self.sched_socks = [PushSocket(self.send_ctx, a, unbounded=True) for a in addrs]
+        self.sched_sock = self.sched_socks[0]  # replica 0: the one sessions live on
+        one = len(addrs) == 1 or policy is None
+        self.balancer = LoadBalancer(range(len(addrs)),
+                                     PolicyConfig(method="round_robin") if one else policy)
+        self.replica_stats: list[SchedulerStats | None] = [None] * len(addrs)
         self.detok_sock = PushSocket(self.send_ctx, detokenizer_addr, unbounded=True)
         self.states: dict[str, _ReqState] = {}
-        self.stats: SchedulerStats | None = None
         self.stats_time: float | None = None
         self.failure: str | None = None
         self._flush_waiters: list[asyncio.Future[bool]] = []
+        self._flush_acks: list[bool] = []  # replicas' answers to the flush under way
+        self._flush_lock = asyncio.Lock()
         self._recv_task: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -148,6 +162,11 @@ class SchedulerClient:
     def is_healthy(self) -> bool:
         return self.failure is None
 
+    @property
+    def stats(self) -> SchedulerStats | None:
+        """The scheduler's last stats (the replicas' summed under --dp-size)."""
+        return total_stats(self.replica_stats)
+
     # -- requests --------------------------------------------------------------------------
 
     def submit(self, reqs: list[GenerateReq]) -> RequestGroup:
@@ -159,18 +178,27 @@ class SchedulerClient:
                                      param="rid")
         group = RequestGroup(self, reqs)
         for i, req in enumerate(reqs):
-            self.states[req.rid] = _ReqState(req=req, index=i, group=group)
+            replica = self._replica_for(req)
+            self.states[req.rid] = _ReqState(req=req, index=i, group=group, replica=replica)
             # The detokenizer learns the stop strings first; then the scheduler starts.
-            send_to_each(req, self.detok_sock, self.sched_sock)
+            send_to_each(req, self.detok_sock, self.sched_socks[replica])
         if self.metrics is not None:
             self.metrics.requests_started(len(reqs))
         return group
+
+    def _replica_for(self, req: GenerateReq) -> int:
+        if len(self.sched_socks) == 1 or getattr(req, "session", None) is not None:
+            self.balancer.assign(0)  # a session's history is on replica 0
+            return 0
+        key = token_key(req.input_ids) if self.balancer.needs_key else None
+        return self.balancer.select(key)
 
     def abort(self, rid: str) -> None:
         state = self.states.pop(rid, None)
         if state is None or self.failure is not None:
             return
-        send_to_each(AbortReq(rid=rid), self.sched_sock, self.detok_sock)
+        self.balancer.done(state.replica)
+        send_to_each(AbortReq(rid=rid), self.sched_socks[state.replica], self.detok_sock)
         if self.metrics is not None:
             self.metrics.request_aborted()
 
@@ -182,10 +210,15 @@ class SchedulerClient:
     async def flush_cache(self, timeout: float = 30.0) -> bool:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append(fut)
-        self.sched_sock.send(FlushCacheReq())
-        return await asyncio.wait_for(fut, timeout)
+        async with self._flush_lock:  # one flush at a time: its answers are counted
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._flush_waiters.append(fut)
+            self._flush_acks = []
+            send_to_each(FlushCacheReq(), *self.sched_socks)
+            flushed = await asyncio.wait_for(fut, timeout)
+        if flushed:
+            self.balancer.clear_cache()
+        return flushed
 
     # -- receive loop ----------------------------------------------------------------------
 
@@ -195,12 +228,17 @@ class SchedulerClient:
             if isinstance(msg, TextBatchOut):
                 self._route(msg.outputs)
             elif isinstance(msg, SchedulerStats):
-                self.stats, self.stats_time = msg, time.time()
+                if msg.dp_rank < len(self.replica_stats):
+                    self.replica_stats[msg.dp_rank], self.stats_time = msg, time.time()
             elif isinstance(msg, FlushCacheDone):
+                self._flush_acks.append(msg.success)
+                if len(self._flush_acks) < len(self.sched_socks):
+                    continue  # every replica answers
+                flushed, self._flush_acks = all(self._flush_acks), []
                 waiters, self._flush_waiters = self._flush_waiters, []
                 for fut in waiters:
                     if not fut.done():
-                        fut.set_result(msg.success)
+                        fut.set_result(flushed)
             elif isinstance(msg, ProcessFailed):
                 logger.error("the %s process failed: %s", msg.process, msg.message)
                 self.fail(f"the {msg.process} process failed: {msg.message}")
@@ -218,6 +256,7 @@ class SchedulerClient:
                 state.first_token_time = now
             if out.token.finish is not None:
                 del self.states[rid]
+                self.balancer.done(state.replica)
                 if self.metrics is not None:
                     self.metrics.request_finished(state.created, state.first_token_time, now,
                                                   out.token.completion_tokens)
