@@ -42,7 +42,8 @@ class _Model(ctypes.Structure):
         "nthreads", "max_batch", "bf16_inputs", "min_shared_prefix")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
-        ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
+        ("head", _Weight), ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p),
+        ("profile_cpu_time", ctypes.c_int64)]
 
 
 

@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 #include "decode.h"
 
@@ -249,6 +250,15 @@ static void spin_wait(spin_barrier *bar, int threads) {
 
 /* ---- the step ---- */
 
+/* The profile's clock: wall time, or this thread's CPU time (time another process held the core
+ * does not count). */
+static double profile_clock(const rf_model *m) {
+    if (!m->profile_cpu_time) return omp_get_wtime();
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* Logits [B][vocab] (fp32) of B requests' next tokens, one token each: x_in [B][hidden] their
  * embeddings, cos/sin [B][head_dim] their rope rows, out_slots[r] where row r's K/V go, and
  * table + rows[r] * table_stride row r's KV slots, lens[r] of them (the last is out_slots[r];
@@ -269,11 +279,11 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
 #pragma omp parallel num_threads(m->nthreads)
     {
         const int id = omp_get_thread_num(), threads = omp_get_num_threads();
-        double *prof = id == 0 ? m->profile : NULL, last = prof ? omp_get_wtime() : 0;
+        double *prof = id == 0 ? m->profile : NULL, last = prof ? profile_clock(m) : 0;
         int64_t r0, r1; /* this thread's rows for the per-row work between products */
         thread_range(B, &r0, &r1);
 #define PHASE(slot) \
-    do { if (prof) { double now_ = omp_get_wtime(); prof[slot] += now_ - last; last = now_; } } while (0)
+    do { if (prof) { double now_ = profile_clock(m); prof[slot] += now_ - last; last = now_; } } while (0)
 #define SYNC() spin_wait(&bar, threads)
 #define MATMUL(w, y, slot) do { gemv_part(w, &b, B, y); SYNC(); PHASE(slot); } while (0)
         for (int64_t l = 0; l < m->num_layers; l++) {

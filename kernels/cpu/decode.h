@@ -35,6 +35,8 @@ typedef struct {
     rf_weight head;
     float *scratch; /* rf_decode_scratch_floats(model) floats */
     double *profile; /* NULL, or PROFILE_PHASES seconds that each step adds to (thread 0) */
+    int64_t profile_cpu_time; /* 1: the profile counts thread 0's CPU time (its waits at the
+                                 barriers spin, so they count too), 0: wall time */
 } rf_model;
 
 /* What thread 0 spent where, barrier waits included: the profile's slots. */

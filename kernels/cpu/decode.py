@@ -106,7 +106,7 @@ class DecodeStep:
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
                              num_threads, max_batch, int(bf16_inputs), min_shared_prefix,
                              shape.eps, shape.scale,
-                             self._layers, _ptr(final_norm), _weight(head), None, None)
+                             self._layers, _ptr(final_norm), _weight(head), None, None, 0)
         lib.rf_decode_scratch_floats.argtypes = [ctypes.POINTER(_Model)]
         lib.rf_decode_scratch_floats.restype = ctypes.c_int64
         self._scratch = torch.empty(lib.rf_decode_scratch_floats(ctypes.byref(self._model)),
@@ -194,9 +194,12 @@ class DecodeStep:
                                    partial[i].data_ptr())
         return partial[..., 2:] / partial[..., 1:2]
 
-    def profile(self, enable: bool = True) -> dict[str, float] | None:
-        """Starts (or stops) adding each step's seconds per phase; returns the sums so far."""
+    def profile(self, enable: bool = True, cpu_time: bool = False) -> dict[str, float] | None:
+        """Starts (or stops) adding each step's seconds per phase (thread 0's: wall time, or
+        with cpu_time its CPU time, which time other processes held the core leaves out);
+        returns the sums so far."""
         before = self.profile_seconds()
+        self._model.profile_cpu_time = int(cpu_time)
         self._profile = torch.zeros(len(PROFILE_PHASES), dtype=torch.float64) if enable else None
         self._model.profile = None if self._profile is None else self._profile.data_ptr()
         return before

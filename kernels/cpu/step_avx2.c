@@ -297,7 +297,7 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
 /* ---- attention over a prefix that several requests share ---- */
 
 #define TILE_A 4 /* x rows per tile (keys for the scores, dimensions for the values) */
-#define TILE_B 2 /* 8-query registers per tile: 8 accumulators, as many as the FMA chains need */
+#define TILE_B 3 /* 8-query registers per tile */
 
 /* acc[a B + b] += the sum over k < K of x[a][k xs] (broadcast) times y[k ys + 8 b ..] (8
  * queries' values): an A x B tile of registers that each hold 8 queries' sums. A and B are
@@ -308,22 +308,22 @@ static inline __attribute__((always_inline)) void outer_products(
     const int A, const int B) {
     __m256 t[TILE_A * TILE_B]; /* a local copy: __m256 may alias the floats read */
     const float *xa[TILE_A];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int u = 0; u < A * B; u++) t[u] = acc[u];
 #pragma GCC unroll 4
     for (int a = 0; a < A; a++) xa[a] = x[a];
     for (int64_t k = 0; k < K; k++) {
         __m256 yv[TILE_B];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int b = 0; b < B; b++) yv[b] = _mm256_loadu_ps(y + k * ys + 8 * b);
 #pragma GCC unroll 4
         for (int a = 0; a < A; a++) {
             const __m256 xk = _mm256_broadcast_ss(xa[a] + k * xs);
-#pragma GCC unroll 2
+#pragma GCC unroll 3
             for (int b = 0; b < B; b++) t[a * B + b] = _mm256_fmadd_ps(xk, yv[b], t[a * B + b]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int u = 0; u < A * B; u++) acc[u] = t[u];
 }
 
@@ -331,8 +331,10 @@ static void outer_tile(const float *const *x, int64_t xs, const float *y, int64_
                        __m256 *acc, int B) {
     if (B == 1)
         outer_products(x, xs, y, ys, K, acc, TILE_A, 1);
-    else
+    else if (B == 2)
         outer_products(x, xs, y, ys, K, acc, TILE_A, 2);
+    else
+        outer_products(x, xs, y, ys, K, acc, TILE_A, 3);
 }
 
 /* One K or V row of bf16 widened to fp32, in the permuted order (per 16 values, the 8 even then
@@ -350,6 +352,23 @@ static inline void widen_row(const uint16_t *src, int64_t D, float *dst) {
 static inline int64_t permuted(int64_t d) {
     const int64_t r = d % 16;
     return d - r + (r % 2 ? 8 + r / 2 : r / 2);
+}
+
+/* Reads the whole K and V rows (every KV head) of keys [c0, c1) once, in order: plain loads of
+ * whole rows, which the hardware's stream prefetchers follow (per-head slices and prefetch
+ * instructions they did not: see step_avx512.c), leaving the rows in cache for every KV head's
+ * pass over them. */
+static inline void stream_block(const rf_model *m, const rf_layer *L, const int32_t *slots,
+                                int64_t c0, int64_t c1) {
+    const int64_t row = m->kv_heads * m->head_dim; /* a multiple of 16 values */
+    __m256i acc = _mm256_setzero_si256();
+    for (int64_t t = c0; t < c1; t++) {
+        const uint16_t *k = L->k_cache + (int64_t)slots[t] * row, *v = L->v_cache + (int64_t)slots[t] * row;
+        for (int64_t i = 0; i < row; i += 16)
+            acc = _mm256_or_si256(acc, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(k + i)),
+                                                       _mm256_loadu_si256((const __m256i *)(v + i))));
+    }
+    __asm__ volatile("" : : "x"(acc)); /* the loads are what counts */
 }
 
 /* Work: qt (the queries, permuted and scaled, [D][Ms]), s (one block's scores, then weights,
@@ -391,6 +410,7 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
         for (int64_t d = 0; d < D; d++) memset(o + d * Ms, 0, Ms * sizeof(float));
         for (int64_t c0 = t0; c0 < t1; c0 += C) {
             const int64_t keys = t1 - c0 < C ? t1 - c0 : C;
+            if (kvh == 0) stream_block(m, L, slots, c0, c0 + keys); /* whole rows, for every KV head */
             const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
             for (int64_t j = 0; j < keys; j++) {
                 widen_row(L->k_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, kf + j * D);

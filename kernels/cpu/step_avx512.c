@@ -235,13 +235,33 @@ static void pair_tile(const uint32_t *const *x, int64_t xs, const uint32_t *y, i
     }
 }
 
-/* Work: qt (the queries as bf16 pairs, [D/2][Ms] dwords), s (one block's scores, [CHUNK][Ms]),
- * pp (its weights as bf16 pairs of keys, [CHUNK/2][Ms] dwords), o (the V sums, [D][Ms]), vp (the
- * block's V rows interleaved in pairs, [CHUNK/2][D] dwords), then max, sum and rescale per
- * query. Ms: the queries padded to 16, at most shared_queries(m). */
+/* Reads the whole K and V rows (every KV head) of keys [c0, c1) once, in order, before the
+ * products use them: plain loads of whole rows, which the hardware's stream prefetchers follow
+ * (the products' per-head slices and prefetch instructions did not: the default model's shared
+ * prefix, 30 layers from DRAM, 7.3 ms a step without this, 4.6 with it, 3.7 from cache). */
+static inline void stream_block(const rf_model *m, const rf_layer *L, const int32_t *slots,
+                                int64_t c0, int64_t c1) {
+    const int64_t row = m->kv_heads * m->head_dim; /* a multiple of 16 values */
+    __m512i acc = _mm512_setzero_si512();
+    for (int64_t t = c0; t < c1; t++) {
+        const uint16_t *k = L->k_cache + (int64_t)slots[t] * row, *v = L->v_cache + (int64_t)slots[t] * row;
+        for (int64_t i = 0; i < row; i += 32) {
+            const __mmask32 mask = row - i >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)0xFFFF;
+            acc = _mm512_or_si512(acc, _mm512_or_si512(_mm512_maskz_loadu_epi16(mask, k + i),
+                                                       _mm512_maskz_loadu_epi16(mask, v + i)));
+        }
+    }
+    __asm__ volatile("" : : "v"(acc)); /* the loads are what counts */
+}
+
+/* Work: per KV head, qt (its queries as bf16 pairs, [D/2][Ms] dwords), o (their V sums,
+ * [D][Ms]), then max, sum and rescale per query ([3][Ms]); then, for the block at hand, s (its
+ * scores, [CHUNK][Ms]), pp (its weights as bf16 pairs of keys, [CHUNK/2][Ms] dwords) and vp (its
+ * V slices interleaved in pairs, [CHUNK/2][D] dwords). Ms: the queries padded to 16, at most
+ * shared_queries(m). */
 int64_t rf_shared_work_floats(const rf_model *m) {
     const int64_t D = m->head_dim, Mp = shared_queries(m), C = SHARED_CHUNK;
-    return D / 2 * Mp + C * Mp + C / 2 * Mp + D * Mp + C / 2 * D + 3 * Mp;
+    return m->kv_heads * (D / 2 * Mp + D * Mp + 3 * Mp) + C * Mp + C / 2 * Mp + C / 2 * D;
 }
 
 void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const float *const *q,
@@ -259,12 +279,10 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
             memset(ph + 2, 0, D * sizeof(float));
         }
     if (t1 <= t0) return;
-    uint32_t *qt = (uint32_t *)work;
-    float *s = work + P * Mp;
+    const int64_t per_head = P * Mp + D * Mp + 3 * Mp; /* one KV head's state */
+    float *s = work + m->kv_heads * per_head;
     uint32_t *pp = (uint32_t *)(s + C * Mp);
-    float *o = (float *)(pp + C / 2 * Mp);
-    uint32_t *vp = (uint32_t *)(o + D * Mp);
-    float *mx = (float *)(vp + C / 2 * D), *sum = mx + Mp, *alpha = sum + Mp;
+    uint32_t *vp = pp + C / 2 * Mp;
     const uint32_t *vx[MAX_HEAD_DIM]; /* dimension d's pairs of values: vp + d, every D */
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
     static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
@@ -274,6 +292,8 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
     const __m512 scale = _mm512_set1_ps(m->scale);
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        uint32_t *qt = (uint32_t *)(work + kvh * per_head);
+        float *o = (float *)(qt + P * Mp), *mx = o + D * Mp, *sum = mx + Mp;
         /* query i = request i / G's head kvh G + i % G, as pairs of dimensions */
         for (int64_t i = 0; i < Ms; i++) {
             const uint32_t *src = i < M ? (const uint32_t *)(qb[i / G] + (kvh * G + i % G) * qs) : NULL;
@@ -282,8 +302,14 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
             sum[i] = 0;
         }
         for (int64_t d = 0; d < D; d++) memset(o + d * Ms, 0, Ms * sizeof(float));
-        for (int64_t c0 = t0; c0 < t1; c0 += C) {
-            const int64_t keys = t1 - c0 < C ? t1 - c0 : C, pairs = (keys + 1) / 2;
+    }
+    /* blocks of keys, each key's whole K and V rows used while in cache by every KV head */
+    for (int64_t c0 = t0; c0 < t1; c0 += C) {
+        const int64_t keys = t1 - c0 < C ? t1 - c0 : C, pairs = (keys + 1) / 2;
+        stream_block(m, L, slots, c0, c0 + keys);
+        for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+            const uint32_t *qt = (const uint32_t *)(work + kvh * per_head);
+            float *o = (float *)(qt + P * Mp), *mx = o + D * Mp, *sum = mx + Mp, *alpha = sum + Mp;
             const uint32_t *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
             for (int64_t j = 0; j < C; j++)
                 kx[j] = (const uint32_t *)(L->k_cache + (int64_t)slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D);
@@ -319,7 +345,7 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
                 _mm512_storeu_ps(sum + 16 * b, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16 * b), rescale, total));
                 _mm512_storeu_ps(alpha + 16 * b, rescale);
             }
-            /* the block's V rows, two keys interleaved into bf16 pairs per dimension */
+            /* the block's V slices, two keys interleaved into bf16 pairs per dimension */
             for (int64_t jp = 0; jp < pairs; jp++) {
                 const uint16_t *va = L->v_cache + (int64_t)slots[c0 + 2 * jp] * row + kvh * D;
                 const uint16_t *vb = 2 * jp + 1 < keys ? L->v_cache + (int64_t)slots[c0 + 2 * jp + 1] * row + kvh * D : NULL;
@@ -350,6 +376,9 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
                 }
             }
         }
+    }
+    for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+        const float *o = work + kvh * per_head + P * Mp, *mx = o + D * Mp, *sum = mx + Mp;
         for (int64_t i = 0; i < M; i++) {
             float *ph = partial[i / G] + (kvh * G + i % G) * (D + 2);
             ph[0] = mx[i];
