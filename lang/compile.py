@@ -66,7 +66,11 @@ class WireCompiler:
             sampling["json_schema"] = node.json_schema
         if node.n != 1:
             sampling["n"] = node.n
+        if node.thinking_budget is not None:
+            sampling["thinking_budget"] = node.thinking_budget
         out = {"type": "gen", "name": node.name, "sampling_params": sampling}
+        if node.reasoning:
+            out["separate_reasoning"] = True
         if node.tools:
             out["tool_calls"] = True
         if node.return_logprob:

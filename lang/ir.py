@@ -57,6 +57,8 @@ class Gen(Node):
     top_logprobs_num: int | None = None
     n: int = 1
     tools: tuple[Tool, ...] = ()
+    reasoning: bool = False  # a reasoning model's thinking goes to `<name>_reasoning_content`
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,9 @@ def gen(
     n: int = 1,
     tools: list[Any] | None = None,
     parallel_tool_calls: bool = True,
+    reasoning: bool = False,
+    separate_reasoning: bool | None = None,
+    thinking_budget: int | None = None,
 ) -> Node:
     """Generate text into variable `name`.
 
@@ -197,6 +202,10 @@ def gen(
     `tools` (Python functions or OpenAI tool dicts) makes the gen a tool call: the output is a
     JSON list of `{"name", "arguments"}` held to the tools' schemas (one call unless
     `parallel_tool_calls`), the variable holds the parsed list (`rf.call_tools` runs them).
+    `reasoning` (SGLang: `separate_reasoning`), on a server with --reasoning-parser: the
+    model thinks first; the variable and the program's text get the answer, the thinking goes to
+    `<name>_reasoning_content`, a regex / schema / tools constraint applies to the answer only,
+    and `thinking_budget` (tokens) ends the thinking.
     Raises GrammarError for a regex that does not compile or a schema that is not JSON,
     InvalidRequest for an empty choice list or a bad n / tools.
     """
@@ -224,12 +233,18 @@ def gen(
         if n != 1:
             raise InvalidRequest("a gen with tools takes n=1")
         json_schema = calls_schema(tool_specs, parallel=parallel_tool_calls)
+    reasoning = bool(reasoning or separate_reasoning)
+    if thinking_budget is not None and (not isinstance(thinking_budget, int)
+                                        or isinstance(thinking_budget, bool)
+                                        or thinking_budget < 0):
+        raise InvalidRequest(f"thinking_budget must be an integer >= 0, got {thinking_budget!r}")
     return Gen(
         name, params,
         regex=check_regex(regex) if regex is not None else None,
         json_schema=schema_to_str(json_schema) if json_schema is not None else None,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num, n=n, tools=tool_specs)
+        top_logprobs_num=top_logprobs_num, n=n, tools=tool_specs, reasoning=reasoning,
+        thinking_budget=thinking_budget)
 
 
 def select(name: str | None = None, choices: list[str] | None = None, *,

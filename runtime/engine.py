@@ -92,7 +92,8 @@ class Engine(GenerateAPI):
 
     def generate_from_body(self, body: dict) -> dict | list[dict] | Iterator[dict]:
         parsed = parse_generate(body, self.tokenizer, self.scheduler.context_len,
-                                vocab_size=self.scheduler.runner.vocab_size)
+                                vocab_size=self.scheduler.runner.vocab_size,
+                                reasoning=self.scheduler.reasoning.parser)
         if parsed.stream:
             if parsed.is_batch:
                 raise InvalidRequest("streaming is supported for a single prompt with n=1",

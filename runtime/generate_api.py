@@ -21,7 +21,8 @@ from typing import Any
 # SGLang's generate() arguments that name a /generate body field of the same name.
 _BODY_FIELDS = ("input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
                 "return_text_in_logprobs", "token_ids_logprob", "stream", "rid", "image_data",
-                "lora_path", "custom_logit_processor", "return_hidden_states", "session_params")
+                "lora_path", "custom_logit_processor", "return_hidden_states", "session_params",
+                "separate_reasoning")
 
 
 def generate_body(prompt: str | list[str] | None = None,

@@ -40,6 +40,9 @@ class GenerateReq(_Msg):
     stream: bool = False
     # The scheduler puts the session's history before input_ids; None: no session.
     session: SessionParams | None = None
+    # Separate the thinking of a reasoning model from the answer (--reasoning-parser): its
+    # constraint applies after the end-of-thinking marker (scheduler/reasoning.py).
+    reasoning: bool = False
 
 
 class AbortReq(_Msg):

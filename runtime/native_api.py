@@ -19,6 +19,7 @@ from .constrained import validate_constraint
 from .detokenize import decode_token_texts
 from .errors import ContextTooLong, InvalidRequest, rejection
 from .messages import CloseSessionReq, GenerateReq, OpenSessionReq, ReqTextOut, SessionParams
+from .reasoning import ReasoningParser
 from .sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = 100
@@ -34,12 +35,13 @@ class ParsedGenerate:
     is_batch: bool  # respond with an array: the prompt was a list, or n > 1
     stream: bool
     return_text_in_logprobs: bool
+    reasoning: ReasoningParser | None = None  # the server's, for separate_reasoning
 
     def builders(self, tokenizer: Any) -> list[ResponseBuilder]:
         return [
             ResponseBuilder(
                 req, tokenizer, return_text_in_logprobs=self.return_text_in_logprobs,
-                index=i if self.is_batch else None,
+                index=i if self.is_batch else None, reasoning=self.reasoning,
             )
             for i, req in enumerate(self.reqs)
         ]
@@ -274,7 +276,8 @@ def parse_close_session(body: Any) -> CloseSessionReq:
 
 
 def parse_generate(
-    body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None
+    body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None,
+    reasoning: ReasoningParser | None = None,
 ) -> ParsedGenerate:
     """Validate a /generate body and build its GenerateReqs.
 
@@ -294,6 +297,7 @@ def parse_generate(
     rids = _rids(body, len(prompts), is_batch)
     session = parse_session_params(body.get("session_params"))
     stream = _opt_bool(body, "stream")
+    separate_reasoning = _check_reasoning(body, samplings, reasoning)
     return_logprob = _opt_bool(body, "return_logprob")
     return_text = _opt_bool(body, "return_text_in_logprobs")
 
@@ -333,9 +337,25 @@ def parse_generate(
             reqs.append(GenerateReq(
                 rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one, seed=seed),
                 return_logprob=return_logprob, logprob_start_len=start,
-                top_logprobs_num=top_n, stream=stream, session=session))
+                top_logprobs_num=top_n, stream=stream, session=session,
+                reasoning=separate_reasoning))
     return ParsedGenerate(reqs=reqs, is_batch=multi, stream=stream,
-                          return_text_in_logprobs=return_text)
+                          return_text_in_logprobs=return_text, reasoning=reasoning)
+
+
+def _check_reasoning(body: dict, samplings: list[SamplingParams],
+                     reasoning: ReasoningParser | None) -> bool:
+    """The body's `separate_reasoning`; a 400 when it, or a thinking_budget, is given to a
+    server without a reasoning parser."""
+    separate = _opt_bool(body, "separate_reasoning")
+    if reasoning is None:
+        if separate:
+            raise InvalidRequest("separate_reasoning needs a server started with "
+                                 "--reasoning-parser", param="separate_reasoning")
+        if any(s.thinking_budget is not None for s in samplings):
+            raise InvalidRequest("thinking_budget needs a server started with "
+                                 "--reasoning-parser", param="thinking_budget")
+    return separate
 
 
 def finite_logprob(x: float | None) -> float | None:
@@ -353,8 +373,11 @@ class ResponseBuilder:
     """
 
     def __init__(self, req: GenerateReq, tokenizer: Any, *, return_text_in_logprobs: bool = False,
-                 index: int | None = None):
+                 index: int | None = None, reasoning: ReasoningParser | None = None):
         self.req = req
+        # separate_reasoning: `text` is the answer, meta_info the reasoning (text stays whole)
+        self.reasoning = reasoning if req.reasoning else None
+        self.reasoning_mode = reasoning.mode(req.input_ids) if self.reasoning else None
         self.tokenizer = tokenizer
         self.return_text = return_text_in_logprobs
         self.index = index
@@ -438,7 +461,13 @@ class ResponseBuilder:
         return meta
 
     def _body(self, meta: dict) -> dict:
-        body: dict[str, Any] = {"text": self.text, "output_ids": list(self.output_ids),
+        text = self.text
+        if self.reasoning is not None:
+            meta["reasoning_text"], text = self.reasoning.split(
+                text, self.reasoning_mode, final=self.finished)
+            meta["reasoning_tokens"] = self.reasoning.reasoning_tokens(self.reasoning_mode,
+                                                                       self.output_ids)
+        body: dict[str, Any] = {"text": text, "output_ids": list(self.output_ids),
                                 "meta_info": meta}
         if self.index is not None:
             body["index"] = self.index

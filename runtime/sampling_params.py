@@ -41,6 +41,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     n: int = 1
     seed: int | None = None
+    # Reasoning models (--reasoning-parser): the end-of-thinking marker is forced once the
+    # thinking has this many tokens (runtime/scheduler/reasoning.py).
+    thinking_budget: int | None = None
     # Constraints (at most one). Handled by runtime/constrained.
     regex: str | None = None
     json_schema: str | None = None  # a JSON document (a dict is serialised on the way in)
@@ -128,6 +131,10 @@ class SamplingParams:
             check_type(name, (bool,))
         if self.seed is not None:
             check_type("seed", (int,))
+        if self.thinking_budget is not None:
+            check_type("thinking_budget", (int,))
+            if not 0 <= self.thinking_budget <= MAX_NEW_TOKENS_LIMIT:
+                raise bad("thinking_budget", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}")
         if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise bad("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}")
         if self.min_new_tokens < 0:

@@ -37,6 +37,10 @@ class ServerArgs:
         None, "model name(s) the APIs answer to; the first is the one they report", nargs="+")
     chat_template: str | None = _arg(
         None, "chat template instead of the model's: a Jinja file, or the template itself")
+    reasoning_parser: str | None = _arg(
+        None, "the model thinks between think markers: its reasoning goes to reasoning_content "
+        "(OpenAI chat) or meta_info (/generate with separate_reasoning) and a constraint applies "
+        "to the answer after it; one of deepseek-r1, deepseek-v3, qwen3, qwen3-thinking, glm45")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
         "auto", "auto: bf16 on GPUs and CPUs with AVX512-BF16/AMX, else fp32")
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
@@ -132,6 +136,10 @@ class ServerArgs:
             self.served_model_name = list(self.served_model_name)
         if self.chat_template is not None:
             chat_template_text(self.chat_template)  # a bad template: a start-up error
+        if self.reasoning_parser is not None:
+            from .reasoning import check_parser_name
+
+            self.reasoning_parser = check_parser_name(self.reasoning_parser)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name, hint in typing.get_type_hints(type(self)).items():

@@ -93,6 +93,8 @@ class OpenAI:
                 "name": "output", "schema": json.loads(sp["json_schema"]), "strict": True}}
         if sp.get("regex"):
             request["regex"] = sp["regex"]
+        if sp.get("thinking_budget") is not None:  # SGLang's and radixflow's extension
+            request["thinking_budget"] = sp["thinking_budget"]
         messages = body.get("messages") or []
         if not messages:
             return "/completions", {**request, "prompt": body["text"]}
@@ -183,4 +185,5 @@ def _native(resp: dict, *, chat: bool) -> dict:
     return {"text": text or "", "meta_info": {
         "id": resp.get("id"), "finish_reason": _finish(choice.get("finish_reason")),
         "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens")}}
+        "completion_tokens": usage.get("completion_tokens"),
+        "reasoning_text": (choice.get("message") or {}).get("reasoning_content")}}

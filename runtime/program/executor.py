@@ -23,7 +23,8 @@ Generate = Callable[[dict], Any]
 OnText = Callable[[str | None, str], None]
 SelectFn = Callable[..., tuple[int, dict, int]]
 
-_GEN_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+_GEN_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+             "separate_reasoning")
 _TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
@@ -202,6 +203,10 @@ def _store(result: dict, node: dict, value: Any, meta: Any) -> None:
     if node.get("name") is not None:
         result["variables"][node["name"]] = value
         result["meta_info"][node["name"]] = meta
+        if node.get("separate_reasoning"):  # the thinking, apart from the answer (`value`)
+            result["variables"][node["name"] + "_reasoning_content"] = (
+                [m.get("reasoning_text") for m in meta] if isinstance(meta, list)
+                else meta.get("reasoning_text"))
 
 
 def parse_tool_calls(text: str, name: str | None) -> list[dict]:

@@ -9,7 +9,9 @@ Request (JSON object)::
        {"type": "role_end", "role": "user", "text": "<|im_end|>\\n"},           # the client
        {"type": "gen", "name": "a", "sampling_params": {...native...},
         "return_logprob": false, "logprob_start_len": null, "top_logprobs_num": null,
-        "tool_calls": false},   # true: the output is a JSON list of calls, stored parsed
+        "tool_calls": false,    # true: the output is a JSON list of calls, stored parsed
+        "separate_reasoning": false},  # true: the answer is the value and the text appended,
+                                       # the thinking goes to "<name>_reasoning_content"
        {"type": "select", "name": "b", "choices": ["yes", "no"],
         "method": "token_length_normalized"},
        {"type": "fork", "branches": [[node, ...], [node, ...]]},  # branches run concurrently
@@ -92,8 +94,9 @@ def _validate_node(node: dict, at: str, *, depth: int, seen_fork: bool) -> int:
                 raise invalid("'name' must be a string or null")
             if kind == "gen" and not isinstance(node.get("sampling_params", {}), dict):
                 raise invalid("'sampling_params' must be an object")
-            if kind == "gen" and not isinstance(node.get("tool_calls", False), bool):
-                raise invalid("'tool_calls' must be a boolean")
+            for flag in ("tool_calls", "separate_reasoning"):
+                if kind == "gen" and not isinstance(node.get(flag, False), bool):
+                    raise invalid(f"'{flag}' must be a boolean")
             if kind == "select":
                 choices = node.get("choices")
                 if (not isinstance(choices, list) or not choices

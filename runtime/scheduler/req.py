@@ -53,6 +53,7 @@ class Req:
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     reported_input_logprobs: bool = False
     session_node: Any = None  # its node in a session (sessions.py) while it runs
+    thinking: Any = None  # Thinking (reasoning.py) of a request that separates its reasoning
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:

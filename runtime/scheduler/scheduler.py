@@ -28,12 +28,14 @@ from ..messages import (
     TokenBatchOut,
 )
 from ..model_runner import BatchRequest, ModelRunner
+from ..reasoning import ReasoningParser
 from ..sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
 from ..server_args import ServerArgs, chat_template_text
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .grammar import MaskJob, SchedulerGrammar
 from .kv_cache import KVCache, cat_slots, evictable_len
 from .output import make_output
+from .reasoning import SchedulerReasoning
 from .req import Req, ReqStatus
 from .sessions import Continuation, Sessions
 
@@ -69,6 +71,9 @@ class Scheduler:
             self.tokenizer, self.runner.vocab_size, stop_token_ids=sorted(self.eos_ids),
             compile_timeout=args.grammar_compile_timeout,
             jump_forward=not args.disable_jump_forward)
+        self.reasoning = SchedulerReasoning(
+            ReasoningParser.load(args.reasoning_parser, self.tokenizer), self.eos_ids,
+            self.runner.vocab_size)
         self.sessions = Sessions(getattr(self.tokenizer, "bos_token_id", None))
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
@@ -98,6 +103,7 @@ class Scheduler:
             "device": str(self.runner.device),
             "kv_cache_dtype": str(self.runner.kv_dtype).removeprefix("torch."),
             "cpu": self.runner.cpu_info(),
+            "reasoning_parser": self.args.reasoning_parser,
         }
 
     def step(self, inbox: list[Message]) -> list[Message]:
@@ -159,7 +165,7 @@ class Scheduler:
                 self._finish(req, Finish(type="abort", message=cont, status_code=400))
                 return
             req.input_ids = cont.input_ids
-        error = self._validate(req)
+        error = self._validate(req) or self.reasoning.start(req, msg.reasoning)
         if error is not None:
             self._finish(req, Finish(type="abort", message=error, status_code=400))
             return
@@ -207,6 +213,7 @@ class Scheduler:
         for req, finish in failed:
             self._finish(req, finish)
         for req in ready:
+            self.reasoning.grammar_ready(req)  # dormant while the request thinks
             if req.can_jump:  # a forced start ('{"name": "') is prefilled with the prompt
                 self._jump_forward(req)
 
@@ -422,6 +429,7 @@ class Scheduler:
         bitmask, mask_rows = None, None
         if mask is not None:
             bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
+        bitmask, mask_rows = self.reasoning.masks(reqs, bitmask, mask_rows, logits.device)
         top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
         need_logprobs = any(r.return_logprob for r in reqs)
         result = sample(logits, batch, bitmask=bitmask, mask_rows=mask_rows,
@@ -453,7 +461,8 @@ class Scheduler:
             self._finish(req, finish)
 
     def _check_finish(self, req: Req, token: int) -> Finish | None:
-        if req.grammar is not None:
+        thinking = self.reasoning.consumes(req, token)  # the grammar never sees the thinking
+        if req.grammar is not None and not thinking:
             finish = self.grammars.accept(req, token)
             if finish is not None:
                 return finish
@@ -503,7 +512,8 @@ class Scheduler:
     def _num_replaceable(self, req: Req) -> int:
         """Trailing output tokens a jump may rewrite: not streamed yet, slots not the tree's."""
         in_tree = max(0, req.tree_len - len(req.input_ids))
-        return len(req.output_ids) - max(req.sent_len, in_tree)
+        answer_start = req.thinking.answer_start if req.thinking is not None else 0
+        return len(req.output_ids) - max(req.sent_len, in_tree, answer_start)
 
     def _drop_output(self, req: Req, num_tokens: int) -> None:
         """Forget the last `num_tokens` output tokens, freeing the KV computed for them."""

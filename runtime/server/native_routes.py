@@ -29,7 +29,7 @@ router = APIRouter()
 async def generate(request: Request) -> Response:
     client = server_state(request).client
     parsed = parse_generate(await read_json(request), client.tokenizer, client.context_length,
-                            vocab_size=client.vocab_size)
+                            vocab_size=client.vocab_size, reasoning=client.reasoning)
     group = client.submit(parsed.reqs)
     builders = parsed.builders(client.tokenizer)
     return await respond(
@@ -59,7 +59,7 @@ async def generate_json(client: SchedulerClient, body: Any) -> Any:
     if isinstance(body, dict):
         body = {**body, "stream": False}
     parsed = parse_generate(body, client.tokenizer, client.context_length,
-                            vocab_size=client.vocab_size)
+                            vocab_size=client.vocab_size, reasoning=client.reasoning)
     builders = parsed.builders(client.tokenizer)
     async with client.submit(parsed.reqs) as group:
         await collect(group, builders)

@@ -130,6 +130,11 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning models (--reasoning-parser), SGLang's names: the thinking goes to
+    # reasoning_content unless separate_reasoning is false; thinking_budget caps it (tokens).
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True  # false: the reasoning in one chunk, when it is complete
+    thinking_budget: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS_LIMIT)
 
 
 class TokenizeRequest(_Strict):

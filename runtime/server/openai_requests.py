@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
 from ..native_api import check_constraint, fit_to_context, new_rid, tokenize_prompt
+from ..reasoning import ReasoningParser
 from ..sampling_params import SamplingParams
 from .openai_constraints import constraint_fields
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -28,6 +29,7 @@ class Job:
     prompts: list[list[int]]  # one per distinct prompt; choice i uses prompts[i // n]
     prompt_texts: list[str]
     n: int
+    reasoning: ReasoningParser | None = None  # chat with --reasoning-parser: it separates
 
     @property
     def stream(self) -> bool:
@@ -94,8 +96,13 @@ def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPl
     ids = client.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if body.thinking_budget is not None and client.reasoning is None:
+        raise InvalidRequest("thinking_budget needs a server started with --reasoning-parser",
+                             param="thinking_budget")
+    reasoning = client.reasoning if body.separate_reasoning else None
     return _build_job(client, body, [ids], [text], max_tokens, logprobs=logprobs,
-                      constraint=tools.sampling_fields() if tools else None)
+                      constraint=tools.sampling_fields() if tools else None,
+                      reasoning=reasoning)
 
 
 def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
@@ -107,6 +114,7 @@ def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
         "stop": body.stop, "stop_token_ids": body.stop_token_ids, "ignore_eos": body.ignore_eos,
         "min_new_tokens": body.min_tokens, "skip_special_tokens": body.skip_special_tokens,
         "no_stop_trim": body.no_stop_trim, "logit_bias": body.logit_bias,
+        "thinking_budget": getattr(body, "thinking_budget", None),
         **constraint_fields(body, constraint),
     }
     if max_tokens is not None:
@@ -122,7 +130,7 @@ def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
 def _build_job(client: SchedulerClient, body: AnyRequest,
                prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
                logprobs: int | None, echo: bool = False,
-               constraint: dict | None = None) -> Job:
+               constraint: dict | None = None, reasoning: ReasoningParser | None = None) -> Job:
     reqs = []
     for p, ids in enumerate(prompts):
         if not ids:
@@ -137,8 +145,10 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
             reqs.append(GenerateReq(
                 rid=new_rid(), input_ids=ids, sampling=sampling,
                 return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,
-                top_logprobs_num=logprobs or 0, stream=body.stream))
-    return Job(reqs=reqs, prompts=prompts, prompt_texts=prompt_texts, n=body.n)
+                top_logprobs_num=logprobs or 0, stream=body.stream,
+                reasoning=reasoning is not None))
+    return Job(reqs=reqs, prompts=prompts, prompt_texts=prompt_texts, n=body.n,
+               reasoning=reasoning)
 
 
 def render_chat(tokenizer: Any, body: ChatCompletionRequest,

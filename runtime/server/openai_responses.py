@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ServerUnavailable
 from ..native_api import ResponseBuilder
+from ..reasoning import ReasoningStream
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_requests import Job
 from .openai_tools import ToolPlan
@@ -108,14 +109,40 @@ class ChatFormat(_Format):
                  tools: ToolPlan | None):
         super().__init__(job, model, "chatcmpl", _include_usage(body))
         self.logprobs, self.tools = bool(body.logprobs), tools
+        self.reasoning, self.stream_reasoning = job.reasoning, body.stream_reasoning
+        self._reasoning_streams: dict[int, tuple[ReasoningStream, list[str]]] = {}
+
+    def _split(self, index: int, b: ResponseBuilder) -> tuple[str | None, str]:
+        """(reasoning_content, content) of a finished choice."""
+        if self.reasoning is None:
+            return None, b.text
+        mode = self.reasoning.mode(self.job.reqs[index].input_ids)
+        return self.reasoning.split(b.text, mode, final=True)
+
+    def _reasoning_delta(self, d: Delta) -> dict:
+        """The delta's reasoning_content and content (reasoning models)."""
+        if d.index not in self._reasoning_streams:
+            mode = self.reasoning.mode(self.job.reqs[d.index].input_ids)
+            stream = ReasoningStream(self.reasoning, mode, hold=not self.stream_reasoning)
+            self._reasoning_streams[d.index] = (stream, [""])
+        stream, text = self._reasoning_streams[d.index]
+        text[0] += d.text  # the choice's text so far
+        reasoning, content = stream.update(text[0], final=d.finish_reason is not None)
+        delta = {"reasoning_content": reasoning} if reasoning else {}
+        if content:
+            delta["content"] = content
+        return delta
 
     def _logprobs(self, entries: list[list], tops: list[list | None]) -> dict | None:
         return chat_logprobs(entries, tops) if self.logprobs else None
 
     def choice(self, index: int, b: ResponseBuilder) -> dict:
-        message, finish = {"role": "assistant", "content": b.text}, finish_reason(b)
+        reasoning, text = self._split(index, b)
+        message, finish = {"role": "assistant", "content": text}, finish_reason(b)
         if self.tools is not None:
-            message, finish = self.tools.message(b.text, finish)
+            message, finish = self.tools.message(text, finish)
+        if self.reasoning is not None:
+            message["reasoning_content"] = reasoning
         return {"index": index, "message": message,
                 "logprobs": self._logprobs(b.output_logprobs, b.output_top_logprobs),
                 "finish_reason": finish}
@@ -133,8 +160,9 @@ class ChatFormat(_Format):
             yield [self._tool_choice(i, b, self.tools)]
 
     def _tool_choice(self, index: int, b: ResponseBuilder, tools: ToolPlan) -> dict:
-        message, finish = tools.message(b.text, finish_reason(b))
-        delta: dict[str, Any] = {}
+        reasoning, text = self._split(index, b)
+        message, finish = tools.message(text, finish_reason(b))
+        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
         if message["content"]:
             delta["content"] = message["content"]
         if "tool_calls" in message:
@@ -145,10 +173,14 @@ class ChatFormat(_Format):
 
     def delta_choice(self, d: Delta) -> dict | None:
         logprobs = self._logprobs(d.logprobs, d.top_logprobs)
-        if not d.text and d.finish_reason is None and not logprobs:
+        if self.reasoning is not None:
+            delta = self._reasoning_delta(d)
+        else:
+            delta = {"content": d.text} if d.text else {}
+        if not delta and d.finish_reason is None and not logprobs:
             return None
-        return {"index": d.index, "delta": {"content": d.text} if d.text else {},
-                "logprobs": logprobs, "finish_reason": d.finish_reason}
+        return {"index": d.index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": d.finish_reason}
 
 
 async def openai_stream(fmt: CompletionFormat | ChatFormat, group: RequestGroup,
@@ -188,9 +220,14 @@ def usage(job: Job, builders: list[ResponseBuilder]) -> dict:
     firsts = [builders[p * job.n] for p in range(len(job.prompts))]  # one per prompt
     prompt = sum(b.prompt_tokens for b in firsts)
     completion = sum(b.completion_tokens for b in builders)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(b.cached_tokens for b in firsts)}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": sum(b.cached_tokens for b in firsts)}}
+    if job.reasoning is not None:  # reasoning models: the thinking's tokens, markers included
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(
+            job.reasoning.reasoning_tokens(job.reasoning.mode(b.req.input_ids), b.output_ids)
+            for b in builders)}
+    return out
 
 
 def finish_reason(b: ResponseBuilder) -> str | None:

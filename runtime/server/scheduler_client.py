@@ -29,6 +29,7 @@ from ..messages import (
     SchedulerStats,
     TextBatchOut,
 )
+from ..reasoning import ReasoningParser
 from ..router.policy import LoadBalancer, PolicyConfig
 from ..router.prefix_tree import token_key
 from .data_parallel import total_stats
@@ -111,6 +112,8 @@ class SchedulerClient:
         self.context_length: int = min(int(model_info["context_length"]),
                                        int(model_info.get("max_total_tokens") or 1 << 62))
         self.vocab_size: int = int(model_info.get("vocab_size") or len(tokenizer))
+        # --reasoning-parser: separate_reasoning on /generate, reasoning_content in chat
+        self.reasoning = ReasoningParser.load(model_info.get("reasoning_parser"), tokenizer)
         self.metrics = metrics
         self.ctx = zmq.asyncio.Context()
         self.recv_sock = AsyncPullSocket(self.ctx, recv_addr)
