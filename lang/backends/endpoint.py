@@ -75,6 +75,20 @@ class Endpoint(GenerateAPI):
     def server_info(self) -> dict:
         return self._request("GET", "/server_info")
 
+    def open_session(self, capacity_of_str_len: int, session_id: str | None = None, *,
+                     timeout: float | None = None) -> str:
+        """SGLang's POST /open_session: the session id. Requests sent with
+        `session_params={"id": session_id, "rid": rid}` continue request `rid` of the session
+        without sending its tokens again (radixflow.Engine.open_session has the details)."""
+        body: dict[str, Any] = {"capacity_of_str_len": capacity_of_str_len,
+                                "session_id": session_id}
+        if timeout is not None:
+            body["timeout"] = timeout
+        return self._request("POST", "/open_session", body)
+
+    def close_session(self, session_id: str) -> None:
+        self._request("POST", "/close_session", {"session_id": session_id}, want_json=False)
+
     def shutdown(self) -> None:
         session = getattr(self._local, "session", None)
         if session is not None:

@@ -1,4 +1,5 @@
-"""The SGLang-compatible native routes: /generate, /program, health, info, cache, metrics."""
+"""The SGLang-compatible native routes: /generate, /program, sessions, health, info, cache,
+metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable
-from ..native_api import ResponseBuilder, describe_model, parse_generate, raise_if_rejected
+from ..native_api import (
+    ResponseBuilder,
+    describe_model,
+    parse_close_session,
+    parse_generate,
+    parse_open_session,
+    raise_if_rejected,
+)
 from ..program import execute_program
 from .data_parallel import replica_info
 from .metrics import CONTENT_TYPE
@@ -139,10 +147,35 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse("Cache flushed.\n")
 
 
+@router.api_route("/open_session", methods=["GET", "POST"])
+async def open_session(request: Request) -> Response:
+    """SGLang's: {"capacity_of_str_len": int, "session_id": str | null, "timeout": seconds |
+    null} -> the session id, a JSON string. /generate bodies then carry
+    "session_params": {"id": session_id, "rid": ...} (runtime/scheduler/sessions.py)."""
+    msg = parse_open_session(await read_json(request))
+    done = await server_state(request).client.open_session(msg)
+    if not done.success:
+        raise InvalidRequest(done.message or "the session was not opened", param="session_id")
+    return OrjsonResponse(done.session_id)
+
+
+@router.api_route("/close_session", methods=["GET", "POST"])
+async def close_session(request: Request) -> Response:
+    """SGLang's: {"session_id": str} -> 200 with no body, also when no such session is open."""
+    server_state(request).client.close_session(parse_close_session(await read_json(request)))
+    return Response(status_code=200)
+
+
 @router.post("/concate_and_append_request")
 async def concate_and_append_request() -> Response:
-    # The next /generate carries the joined text anyway (protocol doc, section 8.2).
-    return OrjsonResponse({"success": True})
+    # SGLang's frontend still calls it for join(mode="concate_and_append"); SGLang's server
+    # dropped it (404). Answering success without joining anything would be a lie.
+    return error_response(
+        404, "/concate_and_append_request is not supported (SGLang's server no longer has it "
+             "either): it would join finished requests' KV into another request. To continue a "
+             "request without sending its tokens again, use a session: /open_session, then "
+             "/generate with \"session_params\": {\"id\": <session id>, \"rid\": <rid to "
+             "continue>}; or send the joined text, whose prefix the radix cache reuses.")
 
 
 @router.get("/metrics")

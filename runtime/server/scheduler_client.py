@@ -1,8 +1,8 @@
 """SchedulerClient: the HTTP process's side of the pipeline.
 
-Owns the tokenizer, sends GenerateReq/AbortReq/FlushCacheReq to the scheduler over ZMQ,
-receives TextBatchOut (plus stats and acknowledgements) from the detokenizer and routes each
-output to the queue of the request group that waits for it.
+Owns the tokenizer, sends GenerateReq/AbortReq/FlushCacheReq (and session opens/closes) to the
+scheduler over ZMQ, receives TextBatchOut (plus stats and acknowledgements) from the detokenizer
+and routes each output to the queue of the request group that waits for it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from ..errors import InvalidRequest, ServerUnavailable
 from ..ipc import AsyncPullSocket, PushSocket, send_to_each
 from ..messages import (
     AbortReq,
+    CloseSessionReq,
     FlushCacheDone,
     FlushCacheReq,
     GenerateReq,
+    OpenSessionDone,
+    OpenSessionReq,
     ProcessFailed,
     ReqTextOut,
     SchedulerStats,
@@ -132,6 +135,7 @@ class SchedulerClient:
         self.stats_time: float | None = None
         self.failure: str | None = None
         self._flush_waiters: list[asyncio.Future[bool]] = []
+        self._session_waiters: dict[str, asyncio.Future[OpenSessionDone]] = {}
         self._flush_acks: list[bool] = []  # replicas' answers to the flush under way
         self._flush_lock = asyncio.Lock()
         self._recv_task: asyncio.Task | None = None
@@ -156,10 +160,11 @@ class SchedulerClient:
         for state in self.states.values():
             state.group.queue.put_nowait(None)
         self.states.clear()
-        for fut in self._flush_waiters:
+        for fut in [*self._flush_waiters, *self._session_waiters.values()]:
             if not fut.done():
                 fut.set_exception(ServerUnavailable(message))
         self._flush_waiters.clear()
+        self._session_waiters.clear()
 
     @property
     def is_healthy(self) -> bool:
@@ -223,6 +228,28 @@ class SchedulerClient:
             self.balancer.clear_cache()
         return flushed
 
+    async def open_session(self, msg: OpenSessionReq, timeout: float = 30.0) -> OpenSessionDone:
+        """Ask the scheduler to open the session; its answer (success False: the id is taken)."""
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        if msg.session_id in self._session_waiters:
+            return OpenSessionDone(session_id=msg.session_id, success=False,
+                                   message=f"session {msg.session_id!r} is being opened")
+        fut: asyncio.Future[OpenSessionDone] = asyncio.get_running_loop().create_future()
+        self._session_waiters[msg.session_id] = fut
+        try:
+            self.sched_sock.send(msg)
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._session_waiters.pop(msg.session_id, None)
+
+    def close_session(self, msg: CloseSessionReq) -> None:
+        """Sent, not answered: requests sent after it find the session closed (one socket, in
+        order)."""
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        self.sched_sock.send(msg)
+
     # -- receive loop ----------------------------------------------------------------------
 
     async def _recv_loop(self) -> None:
@@ -242,6 +269,10 @@ class SchedulerClient:
                 for fut in waiters:
                     if not fut.done():
                         fut.set_result(flushed)
+            elif isinstance(msg, OpenSessionDone):
+                fut = self._session_waiters.get(msg.session_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             elif isinstance(msg, ProcessFailed):
                 logger.error("the %s process failed: %s", msg.process, msg.message)
                 self.fail(f"the {msg.process} process failed: {msg.message}")
