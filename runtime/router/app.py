@@ -25,10 +25,11 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from fastapi import FastAPI, Request
@@ -45,11 +46,42 @@ SSE = "text/event-stream"
 # Request headers passed on to a worker (the body is passed as is).
 FORWARD_HEADERS = ("authorization", "content-type", "accept")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 
 
 def _json_error(status: int, message: str) -> Response:
     body = {"object": "error", "message": message, "type": "router_error", "code": status}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def until_disconnect(work: Awaitable[Any], request: Request) -> Any:
+    """Await `work`; if the client hangs up first, cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+async def _close(resp: httpx.Response) -> None:
+    """Close the worker's response even while our task is being cancelled (client gone):
+    the closed connection is what tells the worker to abort."""
+    with anyio.CancelScope(shield=True):
+        await resp.aclose()
 
 
 def routing_key(path: str, body: Any) -> str | None:
@@ -246,7 +278,10 @@ class Router:
             upstream = self.http.build_request(request.method, url + path, content=body,
                                                headers=headers, params=request.query_params)
             try:
-                resp = await self.http.send(upstream, stream=True)
+                resp = await until_disconnect(self.http.send(upstream, stream=True), request)
+            except ClientGone:  # the send is cancelled: the worker sees its client go
+                release()
+                return Response(status_code=CLIENT_CLOSED)
             except httpx.ConnectError as exc:  # nothing listens: the worker is gone
                 release()
                 last_error = f"{url}: {type(exc).__name__}: {exc}"
@@ -282,8 +317,8 @@ class Router:
             except httpx.HTTPError as exc:
                 return _json_error(502, f"worker {url} failed mid-answer: {exc}")
             finally:
-                await resp.aclose()
                 release()
+                await _close(resp)
             return Response(content, status_code=resp.status_code, media_type=media_type)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -295,8 +330,8 @@ class Router:
                                    "type": "router_error", "code": 502}}
                 yield b"data: " + orjson.dumps(error) + b"\n\n"
             finally:
-                await resp.aclose()  # the client left, or the stream ended: free the worker
                 release()
+                await _close(resp)  # the client left, or the stream ended: free the worker
 
         return StreamingResponse(relay(), status_code=resp.status_code, media_type=media_type)
 

@@ -156,6 +156,48 @@ def test_flush_cache_reaches_every_worker(router, workers):
     assert generate(router.url, text)["meta_info"]["cached_tokens"] == 0
 
 
+def idle_workers(workers, router, timeout: float = 60.0) -> list[dict]:
+    """The workers' server info once none runs a request and the router counts no load."""
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = [requests.get(w.url + "/get_server_info", timeout=30).json() for w in workers]
+        loads = [w["load"] for w in workers_info(router).values()]
+        if all(i["num_pending_requests"] == 0 for i in infos) and not any(loads):
+            return infos
+        assert time.monotonic() < deadline, (infos, loads)
+        time.sleep(0.2)
+
+
+def test_a_client_that_hangs_up_aborts_on_the_worker(router, workers):
+    import socket
+
+    import httpx
+
+    long = {"max_new_tokens": 1900, "temperature": 0, "ignore_eos": True}
+    before = idle_workers(workers, router)
+    with httpx.Client(timeout=60) as http, http.stream(
+            "POST", router.url + "/generate",
+            json={"text": "Once upon a time", "sampling_params": long, "stream": True}) as r:
+        lines = r.iter_lines()  # NOTE: keep a reference: a dropped iterator closes the stream
+        next(line for line in lines if line.startswith("data: {"))
+        assert sum(w["load"] for w in workers_info(router).values()) == 1
+    # Non-streamed: the router waits for the worker's headers when the client leaves.
+    body = json.dumps({"text": "Numbers: 1 2 3", "sampling_params": long}).encode()
+    host, port = router.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while sum(w["load"] for w in workers_info(router).values()) != 1:
+            assert time.monotonic() < deadline, "the request never reached a worker"
+            time.sleep(0.05)
+        time.sleep(0.3)
+    after = idle_workers(workers, router)
+    generated = sum(a["generation_tokens"] - b["generation_tokens"]
+                    for a, b in zip(after, before, strict=True))
+    assert generated < 2 * 1900  # both were cut short
+
+
 def test_a_503_before_any_byte_is_retried_on_another_worker(workers):
     from fastapi import FastAPI
     from starlette.responses import Response
