@@ -73,18 +73,27 @@ def main() -> int:
                 target, num_warps=nw, num_stages=ns)
             types = dict.fromkeys(("Q", "K_cache", "V_cache"), "*" + dt)
             types.update(Req_to_token="*i32", Req_pool_indices="*i64", Seq_lens="*i64",
-                         Mid_o="*fp32", Mid_lse="*fp32", qk_scale="fp32")
+                         Mid_o="*fp32", Mid_lse="*fp32", qk_scale="fp32", Shared_lens="*i64",
+                         Group_start="*i64", Group_end="*i64")
+            for shared in (False, True):
+                ok &= compile_and_report(
+                    decode_attention._decode_split_kernel, types,
+                    {"GROUP": 8, "HEADS_PER_PROGRAM": 8, "HEAD_BLOCKS_PER_KV": 1, "BLOCK_H": 16,
+                     "HEAD_DIM": d, "BLOCK_D": d, "BLOCK_N": 64, "PRECISION": precision,
+                     "UPCAST": False, "SHARED": shared},
+                    target, num_warps=4, num_stages=2)
+                ok &= compile_and_report(
+                    decode_attention._decode_merge_kernel,
+                    {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Seq_lens": "*i64", "O": "*" + dt},
+                    {"NUM_SPLITS": 5, "BLOCK_S": 8, "HEAD_DIM": d, "BLOCK_D": d, "BLOCK_N": 64,
+                     "FILLED": shared}, target, num_warps=4 if d >= 128 else 2)
+            # shared prefixes: 8 requests x 8 query heads of a KV head per program (the
+            # launcher's warps: decode_attention.shared_prefix_warps)
             ok &= compile_and_report(
-                decode_attention._decode_split_kernel, types,
-                {"GROUP": 8, "HEADS_PER_PROGRAM": 8, "HEAD_BLOCKS_PER_KV": 1, "BLOCK_H": 16,
-                 "HEAD_DIM": d, "BLOCK_D": d, "BLOCK_N": 64, "PRECISION": precision,
-                 "UPCAST": False},
-                target, num_warps=4, num_stages=2)
-            ok &= compile_and_report(
-                decode_attention._decode_merge_kernel,
-                {"Mid_o": "*fp32", "Mid_lse": "*fp32", "Seq_lens": "*i64", "O": "*" + dt},
-                {"NUM_SPLITS": 5, "BLOCK_S": 8, "HEAD_DIM": d, "BLOCK_D": d, "BLOCK_N": 64}, target,
-                num_warps=4 if d >= 128 else 2)
+                decode_attention._shared_prefix_kernel, types,
+                {"GROUP": 8, "BLOCK_R": 8, "BLOCK_M": 64, "HEAD_DIM": d, "BLOCK_D": d,
+                 "BLOCK_N": 64, "PRECISION": precision, "UPCAST": False},
+                target, num_warps=decode_attention.shared_prefix_warps(64, d), num_stages=2)
         ok &= compile_and_report(
             bitmask._apply_bitmask_kernel, {"Logits": "*" + dt, "Bitmask": "*i32", "Rows": "*i64"},
             {"HAS_ROWS": True, "BLOCK_W": 32}, target, num_warps=4)

@@ -60,11 +60,15 @@ def decode_attention(
     scale: float,
     num_kv_splits: int | None = None,
     max_seq_len: int | None = None,
+    shared_prefix: object = "auto",
     backend: Backend = "auto",
 ) -> torch.Tensor:  # [bs, num_heads, head_dim]
     """One query per request over its positions 0 .. seq_lens[i] - 1. The Triton path splits
     each context into `num_kv_splits` parts (flash-decoding) and merges them in a second kernel;
-    None picks a split count from the batch shape. A request with seq_len 0 gets zeros."""
+    None picks a split count from the batch shape. Requests whose slot rows begin alike attend
+    over that shared prefix together (triton/decode_attention.py's cascade): shared_prefix is
+    its plan (`plan_shared_prefix`, once per forward), "auto" (planned here) or None (off).
+    A request with seq_len 0 gets zeros."""
     _check_heads(q, k_cache)
     if pick_backend(backend, q) == "torch":
         return decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices,
@@ -73,7 +77,7 @@ def decode_attention(
 
     return decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                    scale=scale, num_kv_splits=num_kv_splits,
-                                   max_seq_len=max_seq_len)
+                                   max_seq_len=max_seq_len, shared_prefix=shared_prefix)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ class _Plan:
     max_extend_len: int
     max_seq_len: int
     num_kv_splits: int | None  # DECODE: None lets the kernel choose
+    shared_prefix: object = None  # DECODE: requests attending over a shared prefix together
 
 
 class TritonAttnBackend:
@@ -36,7 +37,11 @@ class TritonAttnBackend:
     def prepare(self, batch: ForwardBatch) -> None:
         max_seq_len = max(batch.seq_lens_cpu, default=0)
         if batch.mode == ForwardMode.DECODE:
-            batch.attn_metadata = _Plan(None, 1, max_seq_len, self.num_kv_splits)
+            from radixflow.kernels.triton.decode_attention import plan_shared_prefix
+
+            shared = plan_shared_prefix(batch.req_to_token, batch.req_pool_indices,
+                                        batch.seq_lens, max_seq_len=max_seq_len)
+            batch.attn_metadata = _Plan(None, 1, max_seq_len, self.num_kv_splits, shared)
             return
         starts = list(itertools.accumulate(batch.extend_lens_cpu[:-1], initial=0))
         extend_starts = torch.tensor(starts, dtype=torch.int64).to(batch.input_ids.device,
@@ -67,7 +72,8 @@ class TritonAttnBackend:
             out = decode_attention(
                 q, k_cache, v_cache, batch.req_to_token, batch.req_pool_indices,
                 batch.seq_lens, scale=self.scale, num_kv_splits=plan.num_kv_splits,
-                max_seq_len=plan.max_seq_len, backend="triton")
+                max_seq_len=plan.max_seq_len, shared_prefix=plan.shared_prefix,
+                backend="triton")
             return out.to(out_dtype)
         # The new tokens' K/V as the pool holds them, so extend and later decodes agree.
         out = extend_attention(

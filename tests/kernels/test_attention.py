@@ -161,3 +161,66 @@ def test_bad_head_counts_and_backend_raise():
     case = make_paged([1], [1], 2, 2, 64, torch.float32)
     with pytest.raises(ValueError, match="backend"):
         run_extend(case, "cuda", 1.0)
+
+
+def make_shared(groups, *, num_heads, num_kv_heads, head_dim, dtype, seed=0):
+    """A KV pool and table whose rows (in batch order, at scattered table rows) are groups of
+    requests sharing a prefix: `groups` lists, per group, (prefix length, each member's own
+    length); a prefix of 0 makes lone requests."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(p + sum(own) for p, own in groups) + 8
+    k_cache = torch.randn(total + 1, num_kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(total + 1, num_kv_heads, head_dim, generator=g).to(dtype)
+    free = iter((torch.randperm(total, generator=g) + 1).tolist())
+    rows = []
+    for prefix_len, own in groups:
+        prefix = [next(free) for _ in range(prefix_len)]
+        rows += [prefix + [next(free) for _ in range(n)] for n in own]
+    seq_lens = [len(r) for r in rows]
+    req_to_token = torch.zeros(len(rows) + 3, max(seq_lens) + 5, dtype=torch.int32)
+    table_rows = torch.randperm(req_to_token.shape[0], generator=g)[:len(rows)]
+    for row, slots in zip(table_rows.tolist(), rows):
+        req_to_token[row, :len(slots)] = torch.tensor(slots, dtype=torch.int32)
+    q = torch.randn(len(rows), num_heads, head_dim, generator=g).to(dtype)
+    return (q, k_cache, v_cache, req_to_token, table_rows, torch.tensor(seq_lens))
+
+
+def test_shared_prefix_plan_groups_consecutive_requests():
+    from radixflow.kernels.triton.decode_attention import plan_shared_prefix
+
+    # in batch order: 3 sharing 100 slots (the third only 80 of them), a lone request, 2
+    # sharing 70 (one with no keys of its own), 2 sharing 20 (fewer than 64: alone)
+    _, _, _, table, rows, lens = make_shared(
+        [(100, [5, 1, 3]), (0, [90]), (70, [9, 0]), (20, [3, 4])],
+        num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32)
+    table[rows[2], 80:100] = torch.arange(900, 920, dtype=torch.int32)
+    plan = plan_shared_prefix(table, rows, lens)
+    assert plan.lens.tolist() == [80, 80, 80, 0, 70, 70, 0, 0]
+    assert plan.group_start.tolist() == [0, 0, 0, 3, 4, 4, 6, 7]
+    assert plan.group_end.tolist() == [3, 3, 3, 4, 6, 6, 7, 8]
+    lower = plan_shared_prefix(table, rows, lens, min_shared_prefix=16)
+    assert lower.lens.tolist()[-2:] == [20, 20]
+    assert plan_shared_prefix(table, rows[:1], lens[:1]) is None
+    assert plan_shared_prefix(table, rows, lens, min_shared_prefix=0) is None
+
+
+# GQA 4:1 fp32 with two splits; a non-power-of-two group (3) in bf16; 10 members sharing with
+# 8 query heads per KV head (more than one program's block of 8 members) and uneven splits
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,dtype,splits,groups", [
+    (8, 2, 32, torch.float32, 2, [(70, [3, 1, 40]), (0, [5]), (66, [2, 0])]),
+    (6, 2, 16, torch.bfloat16, 1, [(0, [7]), (90, [1, 2, 3, 4])]),
+    (16, 2, 16, torch.float32, 3, [(65, [1, 2, 3, 4, 5, 6, 7, 8, 9, 1])]),
+])
+def test_decode_kernel_over_shared_prefixes_matches_reference(num_heads, num_kv_heads, head_dim,
+                                                              dtype, splits, groups):
+    from radixflow.kernels.triton.decode_attention import decode_attention_triton
+
+    args = make_shared(groups, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, dtype=dtype)
+    scale = 1 / math.sqrt(head_dim)
+    want = decode_attention(*args, scale=scale, backend="torch")
+    got = decode_attention(*args, scale=scale, num_kv_splits=splits, backend="triton")
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    alone = decode_attention_triton(*args, scale=scale, num_kv_splits=splits,
+                                    shared_prefix=None)
+    torch.testing.assert_close(got.float(), alone.float(), **TOL[dtype])

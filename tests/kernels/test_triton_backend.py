@@ -79,3 +79,22 @@ def test_extend_then_decode_agree_with_torch_native():
 def test_bad_head_counts_raise():
     with pytest.raises(ValueError, match="multiple"):
         TritonAttnBackend(6, 4, 64, 0.125)
+
+
+def test_decode_over_a_shared_prefix_agrees_with_torch_native():
+    """Rows that begin with the same 70 slots (as the radix cache hands a shared prompt out):
+    the backend plans the shared prefix once (prepare) and every layer attends over it for all
+    of them together."""
+    g = torch.Generator().manual_seed(1)
+    pools = (KVPool(400, 2, NUM_KV_HEADS, HEAD_DIM, torch.float32), ReqToTokenPool(8, 128))
+    first = make_batch(ForwardMode.EXTEND, pools, [2], [0], [70])
+    run_both(first, 0, g)
+    table = pools[1].req_to_token
+    table[[5, 6]] = table[2].clone()  # rows 5 and 6 share row 2's prefix
+    own = make_batch(ForwardMode.EXTEND, pools, [2, 5, 6], [70, 70, 70], [3, 1, 9])
+    run_both(own, 0, g)
+    # 2 and 5 consecutive: one group; 6 follows the lone request 3, so it attends alone
+    decode = make_batch(ForwardMode.DECODE, pools, [2, 5, 3, 6], [73, 71, 0, 79], [1, 1, 1, 1])
+    want, got = run_both(decode, 0, g)
+    assert decode.attn_metadata.shared_prefix.lens.tolist() == [70, 70, 0, 0]
+    torch.testing.assert_close(got, want, **TOL)
