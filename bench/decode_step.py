@@ -17,13 +17,17 @@ the mean of `--steps` decode steps.
 - matmuls stubbed: every quantized matmul replaced by a preallocated zero tensor, so the
   step is everything but the weight reads (norms, rope, attention, sampling, scheduling);
 - matmuls + attention stubbed: also attention replaced by a no-op.
+- prefix per request (with --shared-prefix and the C step): the requests' shared prefix
+  attended by each request alone instead of by all of them together (decode.c's cascade off).
 
     python -m bench.decode_step            # writes bench/results/decode-step-<date>.md
     python -m bench.decode_step --batch 8 --context 600   # ...-batch8.md
     python -m bench.decode_step --cpu-isa avx2    # what an AVX2 machine runs: ...-avx2.md
+    python -m bench.decode_step --batch 16 --shared-prefix 1000   # ...-batch16-shared1000.md
 
 The report names the CPU and its level, and sets the step against the memory-bandwidth bound
-of the bytes it reads (weights, once a step, measured here with a large copy).
+of the bytes it reads (weights, once a step, measured here with a large copy); for the C step,
+each weight product's arithmetic rate against the CPU's measured peak (bench/cpu_peak.py).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from .report import RESULTS, publish
 _NONE = object()  # an attribute whose value is None, to restore
 
 
-def make_variants(sched) -> dict[str, Callable]:
+def make_variants(sched, shared_prefix: bool = False) -> dict[str, Callable]:
     """name -> context manager factory that puts the variant in place for its duration."""
     from radixflow.runtime.models import quant_linear as ql
 
@@ -112,6 +116,15 @@ def make_variants(sched) -> dict[str, Callable]:
         with patched(sched.runner, "cpu_decode", None):
             yield
 
+    @contextmanager
+    def prefix_per_request():
+        step = sched.runner.cpu_decode.step
+        least, step.min_shared_prefix = step.min_shared_prefix, 0
+        try:
+            yield
+        finally:
+            step.min_shared_prefix = least
+
     def as_torch_ops(variant):
         @contextmanager
         def run():
@@ -120,6 +133,8 @@ def make_variants(sched) -> dict[str, Callable]:
         return run if c_step else variant
 
     variants = {"as served": as_served}
+    if c_step and shared_prefix:
+        variants["prefix per request"] = prefix_per_request
     if c_step:
         variants["torch ops"] = torch_ops
         variants["torch ops, matmuls stubbed"] = as_torch_ops(stub_matmuls)
@@ -149,6 +164,15 @@ def main() -> None:
                     "own prompt: no shared KV)")
     ap.add_argument("--context", type=int, default=0, help="prompt tokens per request (default: "
                     "a one-line prompt)")
+    ap.add_argument("--shared-prefix", type=int, default=0, help="a prefix of this many tokens "
+                    "that all --batch requests share (cached once first, so their KV slot rows "
+                    "begin alike), each then with a few tokens of its own")
+    ap.add_argument("--no-torch-ops", action="store_true", help="skip the torch-ops variants")
+    ap.add_argument("--threads", type=int, default=0, help="torch's (and the C step's) threads "
+                    "(default: torch's own)")
+    ap.add_argument("--cpu-time", action="store_true", help="time the C step's phases by thread "
+                    "0's CPU time instead of wall time: on a machine other processes share, "
+                    "what the step itself spent (at one thread: its arithmetic alone)")
     ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"],
                     help="force radixflow's CPU kernels to this level (see README)")
     ap.add_argument("--no-write", action="store_true")
@@ -158,6 +182,8 @@ def main() -> None:
     from radixflow.runtime.messages import GenerateReq
     from radixflow.runtime.sampling_params import SamplingParams
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engine = Engine(None, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa)
     sched = engine.scheduler
     engine.shutdown()  # step the scheduler directly, no background thread
@@ -166,14 +192,31 @@ def main() -> None:
     if args.context:
         story = "Once upon a time a dragon lived in the hills. " * (args.context // 8 + 1)
         ids = engine.tokenizer(story).input_ids[:args.context]
-    variants = make_variants(sched)
+    variants = make_variants(sched, shared_prefix=args.shared_prefix > 0)
+    if args.no_torch_ops:
+        variants = {k: v for k, v in variants.items() if not k.startswith("torch ops")}
     total_steps = args.rounds * len(variants) * (args.steps + 2) + 10
-    sched.step([GenerateReq(rid=f"decode-{i}", input_ids=ids if args.batch == 1 else [10 + i] + ids,
+    prefix: list[int] = []
+    if args.shared_prefix:
+        story = "Once upon a time a dragon lived in the hills. " * (args.shared_prefix // 8 + 1)
+        prefix = engine.tokenizer(story).input_ids[:args.shared_prefix]
+        sched.step([GenerateReq(rid="prefix", input_ids=prefix, sampling=SamplingParams(
+            max_new_tokens=1, temperature=0, ignore_eos=True))])
+        while not sched.is_idle:  # the prefix computed once and left in the radix cache
+            sched.step([])
+
+    def prompt(i: int) -> list[int]:
+        if prefix:
+            return prefix + [10 + i, 20 + i] + ids[:8]
+        return ids if args.batch == 1 else [10 + i] + ids
+
+    sched.step([GenerateReq(rid=f"decode-{i}", input_ids=prompt(i),
                             sampling=SamplingParams(max_new_tokens=total_steps, temperature=0,
                                                     ignore_eos=True))
                 for i in range(args.batch)])
     while sched.prefilling or sched.waiting:  # every request decoding before any timing
         sched.step([])
+    shared_slots = shared_prefix_slots(sched) if prefix else 0
 
     def mean_step_ms(n: int) -> float:
         start = time.perf_counter()
@@ -182,18 +225,23 @@ def main() -> None:
         return (time.perf_counter() - start) / n * 1e3
 
     c_step = sched.runner.cpu_decode
+    c_variants = {"as served", "prefix per request"} if c_step is not None else set()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    phases: dict[str, float] = {}
+    # per C-step variant, per round: each phase's ms per step (thread 0)
+    rounds: dict[str, list[dict[str, float]]] = {n: [] for n in variants if n in c_variants}
+    calls = steps = 0
     for _ in range(args.rounds):
         for name, variant in variants.items():
             with variant():
                 mean_step_ms(2)  # settle
-                if c_step is not None and name == "as served":
-                    c_step.step.profile(True)
+                if name in c_variants:
+                    c_step.step.profile(True, cpu_time=args.cpu_time)
+                    before = c_step.calls
                 times[name].append(mean_step_ms(args.steps))
-                if c_step is not None and name == "as served":
-                    for phase, sec in c_step.step.profile(False).items():
-                        phases[phase] = phases.get(phase, 0.0) + sec
+                if name in c_variants:
+                    rounds[name].append({phase: sec / args.steps * 1e3 for phase, sec in
+                                         c_step.step.profile(False).items()})
+                    calls, steps = calls + c_step.calls - before, steps + args.steps
     medians = {name: statistics.median(v) for name, v in times.items()}
     served = medians["as served"]
 
@@ -202,16 +250,26 @@ def main() -> None:
     extra = (f"{' --compile' if args.compile else ''}"
              f"{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
              f"{f' --batch {args.batch}' if args.batch > 1 else ''}"
-             f"{f' --context {args.context}' if args.context else ''}")
+             f"{f' --context {args.context}' if args.context else ''}"
+             f"{f' --shared-prefix {args.shared_prefix}' if args.shared_prefix else ''}"
+             f"{' --no-torch-ops' if args.no_torch_ops else ''}"
+             f"{f' --threads {args.threads}' if args.threads else ''}"
+             f"{' --cpu-time' if args.cpu_time else ''}")
+    context = (f"a shared {len(prefix)}-token prefix ({shared_slots} KV slots alike in every "
+               f"row) plus {len(prompt(0)) - len(prefix)} tokens of each request's own"
+               if prefix else f"{len(ids)} tokens")
     lines = [f"# Decode step, {who}, {date}", "",
              f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}"
              f"{extra}`", "",
              f"CPU: {sched.runner.cpu.describe()}; kernels: {info['cpu']['kernels']}.", "",
              f"Default model, {info['dtype']}, quantization {info['quantization']}, "
              f"{torch.get_num_threads()} threads; {who} decoding (context grows from "
-             f"{len(ids)} tokens by {total_steps} over the run). Median over {args.rounds} rounds "
-             f"of {args.steps} steps, variants in turns.", "",
-             "| variant | ms per step | tokens/s | vs as served |", "|---|---|---|---|"]
+             f"{context} by {total_steps} over the run). Median over {args.rounds} rounds "
+             f"of {args.steps} steps, variants in turns.", ""]
+    if c_step is not None:
+        lines += [f"C decode step calls per scheduler step: {calls / max(steps, 1):.2f} "
+                  f"(the whole batch of {args.batch} in one call).", ""]
+    lines += ["| variant | ms per step | tokens/s | vs as served |", "|---|---|---|---|"]
     for name, ms in medians.items():
         lines.append(f"| {name} | {ms:.2f} | {args.batch * 1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
@@ -222,20 +280,94 @@ def main() -> None:
               f"{torch.get_num_threads()} threads, median of 5): {bandwidth / 1e9:.1f} GB/s, so "
               f"a step cannot take less than {bound_ms:.2f} ms ({1e3 / bound_ms:.0f} steps/s); "
               f"as served is {bound_ms / served:.0%} of that bound.", ""]
-    if phases:
-        measured = args.rounds * args.steps
-        lines += ["Inside the C decode step (\"as served\"): thread 0's time per phase, waits for "
-                  "the other thread included, mean over all its steps (the rest of a step is "
-                  "the scheduler: batch bookkeeping, sampling, detokenizing).", "",
-                  "| phase | ms per step | share |", "|---|---|---|"]
-        total = sum(phases.values())
-        for phase, sec in phases.items():
-            lines.append(f"| {phase} | {sec / measured * 1e3:.3f} | {sec / total:.0%} |")
-        lines += [f"| all | {total / measured * 1e3:.3f} | |", ""]
+    if rounds:
+        names = list(rounds)
+        med = {n: {ph: statistics.median(r[ph] for r in rounds[n]) for ph in rounds[n][0]}
+               for n in names}
+        clock = ("CPU time (time other processes held the core left out; spinning at the "
+                 "barriers counted)" if args.cpu_time else "time")
+        lines += [f"Inside the C decode step: thread 0's {clock} per phase, waits for the other "
+                  "threads included, median over the rounds of each round's mean per step (the "
+                  "rest of a step is the scheduler: batch bookkeeping, sampling, detokenizing).",
+                  "", "| phase | " + " | ".join(f"{n}: ms | share" for n in names) + " |",
+                  "|---|" + "---|---|" * len(names)]
+        for phase in med[names[0]]:
+            cells = [f"{med[n][phase]:.3f} | {med[n][phase] / sum(med[n].values()):.0%}"
+                     for n in names]
+            lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+        lines += ["| all | " + " | ".join(f"{sum(med[n].values()):.3f} | " for n in names) + " |"]
+        if "prefix per request" in med:
+            a, b = (med[n]["attention"] for n in ("prefix per request", "as served"))
+            paired = statistics.median(
+                x["attention"] / y["attention"]
+                for x, y in zip(rounds["prefix per request"], rounds["as served"]))
+            lines += ["", f"Attention: {a:.3f} ms per step with the prefix per request, {b:.3f} "
+                      f"ms shared ({a / b:.1f}x; median of the rounds' paired ratios "
+                      f"{paired:.1f}x)."]
+        lines.append("")
+        lines += product_rates(c_step.step, args.batch, med["as served"], info)
     publish("\n".join(lines), None if args.no_write else
             RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}"
                       f"{f'-{args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
-                      f"{f'-batch{args.batch}' if args.batch > 1 else ''}.md")
+                      f"{f'-batch{args.batch}' if args.batch > 1 else ''}"
+                      f"{f'-shared{args.shared_prefix}' if args.shared_prefix else ''}"
+                      f"{f'-threads{args.threads}' if args.threads else ''}.md")
+
+
+def shared_prefix_slots(sched) -> int:
+    """How many leading KV slots every decoding request's row holds alike."""
+    rows = [r.req_pool_idx for r in sched.running]
+    table = sched.req_to_token_pool.req_to_token[rows]
+    same = (table == table[:1]).all(dim=0).int()
+    return int(same.cumprod(0).sum())
+
+
+# the C step's product phases -> the weights they multiply
+_PRODUCTS = {"qkv matmul": "qkv", "o matmul": "o", "gate/up matmul": "gate_up",
+             "down matmul": "down", "head matmul": None}
+
+
+def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> list[str]:
+    """Each weight product's arithmetic rate in the C step (2 ops per multiply-add, B rows),
+    against the measured peak of the instruction it is built on (bench/cpu_peak.py)."""
+    from radixflow.kernels.cpu import active_level
+
+    from .cpu_peak import peak_gops
+
+    layers, _, head = step._keep
+    level = step.level
+    peaks = peak_gops(level)
+    if level == "avx512":
+        base = {"q4_1": ("vpdpbusd zmm", 0.5), "q8_0": ("vpdpbusd zmm", 0.5),
+                "bf16": ("vdpbf16ps zmm", 1.0)}
+    else:
+        base = {"q4_1": ("vpmaddubsw ymm", 1.0), "q8_0": ("vpmaddubsw ymm", 1.0),
+                "bf16": ("vfmadd231ps ymm", 1.0)}
+    lines = [f"Weight products at batch {batch} (level {level}; active level "
+             f"{active_level()}): ops = 2 x rows x n x k per product, time = thread 0's phase "
+             "(barrier waits included). Peak: bench/cpu_peak.py, the instruction each format "
+             "is built on, all threads, each timed by its own CPU time: "
+             + ", ".join(f"{k} {v:.0f} GOPS" for k, v in peaks.items())
+             + (". The integer formats take two vpdpbusd per weight byte (x as 16-bit "
+                "integers), so their ceiling is half that instruction's rate." if level == "avx512"
+                else "."), "",
+             "| product | format | GOP per step | ms per step | GOPS | ceiling GOPS | of ceiling |",
+             "|---|---|---|---|---|---|---|"]
+    total_ops = total_ms = 0.0
+    for phase, name in _PRODUCTS.items():
+        weights = [head] if name is None else [getattr(lw, name) for lw in layers]
+        ops = sum(2 * batch * w.n * w.k for w in weights)
+        fmt = weights[0].format
+        instr, share = base[fmt]
+        ceiling = peaks[instr] * share
+        ms = phases[phase]
+        gops = ops / (ms * 1e-3) / 1e9
+        total_ops, total_ms = total_ops + ops, total_ms + ms
+        lines.append(f"| {phase} | {fmt} | {ops / 1e9:.2f} | {ms:.3f} | {gops:.0f} | "
+                     f"{ceiling:.0f} | {gops / ceiling:.0%} |")
+    lines += [f"| all | | {total_ops / 1e9:.2f} | {total_ms:.3f} | "
+              f"{total_ops / (total_ms * 1e-3) / 1e9:.0f} | | |", ""]
+    return lines
 
 
 COPY_MB = 512
