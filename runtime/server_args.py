@@ -37,6 +37,10 @@ class ServerArgs:
         None, "model name(s) the APIs answer to; the first is the one they report", nargs="+")
     chat_template: str | None = _arg(
         None, "chat template instead of the model's: a Jinja file, or the template itself")
+    tool_call_parser: str | None = _arg(
+        None, "the format tool calls are written and parsed in: hermes, llama3, mistral, "
+        "pythonic or qwen3_coder (vLLM's and SGLang's names work too); default: the one the "
+        "chat template shows, else hermes")
     reasoning_parser: str | None = _arg(
         None, "the model thinks between think markers: its reasoning goes to reasoning_content "
         "(OpenAI chat) or meta_info (/generate with separate_reasoning) and a constraint applies "
@@ -136,6 +140,10 @@ class ServerArgs:
             self.served_model_name = list(self.served_model_name)
         if self.chat_template is not None:
             chat_template_text(self.chat_template)  # a bad template: a start-up error
+        if self.tool_call_parser is not None:
+            from .server.tool_parsers import check_parser_name as check_tool_parser
+
+            self.tool_call_parser = check_tool_parser(self.tool_call_parser)
         if self.reasoning_parser is not None:
             from .reasoning import check_parser_name
 

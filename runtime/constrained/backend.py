@@ -139,6 +139,11 @@ class GrammarBackend:
             bitmask[row, word] |= int32_bit(bit)
 
 
+# Special tokens that stay text: tool-call markers a grammar spells out (Mistral's), so the
+# model can write them as the one token it was trained to.
+MARKER_TOKENS = frozenset({"[TOOL_CALLS]", "[ARGS]"})
+
+
 def build_tokenizer_info(tokenizer: Any, vocab_size: int,
                          stop_token_ids: list[int] | None = None) -> xgr.TokenizerInfo:
     """xgrammar's TokenizerInfo with the tokenizer's special tokens marked as non-text.
@@ -160,7 +165,7 @@ def build_tokenizer_info(tokenizer: Any, vocab_size: int,
                    getattr(tokenizer, "added_tokens_decoder", {}).items()
                    if getattr(added, "special", False))
     for token_id in special:
-        if 0 <= token_id < vocab_size:
+        if 0 <= token_id < vocab_size and encoded[token_id] not in MARKER_TOKENS:
             encoded[token_id] = ""
     return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=vocab_size,
                              stop_token_ids=list(detected.stop_token_ids),

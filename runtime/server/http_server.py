@@ -23,6 +23,7 @@ from .metrics import Metrics
 from .responses import error_response, validation_error
 from .scheduler_client import SchedulerClient
 from .state import ServerState
+from .tool_parsers import ToolParser, choose_parser
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | Non
     app = FastAPI(title="radixflow", version=native_routes.VERSION, docs_url=None,
                   redoc_url=None)
     app.state.server = ServerState(args=args, client=client, served_model_name=served_model_name,
-                                   metrics=metrics, processes=processes or {})
+                                   metrics=metrics, processes=processes or {},
+                                   tool_parser=_tool_parser(args, client))
     for exc_type, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
     if args.api_key:
@@ -45,6 +47,17 @@ def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | Non
     app.include_router(native_routes.router)
     app.include_router(tokenize_routes.router)
     return app
+
+
+def _tool_parser(args: ServerArgs, client: SchedulerClient) -> ToolParser:
+    template = getattr(client.tokenizer, "chat_template", None)
+    parser, why = choose_parser(template if isinstance(template, str) else None,
+                                args.tool_call_parser)
+    logger.info("tool calls: the %s format (%s)", parser.name, why)
+    stop_ids = list(client.model_info.get("eos_token_ids") or [])
+    if getattr(client.tokenizer, "eos_token_id", None) is not None:
+        stop_ids.append(client.tokenizer.eos_token_id)
+    return parser.bind(client.tokenizer, stop_ids)
 
 
 class ApiKeyMiddleware:

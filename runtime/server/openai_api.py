@@ -45,8 +45,8 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state = server_state(request)
     body: ChatCompletionRequest = await _read_body(request, state, ChatCompletionRequest)
-    tools = plan_tools(body.tools, body.tool_choice)
-    job = chat_job(state.client, body, tools)
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_parser)
+    job = chat_job(state.client, body, tools, state.tool_parser)
     fmt = ChatFormat(job, state.served_model_name, body, tools)
     return await _answer(request, state, job, fmt, token_texts=bool(body.logprobs))
 

@@ -17,6 +17,7 @@ from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_tools import ToolPlan, with_tools
 from .responses import validation_error
 from .scheduler_client import SchedulerClient
+from .tool_parsers import ToolParser
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
@@ -89,10 +90,14 @@ def _completion_prompts(client: SchedulerClient, prompt: Any) -> tuple[list[list
     return ids_list, prompt_texts
 
 
-def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPlan | None) -> Job:
+def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPlan | None,
+             tool_parser: ToolParser | None = None) -> Job:
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-    text = render_chat(client.tokenizer, body, tools)
+    text = render_chat(client.tokenizer, body, tools, tool_parser)
+    if tools is not None and tools.parser.special_text:
+        # the format's markers are special tokens: the text must keep them to be parsed
+        body = body.model_copy(update={"skip_special_tokens": False})
     ids = client.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -151,9 +156,10 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
                reasoning=reasoning)
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionRequest,
-                tools: ToolPlan | None = None) -> str:
-    """The prompt text: the model's chat template applied to the messages (and tools)."""
+def render_chat(tokenizer: Any, body: ChatCompletionRequest, tools: ToolPlan | None = None,
+                tool_parser: ToolParser | None = None) -> str:
+    """The prompt text: the model's chat template applied to the messages (and tools; past
+    tool calls in `tool_parser`'s format)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions",
                              param="messages")
@@ -163,7 +169,7 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest,
         if m.name is not None:
             msg["name"] = m.name
         messages.append(msg)
-    messages, tool_kwargs = with_tools(tokenizer, messages, body.messages, tools)
+    messages, tool_kwargs = with_tools(tokenizer, messages, body.messages, tools, tool_parser)
     continue_final = body.continue_final_message
     if continue_final and body.messages[-1].role != "assistant":
         raise InvalidRequest("continue_final_message needs a final assistant message",

@@ -11,15 +11,13 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import ServerUnavailable
 from ..native_api import ResponseBuilder
 from ..reasoning import ReasoningStream
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_requests import Job
-from .openai_tools import ToolPlan
-from .respond import collect
+from .openai_tools import ToolDeltas, ToolPlan
 from .responses import SSE_DONE, error_body, sse
 from .scheduler_client import RequestGroup
 
@@ -109,6 +107,7 @@ class ChatFormat(_Format):
                  tools: ToolPlan | None):
         super().__init__(job, model, "chatcmpl", _include_usage(body))
         self.logprobs, self.tools = bool(body.logprobs), tools
+        self._tool_deltas: dict[int, ToolDeltas] = {}  # per streamed choice
         self.reasoning, self.stream_reasoning = job.reasoning, body.stream_reasoning
         self._reasoning_streams: dict[int, tuple[ReasoningStream, list[str]]] = {}
 
@@ -149,27 +148,9 @@ class ChatFormat(_Format):
 
     async def opening(self, group: RequestGroup, builders: list[ResponseBuilder]
                       ) -> AsyncIterator[list[dict]]:
-        """The role of every choice; with tools, then each finished choice whole (a tool
-        call can only be told from text once the output is complete)."""
+        """The role of every choice."""
         yield [{"index": i, "delta": {"role": "assistant", "content": ""},
                 "logprobs": None, "finish_reason": None} for i in range(len(builders))]
-        if self.tools is None:
-            return
-        await collect(group, builders)
-        for i, b in enumerate(builders):
-            yield [self._tool_choice(i, b, self.tools)]
-
-    def _tool_choice(self, index: int, b: ResponseBuilder, tools: ToolPlan) -> dict:
-        reasoning, text = self._split(index, b)
-        message, finish = tools.message(text, finish_reason(b))
-        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
-        if message["content"]:
-            delta["content"] = message["content"]
-        if "tool_calls" in message:
-            delta["tool_calls"] = [{"index": k, **call}
-                                   for k, call in enumerate(message["tool_calls"])]
-        return {"index": index, "delta": delta, "finish_reason": finish,
-                "logprobs": self._logprobs(b.output_logprobs, b.output_top_logprobs)}
 
     def delta_choice(self, d: Delta) -> dict | None:
         logprobs = self._logprobs(d.logprobs, d.top_logprobs)
@@ -177,10 +158,14 @@ class ChatFormat(_Format):
             delta = self._reasoning_delta(d)
         else:
             delta = {"content": d.text} if d.text else {}
-        if not delta and d.finish_reason is None and not logprobs:
+        finish = d.finish_reason
+        if self.tools is not None:  # the content parsed into text and tool_calls deltas
+            if d.index not in self._tool_deltas:
+                self._tool_deltas[d.index] = self.tools.deltas()
+            delta, finish = self._tool_deltas[d.index].delta(delta, finish)
+        if not delta and finish is None and not logprobs:
             return None
-        return {"index": d.index, "delta": delta, "logprobs": logprobs,
-                "finish_reason": d.finish_reason}
+        return {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
 async def openai_stream(fmt: CompletionFormat | ChatFormat, group: RequestGroup,

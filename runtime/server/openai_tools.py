@@ -1,34 +1,33 @@
-"""OpenAI `tools` / `tool_choice` by constrained decoding.
+"""OpenAI `tools` / `tool_choice` by constrained decoding, in the format the model writes.
 
     tool_choice          the output is held to                              the reply
     "none"               nothing (the tools are not shown)                  content
-    "auto" (default)     free text; after "<tool_call>" a call whose        content and/or
-                         arguments follow the function's JSON Schema        tool_calls
-    "required"           {"name": <a tool>, "arguments": <its schema>}      tool_calls
-    {"type": "function", "function": {"name": f}}   f's parameters schema   tool_calls
+    "auto" (default)     free text; a call, once the text starts one, in    content and/or
+                         the format, its arguments following the function's  tool_calls
+                         JSON Schema
+    "required"           at least one call                                  tool_calls
+    {"type": "function", "function": {"name": f}}   a call of f             tool_calls
 
-Calls are written in the Hermes / Qwen format, which the model is told about in a system
-message when its chat template does not take `tools` itself:
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-A streamed request with tools gets its message in one chunk when it finishes.
+The format (Hermes/Qwen <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], pythonic, Qwen3-Coder
+XML) is the server's tool parser (tool_parsers/): --tool-call-parser, or the one its chat
+template shows. A template that does not take `tools` is told about them, and the format, in a
+system message. Streamed, a call arrives as OpenAI `delta.tool_calls` chunks while it is
+generated: its id and name first, then fragments of its arguments (JSON).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
+from .tool_parsers import DEFAULT, ArgsDelta, CallStart, Event, Text, ToolParser, get_parser
+from .tool_parsers.hermes import CALL_BEGIN, CALL_END
 
-CALL_BEGIN, CALL_END = "<tool_call>", "</tool_call>"
-_CALL_RE = re.compile(re.escape(CALL_BEGIN) + r"\s*(\{.*?\})\s*" + re.escape(CALL_END), re.DOTALL)
+__all__ = ["CALL_BEGIN", "CALL_END", "Tool", "ToolPlan", "plan_tools", "with_tools"]
+
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -42,61 +41,104 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How one chat request uses its tools: `mode` is "auto", "required" or "named"."""
+    """How one chat request uses its tools: `mode` is "auto", "required" or "named";
+    `parallel`: more than one call may be made (the format allows it and the request did not
+    set parallel_tool_calls false)."""
 
     tools: list[Tool]
     mode: str
     named: Tool | None = None
+    parser: ToolParser = field(default_factory=lambda: get_parser(DEFAULT))
+    parallel: bool = True
 
     def sampling_fields(self) -> dict:
         """The constraint, as sampling parameters."""
-        if self.mode == "named":
-            return {"json_schema": json.dumps(self.named.parameters)}
-        if self.mode == "required":
-            options = [_call_schema(t) for t in self.tools]
-            return {"json_schema": json.dumps(options[0] if len(options) == 1
-                                              else {"anyOf": options})}
-        tags = [{"type": "tag", "begin": f'{CALL_BEGIN}\n{{"name": {json.dumps(t.name)}, '
-                                         '"arguments": ',
-                 "content": {"type": "json_schema", "json_schema": t.parameters},
-                 "end": f"}}\n{CALL_END}"} for t in self.tools]
-        return {"structural_tag": json.dumps({"type": "structural_tag", "format": {
-            "type": "triggered_tags", "triggers": [CALL_BEGIN], "tags": tags}})}
+        return self.parser.constraint(self)
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
         """The assistant message for an output, and the finish_reason to report."""
-        content: str | None = text
-        calls: list[dict] = []
-        if self.mode == "named":
-            calls, content = [_call(self.named.name, text)], None
-        elif self.mode == "required":
-            call = _parse_call(text)
-            if call is not None:
-                calls, content = [call], None
-        else:
-            calls = [c for c in map(_parse_call, _CALL_RE.findall(text)) if c is not None]
-            if calls:
-                content = _CALL_RE.sub("", text).strip() or None
-        message = {"role": "assistant", "content": content}
+        content, calls = _assemble(self.parser.parse(self, text))
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
         return message, finish_reason
 
+    def deltas(self) -> ToolDeltas:
+        """The parser of one streamed choice."""
+        return ToolDeltas(self.parser, self.parser.stream(self))
 
-def plan_tools(tools: list[dict] | None, tool_choice: str | dict | None) -> ToolPlan | None:
-    """Validate `tools` and `tool_choice`; None when no tool may be called. Raises
-    InvalidRequest naming the field."""
+
+class ToolDeltas:
+    """A streamed choice's text deltas turned into content and `tool_calls` deltas."""
+
+    def __init__(self, parser: ToolParser, stream: Any):
+        self.parser, self.stream = parser, stream
+
+    def delta(self, delta: dict, finish_reason: str | None) -> tuple[dict, str | None]:
+        """`delta` (its "content", the new text) parsed; the finish_reason to report."""
+        text = self.parser.output_text(delta.pop("content", ""), finish_reason is not None)
+        events = self.stream.feed(text)
+        if finish_reason is not None:
+            events += self.stream.finish()
+        content = "".join(e.text for e in events if isinstance(e, Text))
+        if content:
+            delta["content"] = content
+        calls: list[dict] = []
+        for event in events:
+            if isinstance(event, CallStart):
+                calls.append({"index": event.index, "id": event.id, "type": "function",
+                              "function": {"name": event.name, "arguments": ""}})
+            elif isinstance(event, ArgsDelta):
+                if not calls or calls[-1]["index"] != event.index:
+                    calls.append({"index": event.index, "function": {"arguments": ""}})
+                calls[-1]["function"]["arguments"] += event.text
+        if calls:
+            delta["tool_calls"] = calls
+        if finish_reason == "stop" and self.stream.num_calls:
+            finish_reason = "tool_calls"
+        return delta, finish_reason
+
+
+def _assemble(events: list[Event]) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a whole output's events."""
+    content = "".join(e.text for e in events if isinstance(e, Text)) or None
+    calls: list[dict] = []
+    for event in events:
+        if isinstance(event, CallStart):
+            calls.append({"id": event.id, "type": "function",
+                          "function": {"name": event.name, "arguments": ""}})
+        elif isinstance(event, ArgsDelta):
+            calls[event.index]["function"]["arguments"] += event.text
+    return content, calls
+
+
+def plan_tools(tools: list[dict] | None, tool_choice: str | dict | None,
+               parallel_tool_calls: bool | None = None,
+               parser: ToolParser | None = None) -> ToolPlan | None:
+    """Validate `tools` and `tool_choice` (and each tool's schema against what `parser`'s
+    format can enforce); None when no tool may be called. Raises InvalidRequest naming the
+    field."""
     if tool_choice is not None and not tools and tool_choice != "none":
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")
     if not tools or tool_choice == "none":
         return None
+    parser = parser or get_parser(DEFAULT)
     parsed = [_tool(t, i) for i, t in enumerate(tools)]
     if len({t.name for t in parsed}) != len(parsed):
         raise InvalidRequest("tool names must be unique", param="tools")
+    parallel = parser.parallel and parallel_tool_calls is not False
     if tool_choice in (None, "auto", "required"):
-        return ToolPlan(parsed, tool_choice or "auto")
+        plan = ToolPlan(parsed, tool_choice or "auto", parser=parser, parallel=parallel)
+    else:
+        plan = ToolPlan(parsed, "named", _named(parsed, tool_choice), parser=parser,
+                        parallel=parallel)
+    parser.check(plan)
+    return plan
+
+
+def _named(tools: list[Tool], tool_choice: Any) -> Tool:
     name = None
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         function = tool_choice.get("function")
@@ -104,30 +146,32 @@ def plan_tools(tools: list[dict] | None, tool_choice: str | dict | None) -> Tool
     if not isinstance(name, str):
         raise InvalidRequest('tool_choice must be "none", "auto", "required" or {"type": '
                              '"function", "function": {"name": ...}}', param="tool_choice")
-    named = next((t for t in parsed if t.name == name), None)
+    named = next((t for t in tools if t.name == name), None)
     if named is None:
         raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools",
                              param="tool_choice")
-    return ToolPlan(parsed, "named", named)
+    return named
 
 
 def with_tools(tokenizer: Any, messages: list[dict], history: list[Any],
-               plan: ToolPlan | None) -> tuple[list[dict], dict]:
+               plan: ToolPlan | None, parser: ToolParser | None = None
+               ) -> tuple[list[dict], dict]:
     """The chat-template input for `messages` (one per request message in `history`): past
-    tool calls and tool results rendered, the tools described. Returns (messages, extra
-    apply_chat_template arguments)."""
+    tool calls and tool results rendered (in `parser`'s format, by default the plan's),
+    the tools described. Returns (messages, extra apply_chat_template arguments)."""
+    parser = parser or (plan.parser if plan is not None else get_parser(DEFAULT))
     native = "tools" in (getattr(tokenizer, "chat_template", None) or "")
     out = []
     for msg, source in zip(messages, history, strict=True):
         msg = dict(msg)
         if source.tool_calls:
             if native:
-                msg["tool_calls"] = [_template_call(c) for c in source.tool_calls]
+                msg["tool_calls"] = [_template_call(c, parser) for c in source.tool_calls]
             else:
-                blocks = [_call_text(c) for c in source.tool_calls]
+                blocks = [parser.call_text(_name(c), _arguments(c)) for c in source.tool_calls]
                 msg["content"] = "\n".join(filter(None, [msg["content"], *blocks]))
         if source.tool_call_id is not None and native:
-            msg["tool_call_id"] = source.tool_call_id
+            msg["tool_call_id"] = parser.history_id(source.tool_call_id)
         out.append(msg)
     if plan is None:
         return out, {}
@@ -135,7 +179,7 @@ def with_tools(tokenizer: Any, messages: list[dict], history: list[Any],
         return out, {"tools": [{"type": "function", "function": {
             "name": t.name, "description": t.description or "", "parameters": t.parameters}}
             for t in plan.tools]}
-    prompt = _tools_prompt(plan.tools)
+    prompt = _tools_prompt(plan.tools, parser)
     if out and out[0]["role"] in ("system", "developer"):
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}"}
     else:
@@ -166,27 +210,6 @@ def _tool(raw: Any, index: int) -> Tool:
     return Tool(name, description, parameters or _EMPTY_PARAMETERS)
 
 
-def _call_schema(tool: Tool) -> dict:
-    return {"type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-            "required": ["name", "arguments"], "additionalProperties": False}
-
-
-def _call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-def _parse_call(text: str) -> dict | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None  # cut by max_tokens: the text stays content
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    return _call(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False))
-
-
 def _arguments(call: dict) -> Any:
     """A past call's arguments as a value (clients send them as a JSON string)."""
     arguments = (call.get("function") or {}).get("arguments", {})
@@ -198,23 +221,20 @@ def _arguments(call: dict) -> Any:
     return arguments
 
 
-def _template_call(call: dict) -> dict:
-    function = call.get("function") or {}
-    return {"type": "function", "id": call.get("id"),
-            "function": {"name": function.get("name"), "arguments": _arguments(call)}}
+def _name(call: dict) -> Any:
+    return (call.get("function") or {}).get("name")
 
 
-def _call_text(call: dict) -> str:
-    name = (call.get("function") or {}).get("name")
-    body = json.dumps({"name": name, "arguments": _arguments(call)}, ensure_ascii=False)
-    return f"{CALL_BEGIN}\n{body}\n{CALL_END}"
+def _template_call(call: dict, parser: ToolParser) -> dict:
+    return {"type": "function", "id": parser.history_id(call.get("id")),
+            "function": {"name": _name(call), "arguments": _arguments(call)}}
 
 
-def _tools_prompt(tools: list[Tool]) -> str:
+def _tools_prompt(tools: list[Tool], parser: ToolParser) -> str:
     lines = ["You can call these functions:"]
     for t in tools:
         lines.append(json.dumps({"name": t.name, "description": t.description or "",
                                  "parameters": t.parameters}, ensure_ascii=False))
-    lines.append(f'To call a function, write {CALL_BEGIN}\n{{"name": <function name>, '
-                 f'"arguments": <arguments as JSON>}}\n{CALL_END}')
+    example = parser.call_text("<function name>", {"<argument>": "<value>"})
+    lines.append(f"To call a function, write\n{example}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ class ServerState:
     served_model_name: str
     metrics: Metrics | None = None
     processes: dict[str, int] = field(default_factory=dict)  # name -> pid, for server_info
+    tool_parser: Any = None  # the tool-call format (tool_parsers.ToolParser); set by create_app
     # NOTE: a program thread blocks while its generations run, so the pool must allow as many
     # programs as the scheduler can batch (asyncio's default pool has cpu_count + 4 threads).
     program_pool: ThreadPoolExecutor = field(init=False)

@@ -27,7 +27,7 @@ async def tokenize(request: Request) -> Response:
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("give either prompt or messages", param="prompt")
     if body.messages is not None:
-        text = render_chat(tokenizer, body)
+        text = render_chat(tokenizer, body, None, state.tool_parser)
         ids_list = [tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))]
     else:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt

@@ -9,13 +9,15 @@ under <radixflow cache>/test-assets/ (see radixflow.runtime.model_loader.default
     template_path("Qwen3-Coder")         # its file, for --chat-template
     load_tokenizer("qwen3")              # a real tokenizer (TOKENIZERS lists the names)
     tokenizer_dir("llama3")              # its folder (tokenizer.json, tokenizer_config.json)
+    tiny_model_dir("qwen3", "qwen3", "Qwen3-Coder")  # a tiny random model on both, cached
 
 A tokenizer is converted from a vocab GGUF once (transformers; 10-20 s) and cached as a
 Hugging Face tokenizer folder. The vocab files date from each family's first release, so a
 preset renames or adds the special tokens its later models use, at their real ids where the
 vocab has room (Qwen2's padding slots, Llama 3's reserved tokens). Pair one with a tiny
 random-weight model (tiny_models.make_tiny_model(..., tokenizer=load_tokenizer(name))) to run
-a real template and tokenizer through the server in seconds.
+a real template and tokenizer through the server in seconds; tiny_model_dir does that once
+and caches the folder.
 
 When the package index cannot be reached, every function here skips the calling test with
 the reason (pytest.skip); a file whose hash differs is an error, never used.
@@ -247,3 +249,27 @@ def _edit_tokenizer_json(path: Path, preset: TokenizerPreset) -> None:
         next_id += 1
     doc["added_tokens"] = added
     path.write_text(json.dumps(doc, ensure_ascii=False))
+
+
+# ---- tiny random models on a real tokenizer ----
+
+def tiny_model_dir(arch: str, tokenizer: str, chat_template: str | None = None,
+                   **config_overrides) -> Path:
+    """A tiny random-weight model folder (tiny_models.make_tiny_model) of `arch` with preset
+    `tokenizer` and chat template `chat_template` (a template name), built once and cached:
+    a vocabulary of 100k+ tokens takes seconds to write. Embeddings are tied unless
+    `config_overrides` say otherwise."""
+    from helpers.tiny_models import make_tiny_model
+
+    overrides = {"tie_word_embeddings": True, **config_overrides}
+    key = json.dumps([arch, tokenizer, chat_template, overrides, _PRESETS_VERSION],
+                     sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    folder = default_cache_dir() / "test-assets" / "tiny-models" / f"{arch}-{tokenizer}-{digest}"
+
+    def build(tmp: Path) -> dict:
+        make_tiny_model(tmp, arch, tokenizer=load_tokenizer(tokenizer, chat_template),
+                        **overrides)
+        return {"key": key}
+
+    return build_once(folder, build)

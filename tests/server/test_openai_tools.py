@@ -84,14 +84,19 @@ def test_replies_are_parsed_into_tool_calls():
                                 "arguments": '{"city": "Oslo", "unit": "C"}'}
     assert auto.message("No call here.", "stop") == (
         {"role": "assistant", "content": "No call here."}, "stop")
+    # required and named calls are written in the format too (Hermes: in <tool_call> tags)
     required = plan_tools(TOOLS, "required")
-    message, finish = required.message('{"name": "get_time", "arguments": {"zone": "UTC"}}',
-                                       "stop")
+    message, finish = required.message(
+        f'{CALL_BEGIN}\n{{"name": "get_time", "arguments": {{"zone": "UTC"}}}}\n{CALL_END}',
+        "stop")
     assert finish == "tool_calls" and message["content"] is None
-    cut, finish = required.message('{"name": "get_ti', "length")
-    assert finish == "length" and cut["content"] == '{"name": "get_ti' and "tool_calls" not in cut
+    cut, finish = required.message(f'{CALL_BEGIN}\n{{"name": "get_ti', "length")
+    assert finish == "length" and "tool_calls" not in cut
+    assert cut["content"] == f'{CALL_BEGIN}{{"name": "get_ti'  # not a call: text
     named = plan_tools(TOOLS, {"type": "function", "function": {"name": "get_time"}})
-    message, _ = named.message('{"zone": "UTC"}', "stop")
+    message, _ = named.message(
+        f'{CALL_BEGIN}\n{{"name": "get_time", "arguments": {{"zone": "UTC"}}}}\n{CALL_END}',
+        "stop")
     assert message["tool_calls"][0]["function"] == {"name": "get_time",
                                                     "arguments": '{"zone": "UTC"}'}
 
