@@ -125,11 +125,12 @@ class SchedulerClient:
         self.send_ctx = zmq.Context()
         addrs = [scheduler_addr] if isinstance(scheduler_addr, str) else list(scheduler_addr)
         self.sched_socks = [PushSocket(self.send_ctx, a, unbounded=True) for a in addrs]
-        self.sched_sock = self.sched_socks[0]  # replica 0: the one sessions live on
+        self.sched_sock = self.sched_socks[0]
         one = len(addrs) == 1 or policy is None
         self.balancer = LoadBalancer(range(len(addrs)),
                                      PolicyConfig(method="round_robin") if one else policy)
         self.replica_stats: list[SchedulerStats | None] = [None] * len(addrs)
+        self.session_replica: dict[str, int] = {}  # the replica each open session lives on
         self.detok_sock = PushSocket(self.send_ctx, detokenizer_addr, unbounded=True)
         self.states: dict[str, _ReqState] = {}
         self.stats_time: float | None = None
@@ -195,9 +196,12 @@ class SchedulerClient:
         return group
 
     def _replica_for(self, req: GenerateReq) -> int:
-        if len(self.sched_socks) == 1 or getattr(req, "session", None) is not None:
-            self.balancer.assign(0)  # a session's history is on replica 0
-            return 0
+        session = getattr(req, "session", None)
+        if len(self.sched_socks) == 1 or session is not None:
+            # A session's history is on its replica (unknown ids: 0 says there is none).
+            replica = 0 if session is None else self.session_replica.get(session.id, 0)
+            self.balancer.assign(replica)
+            return replica
         key = token_key(req.input_ids) if self.balancer.needs_key else None
         return self.balancer.select(key)
 
@@ -237,18 +241,32 @@ class SchedulerClient:
                                    message=f"session {msg.session_id!r} is being opened")
         fut: asyncio.Future[OpenSessionDone] = asyncio.get_running_loop().create_future()
         self._session_waiters[msg.session_id] = fut
+        replica = self._session_home(msg.session_id)
         try:
-            self.sched_sock.send(msg)
-            return await asyncio.wait_for(fut, timeout)
+            self.sched_socks[replica].send(msg)
+            done = await asyncio.wait_for(fut, timeout)
         finally:
             self._session_waiters.pop(msg.session_id, None)
+        if done.success:
+            self.session_replica[msg.session_id] = replica
+        return done
+
+    def _session_home(self, session_id: str) -> int:
+        """The replica a session opens on: its old one (an id taken there stays refused), else
+        the one with the fewest sessions, then the fewest requests in flight."""
+        if session_id in self.session_replica:
+            return self.session_replica[session_id]
+        counts = [0] * len(self.sched_socks)
+        for replica in self.session_replica.values():
+            counts[replica] += 1
+        return min(range(len(counts)), key=lambda r: (counts[r], self.balancer.load[r], r))
 
     def close_session(self, msg: CloseSessionReq) -> None:
         """Sent, not answered: requests sent after it find the session closed (one socket, in
         order)."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        self.sched_sock.send(msg)
+        self.sched_socks[self.session_replica.pop(msg.session_id, 0)].send(msg)
 
     # -- receive loop ----------------------------------------------------------------------
 

@@ -171,6 +171,33 @@ def test_openai_chat_on_replicas(dp_server, server):
     assert outs[0]["choices"][0]["message"] == outs[1]["choices"][0]["message"]
 
 
+def test_sessions_spread_over_replicas_and_continue_on_theirs(dp_server, server, tokenizer):
+    """Each session opens on the replica with the fewest sessions; its requests follow it,
+    so a continuation finds the history in that replica's cache."""
+    url = dp_server.url
+    sids = [requests.post(url + "/open_session", json={"capacity_of_str_len": 1000},
+                          timeout=30).json() for _ in range(2)]
+    before = routed(dp_server)
+    firsts = [generate(dp_server, "Once upon a time", session_params={"id": sid})
+              for sid in sids]
+    assert [a - b for a, b in zip(routed(dp_server), before, strict=True)] == [1, 1]
+    for sid, first in zip(sids, firsts, strict=True):
+        more = generate(dp_server, " there was a robot",
+                        session_params={"id": sid, "rid": first["meta_info"]["id"]})
+        assert more["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"]
+        ids = (tokenizer.encode("Once upon a time") + first["output_ids"]
+               + tokenizer.encode(" there was a robot"))
+        resent = requests.post(server.url + "/generate", timeout=120, json={
+            "input_ids": ids, "sampling_params": GREEDY}).json()
+        assert more["output_ids"] == resent["output_ids"]  # as one server answers the whole
+        assert requests.post(url + "/close_session", json={"session_id": sid},
+                             timeout=30).status_code == 200
+        r = requests.post(url + "/generate", timeout=30, json={
+            "text": "x", "sampling_params": GREEDY,
+            "session_params": {"id": sid, "rid": first["meta_info"]["id"]}})
+        assert r.status_code == 400 and "no open session" in r.text
+
+
 def serve_error(*flags: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "radixflow.runtime.cli", "serve", *flags],
                           capture_output=True, text=True, timeout=120)
