@@ -68,10 +68,18 @@ class Engine(GenerateAPI):
     """
 
     def __init__(self, model_path: str | None = None, **server_args: Any):
+        from .distributed.launch import TPWorkers
         from .scheduler.scheduler import Scheduler  # torch: only when an engine starts
 
         self.args = server_args_from(model_path, server_args, who="Engine")
-        self.scheduler = Scheduler(self.args)
+        # --tp-size > 1: rank 0 is this process, ranks 1.. are subprocesses
+        self._tp_workers = TPWorkers.start(self.args)
+        self.args = self._tp_workers.args
+        try:
+            self.scheduler = Scheduler(self.args)
+        except BaseException:
+            self._tp_workers.stop()
+            raise
         self.tokenizer = self.scheduler.tokenizer
         self.model_info = describe_model(self.scheduler.model_info(), self.tokenizer,
                                          tokenizer_path=self.args.tokenizer)
@@ -180,6 +188,7 @@ class Engine(GenerateAPI):
         if self._thread.is_alive():
             self._inbox.put(_SHUTDOWN)
             self._thread.join(timeout=30)
+        self._tp_workers.stop()
         self._failed = self._failed or "it was shut down"
 
     def __enter__(self) -> Engine:

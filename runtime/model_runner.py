@@ -54,36 +54,53 @@ class BatchRequest:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_folder, hf_config: dict):
+    """The model, its KV pool and attention. With --tp-size > 1, one rank's: `tp_rank` 0 is
+    the scheduler's (its forward first sends the batch plan to the others, and returns the
+    logits), the others run runtime/distributed/worker.py's loop."""
+
+    def __init__(self, args: ServerArgs, model_folder, hf_config: dict, tp_rank: int = 0):
         self.args = args
         self.model_args = ModelArgs.from_hf_config(hf_config)
-        self.device = resolve_device(args.device)
+        self.tp = self.plan_sender = None
+        if args.tp_size > 1:
+            from .distributed import TensorParallel
+
+            self.tp = TensorParallel.connect(args, tp_rank, self.model_args)
+        self.device = self.tp.device if self.tp else resolve_device(args.device)
         if self.device.type == "cpu":
             self.cpu = set_level(args.cpu_isa)
             self.kernel_level = cpu_kernels.active_level()
             logger.info("CPU: %s; kernels: %s", self.cpu.describe(),
                         f"radixflow C ({self.kernel_level})" if self.kernel_level else "torch's")
         self.dtype = resolve_dtype(args.dtype, self.device)
-        if args.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(args.num_threads)
+        if args.num_threads and self.device.type == "cpu" and self.tp is None:
+            torch.set_num_threads(args.num_threads)  # (a rank's share: TensorParallel)
         ma = self.model_args
+        local = self.tp.spec.local_args(ma) if self.tp else ma  # this rank's heads
         self.context_len = min(args.context_length or ma.max_position_embeddings,
                                ma.max_position_embeddings)
         self.model = self._load_model(model_folder)
         self.kv_dtype = self._kv_dtype()
-        per_token = KVPool.bytes_per_token(ma.num_layers, ma.num_kv_heads, ma.head_dim,
+        per_token = KVPool.bytes_per_token(ma.num_layers, local.num_kv_heads, ma.head_dim,
                                            self.kv_dtype)
         num_slots = args.max_total_tokens or self._default_num_slots(per_token)
-        self.kv_pool = KVPool(num_slots, ma.num_layers, ma.num_kv_heads, ma.head_dim,
+        if self.tp:  # every rank's pool has the same slots
+            num_slots = self.tp.agree_min(num_slots)
+        self.kv_pool = KVPool(num_slots, ma.num_layers, local.num_kv_heads, ma.head_dim,
                               self.kv_dtype, self.device)
         self.req_to_token_pool = ReqToTokenPool(args.max_running_requests, self.context_len,
                                                 self.device)
-        self.attn = create_attention_backend(args.attention_backend, self.device, ma.num_heads,
-                                             ma.num_kv_heads, ma.head_dim, ma.head_dim ** -0.5)
+        self.attn = create_attention_backend(args.attention_backend, self.device,
+                                             local.num_heads, local.num_kv_heads, ma.head_dim,
+                                             ma.head_dim ** -0.5)
         self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None
                                 else None)
+        if self.tp and self.tp.is_driver:
+            from .distributed.plan import PlanSender
+
+            self.plan_sender = PlanSender(self.tp, self.req_to_token_pool.req_to_token)
         logger.info("model %s loaded: %s on %s, KV pool %d tokens of %s (%.2f GiB)",
                     ma.architecture, self.dtype, self.device, num_slots, self.kv_dtype,
                     num_slots * per_token / 2**30)
@@ -94,7 +111,7 @@ class ModelRunner:
         arithmetic and halves the bytes attention reads)."""
         if self.args.kv_cache_dtype != "auto":
             return DTYPES[self.args.kv_cache_dtype]
-        if (self.device.type == "cpu" and self.quantization != "none"
+        if (self.device.type == "cpu" and self.quantization != "none" and self.tp is None
                 and not self.args.disable_cpu_decode and cpu_kernels.available()):
             return torch.bfloat16
         return self.dtype
@@ -109,18 +126,29 @@ class ModelRunner:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free * self.args.mem_fraction
-        else:
-            budget = self.args.kv_cache_gb * 2**30
+        else:  # the node's ranks share its memory: --kv-cache-gb is theirs together
+            budget = self.args.kv_cache_gb * 2**30 / (self.tp.layout.per_node if self.tp else 1)
         return max(int(budget // per_token), self.context_len + 1)
 
     def _load_model(self, folder) -> LlamaForCausalLM:
         from .model_loader import iter_weights
 
+        weights = iter_weights(folder)
         with torch.device("meta"):
-            model = LlamaForCausalLM(self.model_args)
+            if self.tp:
+                from .distributed.tp_model import TPLlamaForCausalLM
+
+                model = TPLlamaForCausalLM(self.model_args, self.tp)
+                weights = self.tp.spec.shard_weights(weights)
+            else:
+                model = LlamaForCausalLM(self.model_args)
         model.to_empty(device=self.device)
-        model.load_weights(iter_weights(folder))
+        model.load_weights(weights)
         self.quantization = self._quantize(model)  # from the checkpoint's own weights
+        if self.tp and not self.tp.all_agree(self.quantization == "int4") \
+                and self.quantization == "int4":
+            raise ValueError("--quantization auto: this rank's shard of the weights is 4-bit "
+                             "groups and another rank's is not; pass --quantization none or int4")
         model.to(self.dtype)
         model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
         if can_pack(self.device, self.dtype):
@@ -155,6 +183,14 @@ class ModelRunner:
 
         if not isinstance(self.attn, TorchNativeAttnBackend):
             return None
+        if self.tp:
+            if self.device.type == "cpu" and cpu_kernels.available():
+                logger.info("decode runs as torch ops: the C decode step runs every layer in "
+                            "one call, with no all-reduce between a rank's layers (--tp-size "
+                            "%d)%s", self.args.tp_size,
+                            "; int4 layers still use radixflow's kernels"
+                            if self.quantization == "int4" else "")
+            return None
         c_step, why_not = CpuDecode.build(self.model, self.kv_pool, self.attn.scale,
                                              self.context_len)
         if c_step is None:
@@ -172,6 +208,10 @@ class ModelRunner:
             logger.warning("--enable-torch-compile covers the torch_native attention backend "
                            "only; running %s uncompiled", type(self.attn).__name__)
             return None
+        if self.tp:
+            logger.warning("--enable-torch-compile does not cover --tp-size > 1 (collectives "
+                           "inside the graph); running uncompiled")
+            return None
         compiled = SingleRequestDecode(self.model, self.attn.scale)
         try:
             compiled.warm_up(self.kv_pool)
@@ -187,7 +227,10 @@ class ModelRunner:
 
     def forward(self, mode: ForwardMode, parts: list[BatchRequest],
                 out_slots: torch.Tensor) -> torch.Tensor:
-        """Run one forward; returns float32 logits of every wanted position, in part order."""
+        """Run one forward; returns float32 logits of every wanted position, in part order
+        (None on tensor-parallel ranks other than 0)."""
+        if self.plan_sender is not None:
+            self.plan_sender.send(mode, parts, out_slots, self.req_to_token_pool.req_to_token)
         c_step = self.cpu_decode
         if (c_step is not None and mode == ForwardMode.DECODE and len(parts) <= c_step.max_batch
                 and all(len(p.ids) == 1 and p.logit_offsets == [0] for p in parts)):

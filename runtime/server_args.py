@@ -86,8 +86,18 @@ class ServerArgs:
         "requests a step)", deprecated_aliases=("--disable-native-decode",))
     grammar_compile_timeout: float = _arg(10.0, "seconds before a grammar compile gives up")
     num_threads: int | None = _arg(None, "torch CPU threads (default: all cores)")
-    tp_size: int = _arg(1, "tensor parallel size (only 1: tensor parallelism is not built yet)",
+    tp_size: int = _arg(1, "tensor parallel size: the model's heads, MLP and vocabulary split "
+                        "over this many ranks (processes; one GPU each on CUDA), Megatron-style",
                         aliases=("--tensor-parallel-size",))
+    nnodes: int = _arg(1, "machines the --tp-size ranks span (tp_size / nnodes ranks each)")
+    node_rank: int = _arg(0, "this machine's index in 0..nnodes-1: node 0 runs the scheduler "
+                          "and the HTTP server, the others only model ranks")
+    dist_init_addr: str | None = _arg(
+        None, "host:port where rank 0 meets the other ranks (torch.distributed's store); "
+        "needed with --nnodes > 1 (default: a free port on 127.0.0.1)")
+    dist_timeout: float = _arg(
+        300.0, "seconds to wait for every rank to join at start-up (a rank on another node "
+        "then silent for this long, at most 10 s, stops the server)")
     dp_size: int = _arg(1, "data parallel size: scheduler replicas, each with its own model "
                         "copy, KV pool and radix cache, behind this one HTTP server",
                         aliases=("--data-parallel-size",))
@@ -119,16 +129,13 @@ class ServerArgs:
 
         for name in ("context_length", "kv_cache_gb", "max_total_tokens",
                      "max_running_requests", "max_prefill_tokens", "tp_size", "dp_size",
-                     "num_threads", "grammar_compile_timeout"):
+                     "num_threads", "grammar_compile_timeout", "nnodes", "dist_timeout"):
             positive(name)
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
-        if self.tp_size != 1:
-            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not implemented "
-                             "yet; each model replica runs on one device (--dp-size runs "
-                             "several replicas)")
+        self._check_tensor_parallel()
         self.policy_config()  # bad routing flags: start-up errors naming them
         if self.cpu_isa != "auto" and self.device != "cuda":
             from radixflow.kernels.cpu.features import check_level
@@ -155,6 +162,27 @@ class ServerArgs:
             if typing.get_origin(hint) is Literal and getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of "
                                  f"{choices}, got {getattr(self, name)!r}")
+
+    def _check_tensor_parallel(self) -> None:
+        """--tp-size, --nnodes, --node-rank, --dist-init-addr that cannot work together. (That
+        the model's heads and sizes split is checked when it loads: runtime/distributed.)"""
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes - 1}] with --nnodes "
+                             f"{self.nnodes}, got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"--tp-size {self.tp_size} cannot be spread evenly over --nnodes "
+                             f"{self.nnodes}: each node runs tp_size / nnodes ranks")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT, the address of "
+                             "node 0 every node can reach")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, got "
+                                 f"{self.dist_init_addr!r}")
+        if self.tp_size > 1 and self.dp_size > 1:
+            raise ValueError("--tp-size > 1 with --dp-size > 1 is not supported yet: run "
+                             "either several replicas or one model split over ranks")
 
     @property
     def served_model_names(self) -> list[str]:

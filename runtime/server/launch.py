@@ -194,6 +194,10 @@ def serve(args: ServerArgs) -> int:
     parent_pid = os.environ.get(PARENT_PID_ENV)
     if parent_pid:
         watch_parent(int(parent_pid), lambda: os.kill(os.getpid(), signal.SIGTERM))
+    if args.node_rank > 0:  # --nnodes: this node runs tensor-parallel ranks only
+        from ..distributed.launch import serve_other_node
+
+        return serve_other_node(args)
     addrs = IpcAddrs.create()
     children = Children(log_level=args.log_level)
     try:
@@ -218,6 +222,7 @@ def scheduler_names(dp_size: int) -> list[str]:
 def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:
     """Start the children (a scheduler per --dp-size replica, the detokenizer), load the
     tokenizer meanwhile, wait until every model copy is ready."""
+    from ..distributed.launch import start_node_ranks, tp_launch_args
     from ..model_loader import DEFAULT_MODEL_NAME, resolve_model
     from .data_parallel import default_threads
     from .scheduler_client import load_tokenizer
@@ -226,12 +231,13 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
     folder = str(resolve_model(args.model))
     tokenizer_path = args.tokenizer or folder
     entry = os.environ.get(SCHEDULER_ENTRY_ENV) or DEFAULT_SCHEDULER_ENTRY
-    sched_args = default_threads(args.replace(model=folder))
+    sched_args = tp_launch_args(default_threads(args.replace(model=folder)))
     names = scheduler_names(args.dp_size)
     sched_conns = [children.start(name, entry, sched_args, addr, addrs.detokenizer,
                                   **({"dp_rank": rank} if args.dp_size > 1 else {}))
                    for rank, (name, addr) in enumerate(zip(names, addrs.schedulers(len(names)),
                                                            strict=True))]
+    start_node_ranks(sched_args, children)  # --tp-size: ranks 1.. of this node
     detok_conn = children.start("detokenizer",
                                 "radixflow.runtime.server.detokenizer:run_detokenizer",
                                 tokenizer_path, addrs.detokenizer, addrs.client)

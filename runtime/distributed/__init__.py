@@ -1,0 +1,18 @@
+"""Tensor parallelism (`--tp-size N`): the model split over N ranks, on torch.distributed.
+
+- parallel_state.py: a rank's group (gloo on CPU, NCCL on CUDA), joining at
+  --dist-init-addr, the collectives a forward needs, failures turned into clear errors;
+- sharding.py: which heads, KV heads, MLP features and vocab rows a rank holds, and the
+  slices of the checkpoint's tensors that give them;
+- tp_model.py: a rank's model (llama.py's, with all-reduces and a vocab-parallel
+  embedding and head);
+- plan.py: the batch plan rank 0 (the scheduler's process) broadcasts before each forward;
+- worker.py: ranks 1..N-1, which run rank 0's plans; launch.py starts them (Engine: as
+  subprocesses of this process; the server: as children of its launcher, on every node);
+- watch.py: node 0's watch over ranks on other nodes.
+"""
+
+from .parallel_state import RankLost, TensorParallel
+from .sharding import ShardSpec, check_split
+
+__all__ = ["RankLost", "ShardSpec", "TensorParallel", "check_split"]

@@ -1,0 +1,127 @@
+"""Which part of the model one tensor-parallel rank holds (Megatron-style), and its weights.
+
+- q/k/v and gate/up are column-parallel: rank r holds a contiguous block of attention heads,
+  of KV heads and of the MLP's intermediate features (rows of those weights, and of q/k/v's
+  biases); o_proj and down_proj are row-parallel: the matching columns, and their outputs are
+  summed over the ranks (an all-reduce, see tp_model.py).
+- KV heads: split when --tp-size divides their count; when --tp-size is a multiple of it, each
+  KV head is replicated on tp_size / num_kv_heads ranks (as SGLang does), and each rank holds
+  one, the one its query heads read.
+- The embedding and the output head are vocab-parallel: rank r holds rows
+  [r * shard, (r + 1) * shard) with shard = ceil(vocab / tp_size), the last rank's tail padded
+  with zero rows (logits of padding rows are dropped when the ranks' logits are gathered).
+- Norms (q/k norms of Qwen3 too: per head_dim) are replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..models.config import ModelArgs
+
+
+def split_problems(args: ModelArgs, tp_size: int) -> list[str]:
+    """Why `args` cannot be split over `tp_size` ranks (empty when it can)."""
+    problems = []
+    if args.num_heads % tp_size:
+        problems.append(f"its {args.num_heads} attention heads")
+    kv = args.num_kv_heads
+    if (kv % tp_size if tp_size <= kv else tp_size % kv):
+        problems.append(f"its {kv} KV heads (--tp-size must divide them, or be a multiple of "
+                        "them to replicate each)")
+    if args.intermediate_size % tp_size:
+        problems.append(f"its intermediate size {args.intermediate_size}")
+    return problems
+
+
+def check_split(args: ModelArgs, tp_size: int) -> None:
+    """Raise ValueError naming the numbers when the model cannot be split over tp_size ranks."""
+    problems = split_problems(args, tp_size)
+    if problems:
+        raise ValueError(f"--tp-size {tp_size} cannot split this model "
+                         f"({args.architecture}): it does not divide {'; nor '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Rank `rank`'s part of a model split over `tp_size` ranks (ranges are (start, count))."""
+
+    tp_size: int
+    rank: int
+    head_dim: int
+    heads: tuple[int, int]
+    kv_heads: tuple[int, int]
+    intermediate: tuple[int, int]
+    vocab_start: int
+    vocab_rows: int  # rows of this rank's embedding / head shard (padding included)
+    vocab_size: int  # the model's
+    num_kv_heads: int  # the model's
+
+    @classmethod
+    def create(cls, args: ModelArgs, tp_size: int, rank: int) -> ShardSpec:
+        check_split(args, tp_size)
+        heads = args.num_heads // tp_size
+        kv = args.num_kv_heads
+        if tp_size <= kv:
+            kv_heads = (rank * (kv // tp_size), kv // tp_size)
+        else:  # replicated: the KV head of this rank's query heads
+            kv_heads = (rank * kv // tp_size, 1)
+        inter = args.intermediate_size // tp_size
+        rows = -(-args.vocab_size // tp_size)
+        return cls(tp_size, rank, args.head_dim, (rank * heads, heads), kv_heads,
+                   (rank * inter, inter), rank * rows, rows, args.vocab_size, kv)
+
+    @property
+    def kv_replicas(self) -> int:
+        """Ranks holding each KV head (1: split, not replicated)."""
+        return max(1, self.tp_size // self.num_kv_heads)
+
+    def local_args(self, args: ModelArgs) -> ModelArgs:
+        """The ModelArgs of this rank's model: its heads, KV heads, features and vocab rows."""
+        return dataclasses.replace(args, num_heads=self.heads[1], num_kv_heads=self.kv_heads[1],
+                                   intermediate_size=self.intermediate[1],
+                                   vocab_size=self.vocab_rows)
+
+    def describe(self) -> str:
+        h, kv, i = self.heads, self.kv_heads, self.intermediate
+        return (f"rank {self.rank}/{self.tp_size}: heads {h[0]}..{h[0] + h[1] - 1}, KV heads "
+                f"{kv[0]}..{kv[0] + kv[1] - 1}, MLP features {i[0]}..{i[0] + i[1] - 1}, vocab "
+                f"rows {self.vocab_start}..{self.vocab_start + self.vocab_rows - 1}")
+
+    # ---- weights ----
+
+    def shard(self, hf_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the checkpoint tensor `hf_name` (HF naming)."""
+        d = self.head_dim
+        parts = hf_name.split(".")
+        module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", hf_name)
+        if module == "q_proj":
+            return _rows(tensor, self.heads[0] * d, self.heads[1] * d)
+        if module in ("k_proj", "v_proj"):
+            return _rows(tensor, self.kv_heads[0] * d, self.kv_heads[1] * d)
+        if module == "o_proj" and kind == "weight":
+            return tensor[:, self.heads[0] * d:(self.heads[0] + self.heads[1]) * d]
+        if module in ("gate_proj", "up_proj"):
+            return _rows(tensor, *self.intermediate)
+        if module == "down_proj" and kind == "weight":
+            return tensor[:, self.intermediate[0]:sum(self.intermediate)]
+        if module in ("embed_tokens", "lm_head") and kind == "weight":
+            piece = tensor[self.vocab_start:self.vocab_start + self.vocab_rows]
+            if piece.shape[0] < self.vocab_rows:  # the last rank's padding
+                pad = piece.new_zeros(self.vocab_rows - piece.shape[0], *piece.shape[1:])
+                piece = torch.cat([piece, pad])
+            return piece
+        return tensor
+
+    def shard_weights(self, weights: Iterable[tuple[str, torch.Tensor]]
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            yield name, self.shard(name, tensor)
+
+
+def _rows(tensor: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    return tensor[start:start + count]
