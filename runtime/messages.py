@@ -79,6 +79,9 @@ class Finish(_Msg):
     # An abort the client caused (400: bad grammar, prompt too long) or that failed inside
     # (500); None for client-initiated aborts. Shown as SGLang shows it.
     status_code: int | None = None
+    # Budget-safe structured output ended the output with a completion of its grammar, to fit
+    # max_new_tokens (scheduler/grammar.py); not part of finish_reason, see meta_info.
+    closed_early: bool = False
 
     def to_json(self) -> dict:
         out: dict = {"type": self.type}

@@ -388,6 +388,7 @@ class ResponseBuilder:
         self.cached_tokens = 0
         self.completion_tokens = 0
         self.finish_reason: dict | None = None
+        self.closed_early = False  # budget-safe closing ended the output (Finish.closed_early)
         self.output_logprobs: list[list] = []
         self.output_top_logprobs: list[list | None] = []
         self.input_logprobs: list[list] = []
@@ -441,6 +442,7 @@ class ResponseBuilder:
                 self.input_top_logprobs = self._top_entries(tok.input_top_logprobs)
         if tok.finish is not None:
             self.finish_reason = tok.finish.to_json()
+            self.closed_early = tok.finish.closed_early
 
     def _meta(self, output_logprobs: list[list], output_top: list[list | None]) -> dict:
         meta: dict[str, Any] = {
@@ -450,6 +452,8 @@ class ResponseBuilder:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+        if self.closed_early:
+            meta["closed_early"] = True
         if self.req.return_logprob:
             meta["input_token_logprobs"] = self.input_logprobs
             meta["output_token_logprobs"] = output_logprobs

@@ -50,6 +50,12 @@ class SamplingParams:
     ebnf: str | None = None
     choices: list[str] | None = None
     structural_tag: str | None = None  # JSON: xgrammar's or SGLang's structural tag
+    # Budget-safe structured output (constrained/closing.py): a constrained output that would
+    # run out of max_new_tokens ends with a completion of its grammar instead.
+    budget_safe: bool = True
+    # Constrained only: the longest run of one character (or one token) the mask lets the
+    # model write; None: no limit (constrained/repeat_guard.py).
+    max_repeat_run: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -183,6 +189,11 @@ class SamplingParams:
                 not isinstance(self.choices, list) or not self.choices
                 or not all(isinstance(c, str) and c for c in self.choices)):
             raise bad("choices", "must be a non-empty list of non-empty strings")
+        check_type("budget_safe", (bool,))
+        if self.max_repeat_run is not None:
+            check_type("max_repeat_run", (int,))
+            if not 2 <= self.max_repeat_run <= 64:
+                raise bad("max_repeat_run", "must be between 2 and 64")
 
     def _validate_stop_regex(self) -> None:
         import regex

@@ -77,6 +77,9 @@ class ServerArgs:
     sampling_backend: Literal["auto", "torch", "triton"] = _arg(
         "auto", "top-k/top-p sampling kernel; auto: triton on CUDA, torch on CPU")
     disable_jump_forward: bool = _arg(False, "sample every token of a constrained output")
+    disable_budget_safe_close: bool = _arg(
+        False, "let constrained outputs run out of max_tokens unfinished: no closing with the "
+        "grammar's shortest completion when the budget gets tight (per request: budget_safe)")
     enable_torch_compile: bool = _arg(
         False, "compile the single-request decode step with torch.compile (torch_native "
         "attention): faster single-stream decode, about a minute more at start-up")

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
+from .closing import BudgetCloser, make_encoder
 from .compile_cache import CompileCache, PendingGrammar
+from .completion import Alphabet, byte_alphabet
 from .grammar_build import compile_constraint
 from .limits import GrammarLimits, validate_constraint
+from .repeat_guard import RepeatGuard
 from .schema_rewrite import rewrite_spec
 from .state import GrammarState
 from .token_table import TokenTable, int32_bit
@@ -56,6 +61,9 @@ class GrammarBackend:
                                    size_fn=lambda compiled: compiled.memory_size_bytes)
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads)
         self._fill_pool: ThreadPoolExecutor | None = None
+        self._alphabets: OrderedDict[int, tuple[CompiledGrammar, Alphabet]] = OrderedDict()
+        self._encode = make_encoder(tokenizer, self.table)
+        self.repeat_guard = RepeatGuard(self.table)
 
     # ---- constraints ----
 
@@ -77,8 +85,24 @@ class GrammarBackend:
         """Compiles started so far (cache hits add none)."""
         return self._cache.num_compiles
 
-    def new_state(self, compiled: CompiledGrammar) -> GrammarState:
-        return GrammarState(xgr.GrammarMatcher(compiled), self.table)
+    def new_state(self, compiled: CompiledGrammar, *, budget_safe: bool = False) -> GrammarState:
+        """A request's state; with `budget_safe`, it carries a BudgetCloser (closing.py)."""
+        state = GrammarState(xgr.GrammarMatcher(compiled), self.table)
+        if budget_safe:
+            state.closer = BudgetCloser(self.alphabet(compiled), self._encode, self.table)
+        return state
+
+    def alphabet(self, compiled: CompiledGrammar) -> Alphabet:
+        """The grammar's byte classes (completion.py), kept for the last 64 grammars."""
+        key = id(compiled)
+        entry = self._alphabets.get(key)
+        if entry is None or entry[0] is not compiled:
+            entry = (compiled, byte_alphabet(compiled.grammar))
+            self._alphabets[key] = entry
+            if len(self._alphabets) > 64:
+                self._alphabets.popitem(last=False)
+        self._alphabets.move_to_end(key)
+        return entry[1]
 
     # ---- bitmasks ----
 
@@ -112,13 +136,21 @@ class GrammarBackend:
         for row, source in copies:
             bitmask[row].copy_(bitmask[source])
 
-    def fill_bitmasks_async(self, states: list[GrammarState | None],
-                            bitmask: torch.Tensor) -> Future:
+    def fill_bitmasks_async(self, states: list[GrammarState | None], bitmask: torch.Tensor,
+                            after: Callable[[], None] | None = None) -> Future:
         """fill_bitmasks on a worker thread (xgrammar releases the GIL), to overlap with the
-        model's forward. Do not touch these states until the future is done."""
+        model's forward, then `after()` there. Do not touch these states until the future is
+        done."""
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
-        return self._fill_pool.submit(self.fill_bitmasks, states, bitmask)
+        if after is None:
+            return self._fill_pool.submit(self.fill_bitmasks, states, bitmask)
+
+        def fill_then() -> None:
+            self.fill_bitmasks(states, bitmask)
+            after()
+
+        return self._fill_pool.submit(fill_then)
 
     def shutdown(self) -> None:
         self._cache.shutdown()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
 from .jump_forward import JumpForward, find_jump_forward
 from .token_table import TokenTable, int32_bit
+
+if TYPE_CHECKING:
+    from .closing import BudgetCloser
 
 
 class GrammarState:
@@ -18,6 +22,9 @@ class GrammarState:
         self.matcher = matcher
         self._table = table
         self.num_accepted = 0  # tokens accepted and not rolled back, EOS included
+        # Budget-safe closing (closing.py): set by GrammarBackend.new_state(budget_safe=True);
+        # None when off, or once the budget is known to be too small for any promise.
+        self.closer: BudgetCloser | None = None
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
@@ -60,6 +67,7 @@ class GrammarState:
         """An independent copy (for n > 1 samples sharing a prompt, or speculation)."""
         twin = GrammarState(self.matcher.fork(), self._table)
         twin.num_accepted = self.num_accepted
+        twin.closer = copy.copy(self.closer)
         return twin
 
     def jump_forward(self, tokenizer: Any, output_ids: list[int], *,

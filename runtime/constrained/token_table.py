@@ -33,6 +33,16 @@ class TokenTable:
         return frozenset(i for i, raw in enumerate(self.token_bytes)
                          if raw in prefixes and i not in special)
 
+    @functools.cached_property
+    def single_byte_ids(self) -> dict[int, int]:
+        """byte value -> an ordinary token of exactly that byte (the lowest id)."""
+        special = self.special_ids
+        out: dict[int, int] = {}
+        for token_id, raw in enumerate(self.token_bytes):
+            if len(raw) == 1 and token_id not in special:
+                out.setdefault(raw[0], token_id)
+        return out
+
     def warm(self) -> None:
         """Compute the cached tables now (they are otherwise built on first use)."""
         _ = self.prefix_ids

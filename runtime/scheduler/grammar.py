@@ -9,12 +9,20 @@ only tokens not sent yet (and not in the radix tree). Downstream detokenizers ne
 token taken back. Requests that report logprobs never jump: a token that was not sampled has
 no logprob. The next decode pass computes forced tokens, one query row each, with everyone
 else's tokens (Scheduler._run_decode), so a jump costs no forward pass of its own.
+
+Budget-safe closing (constrained/closing.py). A request's GrammarState carries a BudgetCloser
+unless the request or the server turned it off. Each sampled token is checked before the
+scheduler appends it (`closing`): if keeping it would leave no completion that fits in the
+tokens left, the token is dropped and the closer's completion plus EOS are appended instead,
+unsampled, and the request ends ("stop", closed_early). A jump-forward that would break the
+same promise is skipped (the model writes the forced text itself, checked token by token).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +34,7 @@ from ..messages import Finish
 
 if TYPE_CHECKING:
     from ..constrained import GrammarBackend, JumpForward
+    from ..constrained.closing import BudgetCloser
     from .req import Req
 
 logger = logging.getLogger(__name__)
@@ -36,6 +45,9 @@ COMPILE_POLL_S = 0.01
 # them: jump_forward.BOUNDARY_TOKENS, the window it re-reads (a jump never replaces more
 # than the unsent tokens, so a smaller value only means fewer boundary merges).
 HOLD_BACK_TOKENS = 4
+# Completions of a grammar's first states (key: constraint and output bytes), shared by requests.
+START_WITNESSES = 256
+START_BYTES = 256
 
 
 @dataclass
@@ -49,6 +61,13 @@ class GrammarStats:
     num_forced_tokens: int = 0  # tokens appended by jump-forward, without sampling
     num_replaced_tokens: int = 0  # trailing tokens retokenized by a jump
     num_forced_stops: int = 0  # requests ended with EOS without sampling it
+    # Budget-safe closing
+    num_budget_checks: int = 0  # sampled tokens checked against the budget
+    num_budget_searches: int = 0  # shortest-completion searches (the costly path)
+    num_closed_early: int = 0  # requests ended by their closing completion
+    num_budget_unsafe: int = 0  # requests whose first completion did not fit their budget
+    num_jumps_deferred: int = 0  # jump-forwards skipped: their tokens would break the budget
+    budget_check_s: float = 0.0  # time in checks and closings, on the scheduler's path
 
 
 @dataclass
@@ -66,12 +85,16 @@ class SchedulerGrammar:
     """Everything the scheduler asks of runtime/constrained, for all requests of one model."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int],
-                 compile_timeout: float, jump_forward: bool):
+                 compile_timeout: float, jump_forward: bool, budget_safe: bool = True,
+                 context_len: int | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.compile_timeout = compile_timeout
         self.jump_forward = jump_forward
+        self.budget_safe = budget_safe  # the server's switch; requests have their own
+        self.context_len = context_len
+        self._start_witnesses: OrderedDict[tuple, bytes] = OrderedDict()
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_id = eos if eos in stop_token_ids else min(stop_token_ids)
         self.stats = GrammarStats()
@@ -116,7 +139,9 @@ class SchedulerGrammar:
             if not req.pending_grammar.done():
                 continue
             try:
-                req.grammar = self.backend.new_state(req.pending_grammar.result())
+                req.grammar = self.backend.new_state(
+                    req.pending_grammar.result(),
+                    budget_safe=self.budget_safe and req.sampling.budget_safe)
                 ready.append(req)
             except GrammarError as exc:
                 failed.append((req, rejected(exc)))
@@ -132,10 +157,29 @@ class SchedulerGrammar:
         if not rows:
             return None
         bitmask = self.backend.allocate_bitmask(len(reqs))  # all allowed
-        future = self.backend.fill_bitmasks_async([r.grammar for r in reqs], bitmask)
+        bans = self._repeat_bans(reqs, rows)
+        after = None
+        if bans:
+            from ..constrained.repeat_guard import apply_bans
+
+            def after() -> None:
+                apply_bans(bitmask, bans)
+        future = self.backend.fill_bitmasks_async([r.grammar for r in reqs], bitmask, after)
         job = MaskJob(bitmask, rows, future)
         future.add_done_callback(lambda _: setattr(job, "finished", time.perf_counter()))
         return job
+
+    def _repeat_bans(self, reqs: list[Req], rows: list[int]) -> list[tuple[int, torch.Tensor]]:
+        """(row, tokens banned) for the rows with max_repeat_run (repeat_guard.py)."""
+        bans = []
+        for row in rows:
+            req = reqs[row]
+            limit = req.sampling.max_repeat_run
+            if limit and not req.grammar.is_terminated():
+                ban = self.backend.repeat_guard.banned(req.output_ids, limit)
+                if ban is not None:
+                    bans.append((row, ban))
+        return bans
 
     def wait(self, job: MaskJob, device: torch.device) -> torch.Tensor:
         """Wait for the fill; the bitmask on `device`, for the sampler to apply to job.rows."""
@@ -168,6 +212,9 @@ class SchedulerGrammar:
                                         max_replaced=max_replaced)
         if jump is None:
             return None
+        if not self._jump_keeps_budget(req, jump):
+            self.stats.num_jumps_deferred += 1
+            return None
         req.grammar.apply_jump_forward(jump)
         self.stats.num_jumps += 1
         self.stats.num_forced_tokens += len(jump.token_ids)
@@ -180,6 +227,97 @@ class SchedulerGrammar:
             return None
         self.stats.num_forced_stops += 1
         return self.stop_id
+
+    # ---- budget-safe closing ----
+
+    def budget_left(self, req: Req) -> int:
+        """Tokens the request may still generate, EOS included."""
+        left = req.num_tokens_left
+        if self.context_len is not None:
+            left = min(left, self.context_len - req.seq_len)
+        return left
+
+    def closing(self, req: Req, token: int) -> list[int] | None:
+        """Before the sampled `token` is appended: None to keep it; else the tokens to append
+        instead (a completion of the output, then EOS), already accepted by the grammar."""
+        closer = self._ready_closer(req)
+        if closer is None or token in self.stop_token_ids:
+            return None
+        start = time.perf_counter()
+        try:
+            return self._check(req, closer, token)
+        finally:
+            self.stats.budget_check_s += time.perf_counter() - start
+
+    def _check(self, req: Req, closer: BudgetCloser, token: int) -> list[int] | None:
+        matcher = req.grammar.matcher
+        if not matcher.accept_token(token):
+            return None  # not ours to report: accept() will
+        searches = closer.num_searches
+        try:
+            keep = closer.keep(matcher, self.backend.table.token_bytes[token],
+                               self.budget_left(req) - 1)
+        finally:
+            matcher.rollback(1)
+        self.stats.num_budget_checks += 1
+        self.stats.num_budget_searches += closer.num_searches - searches
+        if keep:
+            return None
+        tokens = closer.closing_tokens(matcher)
+        if tokens is None or len(tokens) + 1 > self.budget_left(req):
+            # no tokenization of the completion, or it does not fit: no promise left to keep
+            logger.warning("request %s: budget-safe closing impossible here", req.rid)
+            req.grammar.closer = None
+            return None
+        tokens = [*tokens, self.stop_id]
+        for t in tokens:
+            if not req.grammar.accept_token(t):
+                raise RuntimeError(f"closing token {t} rejected by the grammar")
+        self.stats.num_closed_early += 1
+        return tokens
+
+    def _ready_closer(self, req: Req) -> BudgetCloser | None:
+        """The request's closer, its promise checked: started on first use (from a shared
+        witness for a grammar's first states); None, and dropped, if the budget cannot fit a
+        completion."""
+        closer = req.grammar.closer
+        if closer is None:
+            return None
+        if closer.witness is not None:
+            if closer.fits(self.budget_left(req)):
+                return closer
+            # The budget shrank while the grammar stood still (a reasoning model's thinking
+            # spends it with the grammar dormant): start again from here.
+            closer.witness = None
+        start = time.perf_counter()
+        key = None
+        output = self.backend.table.bytes_of(req.output_ids)
+        if len(output) <= START_BYTES:
+            key = (req.sampling.constraint, output)
+        searches = closer.num_searches
+        if closer.start(req.grammar.matcher, self.budget_left(req),
+                        self._start_witnesses.get(key) if key else None):
+            if key is not None:
+                self._start_witnesses[key] = closer.witness
+                self._start_witnesses.move_to_end(key)
+                if len(self._start_witnesses) > START_WITNESSES:
+                    self._start_witnesses.popitem(last=False)
+        else:
+            req.grammar.closer = None
+            self.stats.num_budget_unsafe += 1
+        self.stats.num_budget_searches += closer.num_searches - searches
+        self.stats.budget_check_s += time.perf_counter() - start
+        return req.grammar.closer
+
+    def _jump_keeps_budget(self, req: Req, jump: JumpForward) -> bool:
+        closer = self._ready_closer(req)
+        if closer is None:
+            return True
+        table = self.backend.table
+        replaced = req.output_ids[len(req.output_ids) - jump.num_replaced:]
+        grown = table.bytes_of(jump.token_ids)[len(table.bytes_of(replaced)):]
+        left = self.budget_left(req) - (len(jump.token_ids) - jump.num_replaced)
+        return closer.after_jump(grown, left)
 
     def shutdown(self) -> None:
         if self._backend is not None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
+import msgspec
 import torch
 
 from radixflow.radix_cache import RadixTree
@@ -70,7 +72,8 @@ class Scheduler:
         self.grammars = SchedulerGrammar(
             self.tokenizer, self.runner.vocab_size, stop_token_ids=sorted(self.eos_ids),
             compile_timeout=args.grammar_compile_timeout,
-            jump_forward=not args.disable_jump_forward)
+            jump_forward=not args.disable_jump_forward,
+            budget_safe=not args.disable_budget_safe_close, context_len=self.runner.context_len)
         self.reasoning = SchedulerReasoning(
             ReasoningParser.load(args.reasoning_parser, self.tokenizer), self.eos_ids,
             self.runner.vocab_size)
@@ -442,6 +445,10 @@ class Scheduler:
             tops = [list(zip(v, i)) for v, i in
                     zip(result.top_logprobs[0].tolist(), result.top_logprobs[1].tolist())]
         for i, (req, token) in enumerate(zip(reqs, next_ids)):
+            closing = self.grammars.closing(req, token) if req.grammar is not None else None
+            if closing is not None:  # the token would leave no completion within the budget
+                self._close_early(req, closing)
+                continue
             self._append_token(req, token, logprobs[i],
                                tops[i][:req.top_logprobs_num] if tops else None)
             if req.can_jump and req.finish is None:
@@ -508,6 +515,23 @@ class Scheduler:
             req.output_ids.append(stop_id)
             self.stats["generation_tokens"] += 1
             self._finish(req, Finish(type="stop", matched=stop_id))
+
+    def _close_early(self, req: Req, tokens: list[int]) -> None:
+        """Budget-safe closing (grammar.py): append the completion and EOS unsampled (their
+        logprobs are NaN: nothing scored them) and finish, closed_early."""
+        self._touched[req.rid] = req
+        for k, token in enumerate(tokens):
+            req.output_ids.append(token)
+            self.stats["generation_tokens"] += 1
+            if req.return_logprob:
+                req.pending_logprobs.append(math.nan)
+                if req.top_logprobs_num:
+                    req.pending_top_logprobs.append([])
+            last = k == len(tokens) - 1
+            finish = Finish(type="stop", matched=token) if last else self._check_stops(req, token)
+            if finish is not None:
+                self._finish(req, msgspec.structs.replace(finish, closed_early=True))
+                return
 
     def _num_replaceable(self, req: Req) -> int:
         """Trailing output tokens a jump may rewrite: not streamed yet, slots not the tree's."""

@@ -68,6 +68,8 @@ class _SamplingRequest(_Strict):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
+    budget_safe: bool = True  # radixflow: close constrained outputs within max_tokens
+    max_repeat_run: int | None = Field(None, ge=2, le=64)  # radixflow: constrained loops
     min_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS_LIMIT)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True

@@ -119,6 +119,7 @@ def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
         "stop": body.stop, "stop_token_ids": body.stop_token_ids, "ignore_eos": body.ignore_eos,
         "min_new_tokens": body.min_tokens, "skip_special_tokens": body.skip_special_tokens,
         "no_stop_trim": body.no_stop_trim, "logit_bias": body.logit_bias,
+        "budget_safe": body.budget_safe, "max_repeat_run": body.max_repeat_run,
         "thinking_budget": getattr(body, "thinking_budget", None),
         **constraint_fields(body, constraint),
     }

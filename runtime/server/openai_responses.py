@@ -52,7 +52,8 @@ class _Format(ABC):
 
     def result(self, builders: list[ResponseBuilder]) -> dict:
         choices = [self.choice(i, b) for i, b in enumerate(builders)]
-        return self.envelope(self.object_name, choices, usage(self.job, builders))
+        return self.envelope(self.object_name, mark_closed(choices, builders),
+                             usage(self.job, builders))
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> bytes:
         return sse(self.envelope(self.chunk_name, choices, usage))
@@ -176,7 +177,7 @@ async def openai_stream(fmt: CompletionFormat | ChatFormat, group: RequestGroup,
     sent_logprobs = [0] * len(builders)
     try:
         async for choices in fmt.opening(group, builders):
-            yield fmt.chunk(choices)
+            yield fmt.chunk(mark_closed(choices, builders))
         while not group.done:
             items = await group.next()
             for i, out in items:
@@ -189,7 +190,7 @@ async def openai_stream(fmt: CompletionFormat | ChatFormat, group: RequestGroup,
                     logprobs=b.output_logprobs[lp_from:],
                     top_logprobs=b.output_top_logprobs[lp_from:], finish_reason=finish_reason(b)))
                 if choice is not None:
-                    yield fmt.chunk([choice])
+                    yield fmt.chunk(mark_closed([choice], builders))
         if fmt.include_usage:
             yield fmt.chunk([], usage(fmt.job, builders))
     except ServerUnavailable as exc:
@@ -213,6 +214,15 @@ def usage(job: Job, builders: list[ResponseBuilder]) -> dict:
             job.reasoning.reasoning_tokens(job.reasoning.mode(b.req.input_ids), b.output_ids)
             for b in builders)}
     return out
+
+
+def mark_closed(choices: list[dict], builders: list[ResponseBuilder]) -> list[dict]:
+    """`closed_early: true` on each finished choice whose output budget-safe closing ended
+    (runtime/constrained/closing.py); absent otherwise. OpenAI clients ignore unknown fields."""
+    for choice in choices:
+        if choice.get("finish_reason") and builders[choice["index"]].closed_early:
+            choice["closed_early"] = True
+    return choices
 
 
 def finish_reason(b: ResponseBuilder) -> str | None:
