@@ -289,3 +289,14 @@ def test_special_token_markers_keep_special_tokens_in_the_text():
     assert message["content"] is None and len(message["tool_calls"]) == 2
     hermes = get_parser("hermes").bind(load_tokenizer("qwen3"), [151645])
     assert not hermes.special_text  # Qwen's <tool_call> is an added token, not a special one
+
+
+def test_pythonic_arguments_keep_the_declared_order():
+    from radixflow.runtime.server.tool_parsers.pythonic import kwargs_grammar
+
+    schema = {"type": "object", "properties": {"zeta": {"type": "boolean"},
+                                               "alpha": {"const": None}},
+              "required": ["zeta"]}
+    grammar = kwargs_grammar(json.dumps(schema))
+    assert 'f0 ::= "zeta=" p0_root s1' in grammar and '"None"' in grammar
+    assert 's1 ::= (", alpha=" p1_root s2) | s2' in grammar and '"True"' in grammar

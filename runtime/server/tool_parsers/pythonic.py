@@ -52,7 +52,7 @@ class PythonicParser(ToolParser):
                                        "which pythonic tool calls cannot name",
                                        param=tool_param(index))
             try:
-                kwargs_grammar(json.dumps(schema, sort_keys=True))
+                kwargs_grammar(json.dumps(schema))
             except (RuntimeError, ValueError) as exc:
                 raise GrammarError(f"{tool_param(index)} (tool {tool.name!r}): {exc}",
                                    param=tool_param(index)) from None
@@ -63,7 +63,7 @@ class PythonicParser(ToolParser):
         tags = []
         for tool in called_tools(plan):
             schema = check_parameters(tool, plan.tools.index(tool))
-            grammar = kwargs_grammar(json.dumps(schema, sort_keys=True))
+            grammar = kwargs_grammar(json.dumps(schema))
             content = ({"type": "grammar", "grammar": grammar} if grammar
                        else {"type": "const_string", "value": ""})
             tags.append({"type": "tag", "begin": f"{tool.name}(", "content": content,
