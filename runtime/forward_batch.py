@@ -74,3 +74,12 @@ class AttentionBackend(Protocol):
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
+
+@dataclass
+class BatchRequest:
+    """One request's part of a forward: `ids` go in at positions start_pos.. with these slots."""
+
+    req_pool_idx: int  # its row of req_to_token
+    ids: list[int]
+    start_pos: int
+    logit_offsets: list[int]  # offsets within `ids` whose logits are wanted

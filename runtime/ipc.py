@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 
@@ -141,3 +142,10 @@ class LocalInbox:
                 out.append(self._queue.get_nowait())
             except queue.Empty:
                 return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

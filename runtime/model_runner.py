@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -11,7 +10,7 @@ from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
 
 from .attention import create_attention_backend
-from .forward_batch import ForwardBatch, ForwardMode
+from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
@@ -43,14 +42,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-@dataclass
-class BatchRequest:
-    """One request's part of a forward: `ids` go in at positions start_pos.. with these slots."""
-
-    req_pool_idx: int  # its row of req_to_token
-    ids: list[int]
-    start_pos: int
-    logit_offsets: list[int]  # offsets within `ids` whose logits are wanted
 
 
 class ModelRunner:

@@ -53,7 +53,7 @@ def tp_args(args: ServerArgs, folder: Any = None) -> ServerArgs:
     folder = folder or resolve_model(args.model)
     check_split(ModelArgs.from_hf_config(load_config(folder)), args.tp_size)
     if args.dist_init_addr is None:
-        from ..server.process import free_port
+        from ..ipc import free_port
 
         args = args.replace(dist_init_addr=f"127.0.0.1:{free_port()}")
     return args.replace(model=str(folder))
@@ -139,34 +139,3 @@ def start_node_ranks(args: ServerArgs, children: Any) -> None:
             children.start(f"tp-rank-{rank}", WORKER_ENTRY, args, rank)
     if args.node_rank == 0 and args.nnodes > 1:
         children.start("tp-watch", WATCH_ENTRY, args)
-
-
-def serve_other_node(args: ServerArgs) -> int:
-    """`radixflow serve --nnodes N --node-rank K` for K > 0: this node's ranks, no HTTP
-    server. Returns when they exit (rank 0 shut down or went away, or one failed)."""
-    from ..server.launch import Children
-
-    layout = Layout(args.tp_size, args.nnodes)
-    ranks = layout.ranks_of(args.node_rank)
-    children = Children(log_level=args.log_level)
-    try:
-        args = tp_launch_args(args)
-        start_node_ranks(args, children)
-        logger.info("node %d of %d: tensor-parallel ranks %d..%d of %d, joining rank 0 at %s",
-                    args.node_rank, args.nnodes, ranks[0], ranks[-1], args.tp_size,
-                    args.dist_init_addr)
-        while True:
-            dead = children.dead()
-            if dead is not None:
-                name, code = dead
-                logger.error("the %s process exited (exit code %s); node %d stops", name, code,
-                             args.node_rank)
-                return 1
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        return 130
-    except ServerUnavailable as exc:
-        logger.error("%s", exc)
-        return 1
-    finally:
-        children.stop()

@@ -89,7 +89,7 @@ def send_shutdown(tp: TensorParallel) -> None:
 def receive(tp: TensorParallel, req_to_token: torch.Tensor) -> Plan | None:
     """A worker's side: the next plan (its table changes already applied), or None when rank 0
     shuts down. Blocks while the server idles."""
-    from ..model_runner import BatchRequest
+    from ..forward_batch import BatchRequest
 
     header = torch.empty(HEADER, dtype=torch.int64)
     tp.broadcast(header)

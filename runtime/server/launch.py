@@ -195,7 +195,6 @@ def serve(args: ServerArgs) -> int:
     if parent_pid:
         watch_parent(int(parent_pid), lambda: os.kill(os.getpid(), signal.SIGTERM))
     if args.node_rank > 0:  # --nnodes: this node runs tensor-parallel ranks only
-        from ..distributed.launch import serve_other_node
 
         return serve_other_node(args)
     addrs = IpcAddrs.create()
@@ -348,3 +347,35 @@ def _announce(server: Any, args: ServerArgs, served: str) -> None:
             break
     print(f"radixflow is serving {served} at http://{args.host}:{port} "
           f"(OpenAI API at http://{args.host}:{port}/v1)", file=sys.stderr, flush=True)
+
+
+def serve_other_node(args: ServerArgs) -> int:
+    """`radixflow serve --nnodes N --node-rank K` for K > 0: this node's ranks, no HTTP
+    server. Returns when they exit (rank 0 shut down or went away, or one failed)."""
+    from ..distributed.launch import start_node_ranks, tp_launch_args
+    from ..distributed.parallel_state import Layout
+
+    layout = Layout(args.tp_size, args.nnodes)
+    ranks = layout.ranks_of(args.node_rank)
+    children = Children(log_level=args.log_level)
+    try:
+        args = tp_launch_args(args)
+        start_node_ranks(args, children)
+        logger.info("node %d of %d: tensor-parallel ranks %d..%d of %d, joining rank 0 at %s",
+                    args.node_rank, args.nnodes, ranks[0], ranks[-1], args.tp_size,
+                    args.dist_init_addr)
+        while True:
+            dead = children.dead()
+            if dead is not None:
+                name, code = dead
+                logger.error("the %s process exited (exit code %s); node %d stops", name, code,
+                             args.node_rank)
+                return 1
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 130
+    except ServerUnavailable as exc:
+        logger.error("%s", exc)
+        return 1
+    finally:
+        children.stop()

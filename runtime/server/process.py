@@ -6,7 +6,6 @@ import atexit
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,9 @@ import time
 from typing import Any
 
 from ..errors import ServerUnavailable
+from ..ipc import free_port  # noqa: F401 -- tests and bench import it from here
 from ..server_args import ServerArgs, server_args_from
 from .launch import PARENT_PID_ENV
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def cli_flags(args: ServerArgs) -> list[str]:
