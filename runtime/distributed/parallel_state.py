@@ -92,6 +92,9 @@ class TensorParallel:
         self.device, self.spec = device, spec
         self.addr, self.timeout_s = addr, timeout_s
         self.failure: str | None = None
+        # seconds spent in (and calls of) each collective, waiting for the others included
+        self.comm_seconds: dict[str, float] = {}
+        self.comm_calls: dict[str, int] = {}
         self.serving = False  # rank 0: set once every rank waits for batch plans
         self._closed = False
         self._threads_before: int | None = None
@@ -216,8 +219,12 @@ class TensorParallel:
     def _run(self, what: str, fn, *args, **kwargs) -> None:
         if self.failure is not None:
             raise RankLost(self.failure)
+        start = time.perf_counter()
         try:
             fn(*args, **kwargs)
+            self.comm_seconds[what] = (self.comm_seconds.get(what, 0.0)
+                                       + time.perf_counter() - start)
+            self.comm_calls[what] = self.comm_calls.get(what, 0) + 1
         except RuntimeError as exc:
             who = "rank 0 (the scheduler)" if self.rank else "a tensor-parallel rank"
             self.failure = (f"tensor parallelism: {who} stopped answering ({what} on rank "
