@@ -199,7 +199,7 @@ def allreduce_latency(world: int, hidden: int = 576, calls: int = 300) -> float:
     slower rank's layer."""
     import multiprocessing as mp
 
-    from radixflow.runtime.server.process import free_port
+    from radixflow.runtime.ipc import free_port
 
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()

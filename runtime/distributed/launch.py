@@ -7,7 +7,7 @@
 - `start_node_ranks(args, children)`: the server's launcher on node 0 starts the ranks
   of its node besides 0 (and, with --nnodes > 1, watch.py's watcher) as its children, so a
   rank that dies stops the server like any other child.
-- `serve_other_node(args)`: `radixflow serve --node-rank K` (K > 0) runs only model ranks.
+  (server/launch.py's serve_other_node uses it on nodes K > 0, which run only model ranks.)
 """
 
 from __future__ import annotations

@@ -126,7 +126,12 @@ class TensorParallel:
         if device.type == "cpu":
             tp._threads_before = torch.get_num_threads()
             torch.set_num_threads(cpu_threads(args.num_threads, layout.per_node))
-        tp._join(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+        try:
+            tp._join(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+        except BaseException:
+            if tp._threads_before is not None:  # (an Engine's process lives on)
+                torch.set_num_threads(tp._threads_before)
+            raise
         _current = tp
         logger.info("tensor parallel %s on %s (%d threads), via %s", spec.describe(), device,
                     torch.get_num_threads(), args.dist_init_addr)

@@ -25,8 +25,7 @@ from radixflow.runtime.distributed.plan import FORWARD, PlanSender, receive
 from radixflow.runtime.distributed.sharding import ShardSpec, check_split
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import ServerUnavailable
-from radixflow.runtime.forward_batch import ForwardMode
-from radixflow.runtime.model_runner import BatchRequest
+from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
 from radixflow.runtime.models.config import ModelArgs
 from radixflow.runtime.server_args import ServerArgs
 

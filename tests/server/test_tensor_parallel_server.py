@@ -15,7 +15,7 @@ import requests
 from helpers.live_server import LiveServer, kill_all
 
 from radixflow.runtime.engine import Engine
-from radixflow.runtime.server.process import free_port
+from radixflow.runtime.ipc import free_port
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):", "Numbers: 0 1 2"]
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
