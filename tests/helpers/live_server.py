@@ -52,6 +52,22 @@ def wait_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
     return {p for p in pids if is_alive(p)}
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> bool:
+    """Poll `url`/health until it answers 200 (True) or `timeout` passes (False); raises
+    RuntimeError if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process exited with {proc.returncode}")
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 class LiveServer:
     """`radixflow serve <flags>` on a free port; `stop()` sends SIGTERM and returns the code."""
 
@@ -64,16 +80,11 @@ class LiveServer:
                *flags]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
+        try:
+            if wait_healthy(self.proc, self.url, timeout):
+                return
+        except RuntimeError as exc:
+            raise RuntimeError(f"server: {exc}:\n{self.log()}") from None
         self.proc.kill()
         raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
 

@@ -7,21 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.default_prompts import PROMPTS
 
 from radixflow.runtime.engine import Engine
 
 pytestmark = pytest.mark.e2e
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "The three primary colors are",
-    "Water boils at a temperature of",
-    "<|im_start|>user\nName a fruit that is yellow.<|im_end|>\n<|im_start|>assistant\n",
-    "1, 2, 3, 4, 5,",
-    "A haiku about the sea:",
-]
 
 
 def test_greedy_matches_hf_fp32(default_model_path):

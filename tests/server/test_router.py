@@ -18,6 +18,7 @@ import time
 import pytest
 import requests
 from helpers.http_stub import ServedApp
+from helpers.live_server import wait_healthy
 
 from radixflow.runtime.server.process import ServerProcess, free_port
 
@@ -32,16 +33,11 @@ class RouterProcess:
             [sys.executable, "-m", "radixflow.runtime.cli", "router", "--port", str(self.port),
              "--log-level", "warning", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the router exited: {self.proc.stdout.read()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
+        try:
+            if wait_healthy(self.proc, self.url, timeout):
+                return
+        except RuntimeError as exc:
+            raise RuntimeError(f"router: {exc}: {self.proc.stdout.read()}") from None
         self.stop()
         raise RuntimeError("the router did not come up")
 
