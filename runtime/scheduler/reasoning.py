@@ -102,6 +102,8 @@ class SchedulerReasoning:
         """The batch's bitmask and masked rows with the thinking's edits: the forced end
         marker, no EOS while a constrained request thinks, the start marker allowed beside a
         grammar's first token."""
+        if self.parser is None:  # no reasoning model: nothing to edit, no per-row loop
+            return bitmask, rows
         edits = []
         for i, r in enumerate(reqs):
             t = r.thinking
