@@ -223,11 +223,9 @@ class ModelRunner:
         if self.plan_sender is not None:
             self.plan_sender.send(mode, parts, out_slots, self.req_to_token_pool.req_to_token)
         c_step = self.cpu_decode
-        if (c_step is not None and mode == ForwardMode.DECODE and len(parts) <= c_step.max_batch
-                and all(len(p.ids) == 1 and p.logit_offsets == [0] for p in parts)):
-            # one token per request: no batch tensors to build, one C call
-            return c_step.run([p.ids[0] for p in parts], [p.start_pos for p in parts], out_slots,
-                              [p.req_pool_idx for p in parts], self.req_to_token_pool.req_to_token)
+        if c_step is not None and mode == ForwardMode.DECODE and c_step.accepts(parts):
+            # one token a row: no batch tensors to build, one C call
+            return c_step.run(parts, out_slots, self.req_to_token_pool.req_to_token)
         input_ids, positions, logits_indices = [], [], []
         seq_lens, prefix_lens, ext_lens, req_pool_indices = [], [], [], []
         offset = 0

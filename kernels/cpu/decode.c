@@ -259,13 +259,18 @@ static double profile_clock(const rf_model *m) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Logits [B][vocab] (fp32) of B requests' next tokens, one token each: x_in [B][hidden] their
- * embeddings, cos/sin [B][head_dim] their rope rows, out_slots[r] where row r's K/V go, and
- * table + rows[r] * table_stride row r's KV slots, lens[r] of them (the last is out_slots[r];
- * lens[r] <= max_context). B <= max_batch. */
+/* Logits [logit_rows][vocab] (fp32) of the first logit_rows of B rows, one token each: x_in
+ * [B][hidden] their embeddings, cos/sin [B][head_dim] their rope rows, out_slots[r] where row r's
+ * K/V go, and table + rows[r] * table_stride row r's KV slots, lens[r] of them (the last is
+ * out_slots[r]; lens[r] <= max_context). B <= max_batch, logit_rows <= B.
+ *
+ * Every layer writes all rows' K/V before any row attends, so several rows may be one request's
+ * consecutive tokens (jump-forward's forced tokens): each sees the ones before it. Rows whose
+ * logits nobody samples from go last and skip the head. */
 void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const float *cos,
                      const float *sin, const int64_t *out_slots, const int32_t *table,
-                     int64_t table_stride, const int64_t *rows, const int64_t *lens, float *logits) {
+                     int64_t table_stride, const int64_t *rows, const int64_t *lens,
+                     int64_t logit_rows, float *logits) {
     buffers b;
     layout(m, m->scratch, &b);
     const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
@@ -367,7 +372,11 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             SYNC();
             PHASE(PH_NORM);
         }
-        MATMUL(&m->head, logits, PH_HEAD);
+        if (logit_rows > 0) {
+            gemv_part(&m->head, &b, logit_rows, logits);
+            SYNC();
+            PHASE(PH_HEAD);
+        }
 #undef MATMUL
 #undef SYNC
 #undef PHASE

@@ -115,7 +115,7 @@ class DecodeStep:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self._step = lib.rf_decode_batch
         self._step.argtypes = [ctypes.POINTER(_Model), i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
-                               ptr]
+                               i64, ptr]
         self._step.restype = None
         self._model_ref = ctypes.byref(self._model)
         self._lib = lib
@@ -212,16 +212,20 @@ class DecodeStep:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  out_slots: torch.Tensor, req_to_token: torch.Tensor,
                  req_pool_indices: torch.Tensor,
-                 lens: torch.Tensor) -> torch.Tensor:
-        """One token for each of B requests. x: fp32 [B, hidden] (embeddings); cos, sin: fp32
+                 lens: torch.Tensor, logit_rows: int | None = None) -> torch.Tensor:
+        """One token for each of B rows. x: fp32 [B, hidden] (embeddings); cos, sin: fp32
         [B, head_dim] (their positions' rope rows); out_slots: int64 [B], where their K/V go;
         req_to_token: the int32 [requests, context] request -> KV slot table, whose row
-        req_pool_indices[r] holds request r's lens[r] slots (out_slots[r] last);
-        req_pool_indices, lens: int64 [B].
-        Returns logits [B, vocab]."""
+        req_pool_indices[r] holds row r's lens[r] slots (out_slots[r] last);
+        req_pool_indices, lens: int64 [B]. Several rows may be one request's consecutive
+        tokens (each sees the K/V of those before it).
+        Returns the logits of the first `logit_rows` rows (default all), [logit_rows, vocab]."""
         batch = x.shape[0]
         if not 0 < batch <= self.max_batch:
             raise ValueError(f"{batch} requests, expected 1..{self.max_batch}")
+        logit_rows = batch if logit_rows is None else logit_rows
+        if not 0 <= logit_rows <= batch:
+            raise ValueError(f"logit_rows must be 0..{batch}, got {logit_rows}")
         for name, t, dtype in (("x", x, torch.float32), ("cos", cos, torch.float32),
                                ("sin", sin, torch.float32), ("out_slots", out_slots, torch.int64),
                                ("req_to_token", req_to_token, torch.int32),
@@ -231,9 +235,8 @@ class DecodeStep:
                 raise ValueError(f"{name} must be a contiguous {dtype} tensor")
         if int(lens.min()) < 1 or int(lens.max()) > min(self.max_context, req_to_token.shape[1]):
             raise ValueError(f"KV lengths must be 1..{self.max_context}")
-        logits = torch.empty(batch, self.shape.vocab, dtype=torch.float32)
+        logits = torch.empty(logit_rows, self.shape.vocab, dtype=torch.float32)
         self._step(self._model_ref, batch, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                    out_slots.data_ptr(), req_to_token.data_ptr(), req_to_token.shape[1],
-                   req_pool_indices.data_ptr(),
-                   lens.data_ptr(), logits.data_ptr())
+                   req_pool_indices.data_ptr(), lens.data_ptr(), logit_rows, logits.data_ptr())
         return logits

@@ -7,8 +7,9 @@ to `max_batch` requests, one token each, in one call, with the weights in the ti
 kernels/cpu/gemv_*.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
 
 It covers a model on a CPU at level avx512 or avx2 (kernels/cpu/features.py) whose layers are
-quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool;
-larger batches, prefill, jump-forward rows and anything else run the torch model.
+quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool.
+Jump-forward's forced tokens are rows of the same call (they skip the head); larger batches,
+prefill and anything else run the torch model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu import decode as cpu_decode
 
+from ..forward_batch import BatchRequest
 from ..memory_pool import KVPool
 from .llama import LlamaForCausalLM, RMSNorm
 from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
@@ -89,17 +91,31 @@ class CpuDecode:
     def max_batch(self) -> int:
         return self.step.max_batch
 
+    def accepts(self, parts: list[BatchRequest]) -> bool:
+        """A decode pass the C step runs: one token a row (jump-forward's forced tokens are
+        rows of their own), at most `max_batch` rows, logits wanted of a row's token or not."""
+        return len(parts) <= self.max_batch and all(
+            len(p.ids) == 1 and p.logit_offsets in ([0], []) for p in parts)
+
     @torch.inference_mode()
-    def run(self, tokens: list[int], positions: list[int], out_slots: torch.Tensor,
-            req_pool_indices: list[int], req_to_token: torch.Tensor) -> torch.Tensor:
-        """Logits (float32, [B, vocab]) after tokens[r] at positions[r] for B requests; their
-        K/V go to out_slots (int64 [B]). req_to_token: the request -> KV slot table (int32),
-        whose row req_pool_indices[r] already holds out_slots[r] at positions[r]."""
+    def run(self, parts: list[BatchRequest], out_slots: torch.Tensor,
+            req_to_token: torch.Tensor) -> torch.Tensor:
+        """Logits (float32, [rows that want them, vocab], in part order) after each part's
+        token; their K/V go to out_slots (int64, one per part). req_to_token: the request ->
+        KV slot table (int32), whose row part.req_pool_idx already holds the part's slot at
+        part.start_pos."""
         self.calls += 1
+        wanted = [p.logit_offsets == [0] for p in parts]
+        if not all(wanted):  # rows the sampler skips go last, where the head skips them
+            order = [i for i, w in enumerate(wanted) if w] + [i for i, w in enumerate(wanted)
+                                                             if not w]
+            parts = [parts[i] for i in order]
+            out_slots = out_slots[order]
         model = self.model
-        ids = torch.tensor(tokens, dtype=torch.int64)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        ids = torch.tensor([p.ids[0] for p in parts], dtype=torch.int64)
+        pos = torch.tensor([p.start_pos for p in parts], dtype=torch.int64)
         x = model.embed_tokens.weight.index_select(0, ids).float()
         cos, sin = model.rope.cos.index_select(0, pos), model.rope.sin.index_select(0, pos)
         return self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), req_to_token,
-                         torch.tensor(req_pool_indices, dtype=torch.int64), pos + 1)
+                         torch.tensor([p.req_pool_idx for p in parts], dtype=torch.int64),
+                         pos + 1, logit_rows=sum(wanted))

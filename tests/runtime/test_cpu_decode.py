@@ -263,3 +263,36 @@ def test_a_step_with_several_shared_prefixes_matches_each_request_alone(tiny_mod
     alone = step(*args)
     # the same up to bf16 weights' rounding at avx512; at avx2 up to fp32 sums' order
     assert (together - alone).abs().max() <= 0.01 * alone.abs().max()
+
+
+def test_forced_rows_of_one_request_in_the_same_c_step(tiny_model_factory):
+    """Jump-forward's forced tokens are rows of the decode pass with no logits wanted: the C
+    step runs them with everyone else's (each sees the K/V of the rows before it) and returns
+    the logits of the wanted rows only, in part order, as the torch path does."""
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, quantization="int4")
+    table = runner.req_to_token_pool.req_to_token
+    prompts = [TOKENS[:7], TOKENS[3:12], TOKENS[9:14]]
+    forced = [[250, 251, 6], [], [42, 7]]  # request 1 decodes one sampled token only
+    slots = [runner.kv_pool.alloc(len(p) + len(f)) for p, f in zip(prompts, forced)]
+    for row, (prompt, s) in enumerate(zip(prompts, slots)):
+        table[row, :len(s)] = s.to(torch.int32)
+        runner.forward(ForwardMode.EXTEND, [BatchRequest(row, prompt[:-1], 0, [])],
+                       s[:len(prompt) - 1])
+    parts, out_slots = [], []
+    for row, (prompt, more, s) in enumerate(zip(prompts, forced, slots)):
+        ids = prompt[-1:] + more
+        start = len(prompt) - 1
+        for k, tok in enumerate(ids):
+            parts.append(BatchRequest(row, [tok], start + k, [0] if k == len(ids) - 1 else []))
+        out_slots.append(s[start:start + len(ids)])
+    out_slots = torch.cat(out_slots)
+    calls = runner.cpu_decode.calls
+    c_step = runner.forward(ForwardMode.DECODE, parts, out_slots)
+    assert runner.cpu_decode.calls == calls + 1  # one C call, no fallback
+    runner.cpu_decode, step = None, runner.cpu_decode
+    eager = runner.forward(ForwardMode.DECODE, parts, out_slots)
+    runner.cpu_decode = step
+    assert c_step.shape == eager.shape == (3, runner.vocab_size)
+    assert (c_step - eager).abs().max() < 0.05 * eager.abs().max()
+    assert (c_step.argmax(-1) == eager.argmax(-1)).all()
