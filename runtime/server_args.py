@@ -68,6 +68,10 @@ class ServerArgs:
                                      aliases=("--max-num-seqs",))
     max_prefill_tokens: int = _arg(4096, "token budget of one prefill batch")
     chunked_prefill_size: int = _arg(1024, "longest prefill chunk of one request (-1: off)")
+    prefill_budget_while_decoding: int | None = _arg(
+        None, "prefill tokens of one step while requests are decoding, so that their streams "
+        "keep their pace as long prompts arrive (a prompt is then computed in chunks of this "
+        "size between decode steps); default: 256 on a CPU, --max-prefill-tokens on a GPU")
     schedule_policy: Literal["lpm", "fcfs"] = _arg(
         "lpm", "waiting-queue order: longest prefix match first, or first come first served")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests",
@@ -131,7 +135,8 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
         for name in ("context_length", "kv_cache_gb", "max_total_tokens",
-                     "max_running_requests", "max_prefill_tokens", "tp_size", "dp_size",
+                     "max_running_requests", "max_prefill_tokens",
+                     "prefill_budget_while_decoding", "tp_size", "dp_size",
                      "num_threads", "grammar_compile_timeout", "nnodes", "dist_timeout"):
             positive(name)
         if not 0.0 < self.mem_fraction < 1.0:

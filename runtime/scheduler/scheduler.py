@@ -43,6 +43,11 @@ from .sessions import Continuation, Sessions
 
 logger = logging.getLogger(__name__)
 
+# Prefill tokens of a step while others decode, on a CPU: a longer chunk stalls every running
+# stream for its whole prefill; 256 tokens compute at the per-token cost of 1,024 there
+# (bench/results/prefill-*.md) while a stream waits about a quarter as long.
+DECODE_PREFILL_BUDGET_CPU = 256
+
 
 class Scheduler:
     def __init__(self, args: ServerArgs, *, model_folder=None, hf_config: dict | None = None,
@@ -78,6 +83,9 @@ class Scheduler:
             ReasoningParser.load(args.reasoning_parser, self.tokenizer), self.eos_ids,
             self.runner.vocab_size)
         self.sessions = Sessions(getattr(self.tokenizer, "bos_token_id", None))
+        self.prefill_budget = min(args.max_prefill_tokens, args.prefill_budget_while_decoding or (
+            DECODE_PREFILL_BUDGET_CPU if self.runner.device.type == "cpu"
+            else args.max_prefill_tokens))
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
         self.num_forward_passes = 0
@@ -252,7 +260,7 @@ class Scheduler:
         # Running requests need a slot each for decode, or one per forced token (jump-forward).
         reserved = sum(max(1, r.seq_len - r.computed_len) for r in self.running)
         budget = Budget(
-            tokens=self.args.max_prefill_tokens,
+            tokens=self.prefill_budget if self.running else self.args.max_prefill_tokens,
             kv_slots=self.kv_pool.num_free + self.tree.evictable_size() - reserved,
             rows=self.req_to_token_pool.num_free,
             running=self.args.max_running_requests - len(self.running) - len(self.prefilling))
