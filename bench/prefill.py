@@ -138,6 +138,9 @@ def report(args, runs: dict[str, dict], cpu: str, setups: list[str]) -> str:
              "| server | " + " | ".join(c[1] for c in cols) + " | prompt tokens (cold / cached, "
              "of them cached) |", "|---" * (len(cols) + 2) + "|"]
     for name, r in runs.items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error'][:200]} |")
+            continue
         cells = [f"{r[k]:.0f}" if r[k] is not None else "-" for k, _ in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['cold_prompt_tokens']} / "
                      f"{r['cached_prompt_tokens']}, {r['cached_tokens']} |")
@@ -173,7 +176,10 @@ def main() -> None:
     setups = [f"radixflow: `radixflow serve --cpu-isa {args.cpu_isa} {args.serve_args}`"]
 
     def run(url: str) -> dict:
-        return asyncio.run(measure(url, args.trials, args.streams, args.arrivals, args.seed))
+        try:
+            return asyncio.run(measure(url, args.trials, args.streams, args.arrivals, args.seed))
+        except (httpx.HTTPError, RuntimeError) as exc:  # the report says which server failed
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def radixflow(label: str) -> None:
         extra = {}

@@ -256,6 +256,7 @@ class Engine(GenerateAPI):
             while True:
                 msgs = self._inbox.recv_batch(None if self.scheduler.is_idle else 0)
                 if any(m is _SHUTDOWN for m in msgs):
+                    self.scheduler.shutdown()
                     return
                 # As in the server, the detokenizer learns of a request before the scheduler.
                 # NOTE: unlike the server's, it is not told of aborts: a caller may still wait

@@ -81,6 +81,9 @@ class ServerArgs:
     sampling_backend: Literal["auto", "torch", "triton"] = _arg(
         "auto", "top-k/top-p sampling kernel; auto: triton on CUDA, torch on CPU")
     disable_jump_forward: bool = _arg(False, "sample every token of a constrained output")
+    disable_overlap_schedule: bool = _arg(
+        False, "run each decode step's CPU work (stops, grammars, outputs, the next batch) "
+        "between forward passes instead of during the next one (runtime/scheduler/overlap.py)")
     disable_budget_safe_close: bool = _arg(
         False, "let constrained outputs run out of max_tokens unfinished: no closing with the "
         "grammar's shortest completion when the budget gets tight (per request: budget_safe)")

@@ -64,6 +64,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
         outbox.send(ProcessFailed(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        sched.shutdown()
         inbox.close()
         outbox.close(linger_ms=1000)
         ctx.term()

@@ -71,6 +71,11 @@ class Req:
         """Every token that must have KV before the next token can be sampled."""
         return self.input_ids + self.output_ids
 
+    def token_at(self, pos: int) -> int:
+        """fill_ids[pos], without building fill_ids."""
+        n = len(self.input_ids)
+        return self.input_ids[pos] if pos < n else self.output_ids[pos - n]
+
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)

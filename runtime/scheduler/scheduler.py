@@ -31,12 +31,13 @@ from ..messages import (
 )
 from ..model_runner import BatchRequest, ModelRunner
 from ..reasoning import ReasoningParser
-from ..sampling import SamplingBatch, compute_logprobs, sample, top_logprobs
+from ..sampling import SampleOutput, SamplingBatch, compute_logprobs, sample, top_logprobs
 from ..server_args import ServerArgs, chat_template_text
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .grammar import MaskJob, SchedulerGrammar
 from .kv_cache import KVCache, cat_slots, evictable_len
 from .output import make_output
+from .overlap import ForwardThread, InFlight
 from .reasoning import SchedulerReasoning
 from .req import Req, ReqStatus
 from .sessions import Continuation, Sessions
@@ -88,6 +89,10 @@ class Scheduler:
             else args.max_prefill_tokens))
         self.stats = {"cache_hit_tokens": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.num_retractions = 0
+        # overlap.py: decode passes run on a forward thread, one step ahead of their CPU work
+        self.overlap = self._overlap_wanted()
+        self.forward_thread = ForwardThread() if self.overlap else None
+        self.in_flight: InFlight | None = None
         self.num_forward_passes = 0
         self.num_request_forwards = 0  # requests taking part, summed over forward passes
 
@@ -95,7 +100,7 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.prefilling or self.running)
+        return not (self.waiting or self.prefilling or self.running or self.in_flight)
 
     @property
     def context_len(self) -> int:
@@ -125,8 +130,11 @@ class Scheduler:
             self._handle(msg, out)
         self._resolve_grammars()
         if self.prefilling or any(r.pending_grammar is None for r in self.waiting):
+            self._drain()  # (admission may reuse the rows and slots of the pass in flight)
             self._run_extend()
-        if any(r.seq_len > r.computed_len for r in self.running):
+        if self.overlap:
+            self._run_decode_overlapped()
+        elif any(r.seq_len > r.computed_len for r in self.running):
             self._run_decode()
         if self._touched:
             outputs = [make_output(r) for r in self._touched.values()]
@@ -392,24 +400,101 @@ class Scheduler:
         NOTE: rows of one request see each other's K/V because every layer writes the pass's
         K/V into the pool before attention reads it; row i attends to positions < seq_len_i.
         """
-        reqs = [r for r in self.running if r.seq_len > r.computed_len]
-        slots = self._alloc_for_decode(reqs)
-        reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
+        reqs, parts, slots = self._plan_decode(
+            [r for r in self.running if r.seq_len > r.computed_len])
         if not reqs:
             return
+        mask = self.grammars.start_fill(reqs)  # overlaps the forward
+        logits = self._forward(ForwardMode.DECODE, parts, slots)
+        self._sample(reqs, logits, mask)
+
+    def _plan_decode(self, reqs: list[Req]) -> tuple[list[Req], list[BatchRequest], torch.Tensor]:
+        """Slots and query rows for every uncomputed token of `reqs` (the last of each wants
+        logits), marked computed: (the requests kept, parts, slots). Retraction may drop some."""
+        slots = self._alloc_for_decode(reqs)
+        reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
         parts, used = [], 0
         for req in reqs:
             start, end = req.computed_len, req.seq_len
             self.req_to_token[req.req_pool_idx, start:end] = \
                 slots[used:used + end - start].to(torch.int32)
             used += end - start
-            parts += [BatchRequest(req.req_pool_idx, [req.fill_ids[pos]], pos,
+            parts += [BatchRequest(req.req_pool_idx, [req.token_at(pos)], pos,
                                    [0] if pos == end - 1 else []) for pos in range(start, end)]
-        mask = self.grammars.start_fill(reqs)  # overlaps the forward
-        logits = self._forward(ForwardMode.DECODE, parts, slots)
+            req.computed_len = end
+        return reqs, parts, slots[:used]
+
+    # ---- overlapped decode (overlap.py) ----
+
+    def _overlap_wanted(self) -> bool:
+        if self.args.disable_overlap_schedule:
+            return False
+        if self.args.tp_size > 1:
+            logger.info("overlap scheduling is off under --tp-size > 1")
+            return False
+        return True
+
+    def _run_decode_overlapped(self) -> None:
+        """Sample the pass in flight, launch the next with its tokens, then do the CPU work of
+        the tokens sampled while the new pass computes."""
+        prev, self.in_flight = self.in_flight, None
+        reqs, picked = self._pick_in_flight(prev) if prev is not None else ([], None)
+        for req, token in zip(reqs, picked.next_ids.tolist() if picked else []):
+            req.output_ids.append(token)  # tentatively: the next pass computes it
+        launch = [r for r in self.running
+                  if r.seq_len > r.computed_len and not self._ends_at_once(r)]
+        launched, parts, slots = self._plan_decode(launch) if launch else ([], [], None)
+        if launched:
+            future = self.forward_thread.submit(self._forward, ForwardMode.DECODE, parts, slots)
+            self.in_flight = InFlight(launched, [r.seq_len for r in launched], future)
         for req in reqs:
-            req.computed_len = req.seq_len
-        self._sample(reqs, logits, mask)
+            req.output_ids.pop()  # committed below, as a synchronous step would
+        if reqs:
+            self._commit(reqs, picked)
+        if self.in_flight is not None:
+            live = [r for i, r in enumerate(self.in_flight.reqs) if self.in_flight.still_valid(i)]
+            self.in_flight.mask = self.grammars.start_fill(live)  # after the accepts above
+            self.in_flight.masked = live
+
+    def _ends_at_once(self, req: Req) -> bool:
+        """Whether a request's tentative token surely ends it (no pass needed after it)."""
+        if req.num_tokens_left <= 0 or req.seq_len >= self.context_len:
+            return True
+        token = req.output_ids[-1] if req.output_ids else None
+        return token in req.sampling.stop_token_ids or (
+            token in self.eos_ids and not req.sampling.ignore_eos)
+
+    def _pick_in_flight(self, prev: InFlight) -> tuple[list[Req], SampleOutput | None]:
+        """Wait for the pass; sample the rows still valid: (their requests, the draw)."""
+        logits = prev.logits.result()
+        keep = [i for i in range(len(prev.reqs)) if prev.still_valid(i)]
+        bitmask = mask_rows = None
+        if prev.mask is not None:
+            full = self.grammars.wait(prev.mask, logits.device)
+            row_of = {id(r): k for k, r in enumerate(prev.masked)}
+            masked_rows = set(prev.mask.rows)
+            rows = [row_of[id(prev.reqs[i])] for i in keep]
+            mask_rows = [j for j, row in enumerate(rows) if row in masked_rows]
+            bitmask = full[rows] if mask_rows else None
+            mask_rows = mask_rows or None
+        if not keep:
+            return [], None
+        reqs = [prev.reqs[i] for i in keep]
+        if len(keep) < len(prev.reqs):
+            logits = logits[keep]
+        return reqs, self._pick(reqs, logits, bitmask, mask_rows)
+
+    def _drain(self) -> None:
+        """Sample and commit the pass in flight, launching none."""
+        prev, self.in_flight = self.in_flight, None
+        if prev is not None:
+            reqs, picked = self._pick_in_flight(prev)
+            if reqs:
+                self._commit(reqs, picked)
+
+    def shutdown(self) -> None:
+        if self.forward_thread is not None:
+            self.forward_thread.shutdown()
 
     def _alloc_for_decode(self, reqs: list[Req]) -> torch.Tensor:
         """A slot per uncomputed token; retract the requests with the most tokens left until
@@ -433,20 +518,30 @@ class Scheduler:
     # ---- sampling and finishing ----
 
     def _sample(self, reqs: list[Req], logits: torch.Tensor, mask: MaskJob | None) -> None:
+        bitmask, mask_rows = None, None
+        if mask is not None:
+            bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
+        self._commit(reqs, self._pick(reqs, logits, bitmask, mask_rows))
+
+    def _pick(self, reqs: list[Req], logits: torch.Tensor, bitmask: torch.Tensor | None,
+              mask_rows: list[int] | None) -> SampleOutput:
+        """One token per request from its logits row (grammar bitmask rows `mask_rows`)."""
         batch = SamplingBatch.build(
             [r.sampling for r in reqs], [r.output_ids for r in reqs],
             [r.input_ids for r in reqs], [r.generator for r in reqs], sorted(self.eos_ids),
             self.runner.vocab_size, logits.device)
-        bitmask, mask_rows = None, None
-        if mask is not None:
-            bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
         bitmask, mask_rows = self.reasoning.masks(reqs, bitmask, mask_rows, logits.device)
         top_k = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
         need_logprobs = any(r.return_logprob for r in reqs)
         result = sample(logits, batch, bitmask=bitmask, mask_rows=mask_rows,
                         top_logprobs_num=top_k, need_logprobs=need_logprobs,
                         backend=self.args.sampling_backend, generator=self.generator)
+        return result
+
+    def _commit(self, reqs: list[Req], result: SampleOutput) -> None:
+        """Append each request's drawn token (or close it early), check stops, jump."""
         next_ids = result.next_ids.tolist()
+        need_logprobs = any(r.return_logprob for r in reqs)
         logprobs = result.logprobs.tolist() if need_logprobs else [0.0] * len(reqs)
         tops = None
         if result.top_logprobs is not None:
@@ -528,6 +623,7 @@ class Scheduler:
         """Budget-safe closing (grammar.py): append the completion and EOS unsampled (their
         logprobs are NaN: nothing scored them) and finish, closed_early."""
         self._touched[req.rid] = req
+        self._forget_uncomputed(req)  # (overlap: the pass in flight computed the dropped token)
         for k, token in enumerate(tokens):
             req.output_ids.append(token)
             self.stats["generation_tokens"] += 1
@@ -553,13 +649,17 @@ class Scheduler:
             return
         del req.output_ids[-num_tokens:]
         self.stats["generation_tokens"] -= num_tokens
-        if req.computed_len > req.seq_len:
-            dropped = self.req_to_token[req.req_pool_idx, req.seq_len:req.computed_len]
-            self.kv_pool.free(dropped.long())
-            req.computed_len = req.seq_len
+        self._forget_uncomputed(req)
         if req.stop_checker is not None:  # it cannot take tokens back: rebuild it
             req.stop_checker = self._new_stop_checker(req)
             req.stop_checker.append(req.output_ids)
+
+    def _forget_uncomputed(self, req: Req) -> None:
+        """Free the KV computed past the request's tokens (those were taken back)."""
+        if req.req_pool_idx is not None and req.computed_len > req.seq_len:
+            dropped = self.req_to_token[req.req_pool_idx, req.seq_len:req.computed_len]
+            self.kv_pool.free(dropped.long())
+            req.computed_len = req.seq_len
 
     def _finish(self, req: Req, finish: Finish) -> None:
         req.finish = finish
