@@ -84,6 +84,10 @@ class ServerArgs:
     disable_overlap_schedule: bool = _arg(
         False, "run each decode step's CPU work (stops, grammars, outputs, the next batch) "
         "between forward passes instead of during the next one (runtime/scheduler/overlap.py)")
+    enable_overlap_schedule: bool = _arg(
+        False, "overlap scheduling even on a CPU whose every core runs the forward (by default "
+        "it is on where the scheduler has a core of its own: a GPU, or a CPU with more cores "
+        "than --num-threads)")
     disable_budget_safe_close: bool = _arg(
         False, "let constrained outputs run out of max_tokens unfinished: no closing with the "
         "grammar's shortest completion when the budget gets tight (per request: budget_safe)")
@@ -144,6 +148,9 @@ class ServerArgs:
             positive(name)
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.disable_overlap_schedule and self.enable_overlap_schedule:
+            raise ValueError("--disable-overlap-schedule and --enable-overlap-schedule "
+                             "contradict each other")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
         self._check_tensor_parallel()

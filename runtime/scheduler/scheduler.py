@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 
 import msgspec
 import torch
@@ -427,12 +428,24 @@ class Scheduler:
     # ---- overlapped decode (overlap.py) ----
 
     def _overlap_wanted(self) -> bool:
-        if self.args.disable_overlap_schedule:
+        """On where the scheduler's CPU work has a core the forward does not use: on a GPU,
+        or a CPU with more cores than forward threads. Where the forward takes every core
+        (2 cores, 2 threads), the work it would hide competes with the forward's own threads
+        and the thread hand-offs add to the gap: bench/results/overlap-*.md measured it
+        3-6% slower there, so it is off unless --enable-overlap-schedule."""
+        args = self.args
+        if args.disable_overlap_schedule:
             return False
-        if self.args.tp_size > 1:
+        if args.tp_size > 1:
             logger.info("overlap scheduling is off under --tp-size > 1")
             return False
-        return True
+        if args.enable_overlap_schedule or self.runner.device.type != "cpu":
+            return True
+        spare = (os.cpu_count() or 1) > torch.get_num_threads()
+        if not spare:
+            logger.info("overlap scheduling is off: the forward runs on all %d cores "
+                        "(--enable-overlap-schedule turns it on)", torch.get_num_threads())
+        return spare
 
     def _run_decode_overlapped(self) -> None:
         """Sample the pass in flight, launch the next with its tokens, then do the CPU work of

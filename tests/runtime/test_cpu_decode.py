@@ -111,10 +111,12 @@ def test_it_declines_what_it_cannot_run(tiny_model_factory):
     assert _runner(folder, quantization="int4", disable_cpu_decode=True).cpu_decode is None
 
 
-def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "step by step"])
+def test_engine_serves_through_it_and_keeps_every_slot(tiny_model_factory, overlap):
     folder = tiny_model_factory("qwen3")
     greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
-    with Engine(str(folder), quantization="int4", max_total_tokens=512, **LEVEL) as eng:
+    with Engine(str(folder), quantization="int4", max_total_tokens=512, **LEVEL,
+                enable_overlap_schedule=overlap, disable_overlap_schedule=not overlap) as eng:
         step = eng.scheduler.runner.cpu_decode
         single = eng.generate("The quick brown fox", greedy, return_logprob=True)
         batch = eng.generate(["one", "two", "three"], greedy)  # one C step a token for all three

@@ -14,10 +14,14 @@ from radixflow.runtime.errors import ContextTooLong, InvalidRequest
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
+@pytest.fixture(scope="module", params=["overlap", "step by step"])
+def engine(tiny_llama, request):
+    """Every test twice: with the overlap scheduler (runtime/scheduler/overlap.py) and
+    without."""
+    overlap = request.param == "overlap"
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=3000,
-                max_running_requests=8, chunked_prefill_size=32) as eng:
+                max_running_requests=8, chunked_prefill_size=32,
+                enable_overlap_schedule=overlap, disable_overlap_schedule=not overlap) as eng:
         yield eng
 
 
@@ -178,7 +182,8 @@ def test_unknown_engine_argument(tiny_llama):
         Engine(str(tiny_llama), bogus=1)
 
 
-def test_retraction_keeps_every_request(tiny_llama):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "step by step"])
+def test_retraction_keeps_every_request(tiny_llama, overlap):
     """A KV pool too small for all requests at once: some are retracted and re-queued,
     every request still finishes with the same greedy output as alone."""
     prompts = [f"Request number {i} says" for i in range(6)]
@@ -186,7 +191,8 @@ def test_retraction_keeps_every_request(tiny_llama):
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=4000) as roomy:
         expected = [r["output_ids"] for r in roomy.generate(prompts, params)]
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=260,
-                max_running_requests=6) as tight:
+                max_running_requests=6, enable_overlap_schedule=overlap,
+                disable_overlap_schedule=not overlap) as tight:
         got = tight.generate(prompts, params)
         settle(tight)
         assert tight.scheduler.num_retractions > 0

@@ -46,7 +46,7 @@ def _requests() -> tuple[list[str], list[dict]]:
 @pytest.fixture(scope="module")
 def engines(tiny_llama):
     args = dict(dtype="float32", max_total_tokens=3000, max_running_requests=16)
-    with Engine(str(tiny_llama), **args) as on, \
+    with Engine(str(tiny_llama), enable_overlap_schedule=True, **args) as on, \
             Engine(str(tiny_llama), disable_overlap_schedule=True, **args) as off:
         assert on.scheduler.overlap and not off.scheduler.overlap
         yield on, off
@@ -112,3 +112,27 @@ def test_an_abandoned_stream_leaks_no_slot(engines):
         next(stream)
     stream.close()  # aborts it with a pass in flight
     settle(on)
+
+
+def test_the_default_follows_the_cores(tiny_llama, monkeypatch):
+    """On by default only where the forward leaves a core free; the flags force it."""
+    import torch
+
+    from radixflow.runtime.scheduler.scheduler import Scheduler
+    from radixflow.runtime.server_args import ServerArgs
+
+    def overlap(cores: int, **flags) -> bool:
+        monkeypatch.setattr("os.cpu_count", lambda: cores)
+        sched = Scheduler(ServerArgs(model=str(tiny_llama), dtype="float32",
+                                     max_total_tokens=500, **flags))
+        sched.shutdown()
+        return sched.overlap
+
+    threads = torch.get_num_threads()
+    assert overlap(threads) is False
+    assert overlap(threads + 1) is True
+    assert overlap(threads, enable_overlap_schedule=True) is True
+    assert overlap(threads + 1, disable_overlap_schedule=True) is False
+    with pytest.raises(ValueError, match="contradict"):
+        ServerArgs(model=str(tiny_llama), enable_overlap_schedule=True,
+                   disable_overlap_schedule=True)
