@@ -30,6 +30,10 @@ class _ExtendPlan:
     q_rows: torch.Tensor | None  # [bs * max_q_len] row of each padded query in the token dim
     token_rows: torch.Tensor | None  # [num_tokens] padded position of each real token
     max_q_len: int
+    # a single request extending a prefix: its queries attend to the prefix (no mask) and to
+    # their own keys (causal) in two flash calls merged by log-sum-exp; a mask over the
+    # whole would make the kernel visit every block of the upper triangle
+    split_prefix: int = 0
 
 
 @dataclass
@@ -92,11 +96,12 @@ class TorchNativeAttnBackend:
         kv_slots = rows.masked_fill(~key_valid, 0) if not uniform else rows
 
         is_causal = bs == 1 and batch.prefix_lens_cpu[0] == 0 and max_q > 1
+        split_prefix = batch.prefix_lens_cpu[0] if bs == 1 and max_q > 1 else 0
         mask = None
         if max_q == 1:
             if not uniform:
                 mask = key_valid[:, None, None, :]
-        elif not is_causal:
+        elif not is_causal and not split_prefix:
             # query j of request i sits at position prefix_i + j and sees keys 0..prefix_i + j
             q_pos = batch.prefix_lens[:, None] + torch.arange(max_q, device=device)[None, :]
             mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_valid[:, None, :]
@@ -111,7 +116,7 @@ class TorchNativeAttnBackend:
             # padded query rows would see no key at all if masked out entirely; let them see key 0
             if mask is not None:
                 mask = mask | (~valid)[:, None, :, None] & (key_pos == 0)[None, None, None, :]
-        return _ExtendPlan(kv_slots, mask, is_causal, q_rows, token_rows, max_q)
+        return _ExtendPlan(kv_slots, mask, is_causal, q_rows, token_rows, max_q, split_prefix)
 
     # ---- attention (every layer) ----
 
@@ -154,6 +159,8 @@ class TorchNativeAttnBackend:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
             queries = q.view(bs, -1, self.num_heads, self.head_dim)
+        if plan.split_prefix:
+            return self._extend_after_prefix(queries, keys, values, plan.split_prefix)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2), keys, values, attn_mask=plan.mask,
             is_causal=plan.is_causal, scale=self.scale,
@@ -163,6 +170,20 @@ class TorchNativeAttnBackend:
         if plan.token_rows is not None:
             out = out[plan.token_rows]
         return out
+
+
+    def _extend_after_prefix(self, queries: torch.Tensor, keys: torch.Tensor,
+                             values: torch.Tensor, prefix: int) -> torch.Tensor:
+        """One request's queries [1, n, heads, d] over keys/values [1, kv_heads, prefix + n, d]:
+        the prefix unmasked, its own keys causally (SDPA's causal mask is aligned top-left,
+        as query i and key prefix + i share a position)."""
+        q = queries.transpose(1, 2)
+        out_own, lse_own = _flash(q, keys[:, :, prefix:], values[:, :, prefix:], 0.0, True,
+                                  scale=self.scale)
+        out_pre, lse_pre = _flash(q, keys[:, :, :prefix], values[:, :, :prefix], 0.0, False,
+                                  scale=self.scale)
+        out = _merge(out_own, lse_own, out_pre, lse_pre)  # [1, heads, n, d]
+        return out.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
 
 
 def _run_start(slots: torch.Tensor) -> int | None:

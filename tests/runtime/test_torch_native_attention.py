@@ -62,7 +62,8 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
 
 
 @pytest.mark.parametrize("prefix_lens, ext_lens", [
-    ([0], [9]), ([5], [4]), ([0, 3, 7], [5, 1, 2]), ([4, 4], [3, 3]), ([10, 0], [1, 6])])
+    ([0], [9]), ([5], [4]), ([40], [17]), ([1], [30]),  # (one request: two flash calls)
+    ([0, 3, 7], [5, 1, 2]), ([4, 4], [3, 3]), ([10, 0], [1, 6])])
 def test_extend(prefix_lens, ext_lens):
     out, ref, _ = run(ForwardMode.EXTEND, prefix_lens, ext_lens)
     torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
