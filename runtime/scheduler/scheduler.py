@@ -1,7 +1,10 @@
 """Scheduler: continuous batching over the radix cache. `step(inbox) -> outbox`, no sockets.
 
-One step = handle messages, run one prefill ("extend") batch if there is prefill work, then
-one decode batch if requests are running, and report every request that got new tokens.
+One step = handle messages, run one prefill ("extend") batch if there is prefill work (at most
+--prefill-budget-while-decoding tokens while others decode, so their streams keep their pace),
+then one decode batch if requests are running, and report every request that got new tokens.
+With overlap scheduling (overlap.py) the decode batch is launched on a forward thread and its
+tokens are sampled at the next step, the CPU work of each step running beside a forward pass.
 """
 
 from __future__ import annotations
