@@ -83,7 +83,7 @@ class ModelRunner:
                                                 self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device,
                                              local.num_heads, local.num_kv_heads, ma.head_dim,
-                                             ma.head_dim ** -0.5)
+                                             ma.head_dim ** -0.5, dtype=self.dtype)
         self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None

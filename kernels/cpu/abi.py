@@ -15,7 +15,7 @@ from dataclasses import dataclass
 # rf_abi's fields, in order
 FIELDS = ("sizeof_weight", "sizeof_layer", "sizeof_model", "tile", "group", "format_bf16",
           "format_q4_1", "format_q8_0", "profile_phases", "max_rows", "max_batch", "max_group",
-          "max_head_dim")
+          "max_head_dim", "sizeof_prefill")
 
 FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2}  # rf_weight.format (gemv.h's enum)
 # decode.c's profile slots, in order
@@ -46,6 +46,14 @@ class _Model(ctypes.Structure):
         ("profile_cpu_time", ctypes.c_int64)]
 
 
+class Prefill(ctypes.Structure):
+    """rf_prefill (decode.h): one request's causal attention over its new tokens."""
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "n", "prefix", "heads", "kv_heads", "head_dim", "q_stride", "out_stride", "nthreads")] + [
+        ("scale", ctypes.c_float), ("q", ctypes.c_void_p), ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -66,7 +74,7 @@ def check(lib: ctypes.CDLL, tile: int, group: int) -> Limits:
     expected = {"sizeof_weight": ctypes.sizeof(_Weight), "sizeof_layer": ctypes.sizeof(_Layer),
                 "sizeof_model": ctypes.sizeof(_Model), "tile": tile, "group": group,
                 **{f"format_{name}": code for name, code in FORMATS.items()},
-                "profile_phases": len(PROFILE_PHASES)}
+                "profile_phases": len(PROFILE_PHASES), "sizeof_prefill": ctypes.sizeof(Prefill)}
     wrong = {k: (got[k], v) for k, v in expected.items() if got[k] != v}
     if wrong:
         raise RuntimeError("the C kernels and their Python bindings disagree (C, Python): "

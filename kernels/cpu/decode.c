@@ -390,7 +390,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
 int64_t rf_abi(int64_t *out) {
     const int64_t values[] = {sizeof(rf_weight), sizeof(rf_layer), sizeof(rf_model), TILE, GROUP,
                               FORMAT_BF16, FORMAT_Q4_1, FORMAT_Q8_0, PROFILE_PHASES, MAX_ROWS,
-                              MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM};
+                              MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM, sizeof(rf_prefill)};
     const int64_t n = sizeof(values) / sizeof(values[0]);
     memcpy(out, values, sizeof(values));
     return n;

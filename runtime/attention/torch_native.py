@@ -6,6 +6,10 @@ head_dim]), so grouped-query attention needs no copy of K/V. When every request 
 batch shares a prefix of KV slots (a shared system prompt, forked branches), that prefix is
 gathered and attended once for the whole batch ("cascade"), and merged with each request's own
 suffix by log-sum-exp.
+
+Extend batches of a bf16 model over a bf16 pool, on a CPU whose build of radixflow's kernels
+has it (AVX-512 BF16), run each request through `kernels.cpu.prefill` instead: causal
+attention as blocked products read straight from the pool, no gather, padding or mask.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ...kernels.cpu import prefill as cpu_prefill
 from ..forward_batch import ForwardBatch, ForwardMode
 
 # Shared prefixes shorter than this are not worth a second attention call.
@@ -37,6 +42,12 @@ class _ExtendPlan:
 
 
 @dataclass
+class _KernelExtendPlan:
+    """Per request: (first row in the token dim, new tokens, prefix, KV slots [prefix + new])."""
+    requests: list[tuple[int, int, int, torch.Tensor]]
+
+
+@dataclass
 class _DecodePlan:
     kv_slots: torch.Tensor  # [bs, suffix_len] int64: keys after the shared prefix (pad -> 0)
     mask: torch.Tensor | None  # [bs, 1, 1, suffix_len] additive, None when no padding
@@ -48,10 +59,15 @@ class _DecodePlan:
 
 
 class TorchNativeAttnBackend:
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 prefill_kernel: bool = False):
+        """prefill_kernel: queries are bf16 CPU tensors, so extend batches may use
+        kernels.cpu.prefill (where this CPU's build has it and the pool is bf16)."""
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.scale = scale
+        self.prefill_kernel = prefill_kernel and cpu_prefill.supported(
+            num_heads, num_kv_heads, head_dim, torch.bfloat16)
 
     # ---- planning (once per forward) ----
 
@@ -84,8 +100,15 @@ class TorchNativeAttnBackend:
         prefix_run = _run_start(prefix) if prefix is not None else None
         return _DecodePlan(suffix, mask, prefix, kv_run, prefix_run)
 
-    def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan:
+    def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan | _KernelExtendPlan:
         bs = batch.batch_size
+        if self.prefill_kernel and batch.kv_pool.k[0].dtype == torch.bfloat16:
+            table = batch.req_to_token[batch.req_pool_indices]
+            requests, start = [], 0
+            for i, (seq, new) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
+                requests.append((start, new, seq - new, table[i, :seq].long()))
+                start += new
+            return _KernelExtendPlan(requests)
         seq_lens, ext_lens = batch.seq_lens_cpu, batch.extend_lens_cpu
         max_seq, max_q = max(seq_lens), max(ext_lens)
         device = batch.input_ids.device
@@ -151,7 +174,13 @@ class TorchNativeAttnBackend:
         return out.reshape(bs, self.num_heads, d)
 
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                plan: _ExtendPlan, bs: int) -> torch.Tensor:
+                plan: _ExtendPlan | _KernelExtendPlan, bs: int) -> torch.Tensor:
+        if isinstance(plan, _KernelExtendPlan):
+            out = torch.empty(q.shape[0], self.num_heads, self.head_dim, dtype=q.dtype)
+            for start, new, prefix, slots in plan.requests:
+                cpu_prefill.prefill_attention(q[start:start + new], k_pool, v_pool, slots, prefix,
+                                              self.scale, out=out[start:start + new])
+            return out
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
         keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)
         values = _as(_gather(v_pool, plan.kv_slots), q.dtype).transpose(1, 2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixflow.kernels.cpu import prefill as cpu_prefill
 from radixflow.runtime.attention import torch_native
 from radixflow.runtime.attention.torch_native import TorchNativeAttnBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
@@ -29,7 +30,8 @@ def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale):
     return torch.cat(outs)
 
 
-def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monkeypatch=None):
+def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monkeypatch=None,
+        prefill_kernel=False):
     torch.manual_seed(0)
     bs = len(prefix_lens)
     pool = KVPool(2000, 1, KVH, D, dtype)
@@ -54,7 +56,7 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
     batch = ForwardBatch(mode, torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_tokens,
                          dtype=torch.int64), out_slots, t(list(range(bs))), t(seq), t(prefix_lens),
                          t(ext_lens), seq, list(prefix_lens), list(ext_lens), t([0]), table, pool)
-    backend = TorchNativeAttnBackend(H, KVH, D, D ** -0.5)
+    backend = TorchNativeAttnBackend(H, KVH, D, D ** -0.5, prefill_kernel=prefill_kernel)
     backend.prepare(batch)
     out = backend.forward(q, k, v, 0, batch)
     ref = reference(q, pool.k[0], pool.v[0], table, range(bs), prefix_lens, ext_lens, D ** -0.5)
@@ -67,6 +69,22 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
 def test_extend(prefix_lens, ext_lens):
     out, ref, _ = run(ForwardMode.EXTEND, prefix_lens, ext_lens)
     torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_prefill.supported(H, KVH, D, torch.bfloat16),
+                    reason="the prefill attention kernel needs the avx512 build (AVX-512 BF16)")
+@pytest.mark.parametrize("prefix_lens, ext_lens", [([0], [9]), ([40], [17]), ([0, 3, 7], [5, 1, 2])])
+def test_extend_in_the_prefill_kernel(prefix_lens, ext_lens):
+    """A bf16 model's extend batches run each request through kernels.cpu.prefill."""
+    out, ref, batch = run(ForwardMode.EXTEND, prefix_lens, ext_lens, dtype=torch.bfloat16,
+                          prefill_kernel=True)
+    assert isinstance(batch.attn_metadata, torch_native._KernelExtendPlan)
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_prefill_kernel_only_over_a_bf16_pool():
+    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=torch.float32, prefill_kernel=True)
+    assert isinstance(batch.attn_metadata, torch_native._ExtendPlan)
 
 
 @pytest.mark.parametrize("prefix_lens", [[7], [3, 9, 1], [6, 6, 6]])
