@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,12 +44,18 @@ def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
         with open(log, "w") as log_file:
+            # stdin stays open: llama-server (0c1e570) exits after its first long prompt when
+            # its stdin is /dev/null ("cleaning up before exit", seen here 3 times out of 3)
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                    stdin=subprocess.PIPE, env=env, start_new_session=True)
         try:
             wait_healthy(url, proc=proc, log=log)
             yield url
         finally:
+            if proc.poll() is not None:  # it died on its own: say how, for the report
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                print(f"{cmd[0]} exited with status {proc.returncode}; its log ends:\n"
+                      + "\n".join(tail), file=sys.stderr, flush=True)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 15)
             try:
@@ -56,6 +63,14 @@ def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
+            proc.stdin.close()
+
+
+def default_llama_args() -> str:
+    """llama-server's best configuration here: its repacked weights, except on AMX CPUs."""
+    from radixflow.kernels.cpu.features import cpu_features
+
+    return "--no-repack" if cpu_features().has("amx_tile") else ""
 
 
 def llama_cpp_command(args, gguf: Path) -> list[str]:
@@ -92,9 +107,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", type=Path, default=None)
     ap.add_argument("--gguf", type=Path, default=None, help="default: the default model's GGUF")
-    # NOTE: --no-repack: on this VM llama.cpp's AMX kernels (used for repacked Q4_1 weights)
-    # die with SIGILL at the first tile instruction.
-    ap.add_argument("--llama-args", default="--no-repack", help="extra llama-server flags")
+    ap.add_argument("--llama-args", default=None,
+                    help="extra llama-server flags (default: none, weights repacked, its best "
+                         "configuration; --no-repack on a CPU with AMX, where llama.cpp's AMX "
+                         "kernels for repacked weights died with SIGILL at the first tile "
+                         "instruction on this project's VMs)")
     ap.add_argument("--vllm-venv", type=Path, default=None)
     ap.add_argument("--workloads", nargs="+", default=["random_short"],
                     choices=sorted(wl.WORKLOADS))
@@ -110,6 +127,8 @@ def main() -> None:
                     "cannot make the result)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS / "peers")
     args = ap.parse_args()
+    if args.llama_args is None:
+        args.llama_args = default_llama_args()
     if args.llama_server is None and args.vllm_venv is None:
         ap.error("name at least one peer: --llama-server and/or --vllm-venv")
 

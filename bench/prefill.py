@@ -30,7 +30,7 @@ import httpx
 
 from . import workloads as wl
 from .loadgen import discover_model, percentile
-from .peers import PEERS_DIR, llama_cpp_command, serving, torch_capped_to
+from .peers import PEERS_DIR, default_llama_args, llama_cpp_command, serving, torch_capped_to
 from .report import RESULTS, publish
 
 # wl.words' sizes assume 1.3 tokens a word; the default model's tokenizer makes ~1.0: these
@@ -150,7 +150,8 @@ def report(args, runs: dict[str, dict], cpu: str, setups: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", type=Path, default=None)
-    ap.add_argument("--llama-args", default="", help="extra llama-server flags")
+    ap.add_argument("--llama-args", default=None,
+                    help="extra llama-server flags (default: bench.peers's default_llama_args)")
     ap.add_argument("--vllm-venv", type=Path, default=None)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--streams", type=int, default=4)
@@ -163,6 +164,8 @@ def main() -> None:
                     help="every server twice: radixflow, peers, peers reversed, radixflow")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    if args.llama_args is None:
+        args.llama_args = default_llama_args()
     args.concurrency = args.streams + args.arrivals  # llama.cpp's slots
     args.date = datetime.date.today().isoformat()
 

@@ -1,0 +1,92 @@
+"""Prefill attention alone: radixflow's avx512 kernel (kernels/cpu/prefill.py) against torch's
+flash attention for the CPU (what torch_native ran before, and runs where the kernel is not
+built), on the default model's heads (9 query heads, 3 KV heads, head_dim 64), bf16: prompts of
+N tokens alone (causal) and N tokens after a cached prefix; one layer, median of `--repeats`,
+GFLOP/s of the causal work (2 x 2 x heads x head_dim per visible query-key pair) against this
+CPU's vdpbf16ps rate (bench.cpu_peak).
+
+    python -m bench.prefill_attention          # -> bench/results/prefill-attention-<date>.md
+    python -m bench.prefill_attention --no-write --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .report import RESULTS, publish
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+CASES = [(128, 0), (512, 0), (1024, 0), (2048, 0), (30, 1000), (256, 1024)]  # (new, prefix)
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    from radixflow.kernels.cpu import prefill
+    from radixflow.kernels.cpu.features import cpu_features
+
+    from .cpu_peak import peak_gops
+
+    if not prefill.supported(HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16):
+        raise SystemExit("the prefill attention kernel needs the avx512 build (AVX-512 BF16)")
+    peak = peak_gops("avx512")["vdpbf16ps zmm"]
+    scale = HEAD_DIM ** -0.5
+    rows, raw = [], []
+    for new, prefix in CASES:
+        g = torch.Generator().manual_seed(0)
+        total = prefix + new
+        k = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+        v = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+        q = torch.randn(new, HEADS, HEAD_DIM, generator=g).bfloat16()
+        slots = torch.arange(total)
+        ours = median_ms(lambda: prefill.prefill_attention(q, k, v, slots, prefix, scale),
+                         args.repeats)
+        qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+        if prefix == 0:
+            theirs = median_ms(lambda: F.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True), args.repeats)
+        else:
+            mask = torch.arange(total)[None, :] <= prefix + torch.arange(new)[:, None]
+            theirs = median_ms(lambda: F.scaled_dot_product_attention(
+                qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True), args.repeats)
+        pairs = sum(prefix + i + 1 for i in range(new))
+        gflop = 4 * HEADS * HEAD_DIM * pairs / 1e9
+        raw.append({"new": new, "prefix": prefix, "kernel_ms": ours, "torch_ms": theirs,
+                    "gflop": gflop})
+        rows.append(f"| {new} | {prefix} | {ours:.2f} | {gflop / ours * 1e3:.0f} "
+                    f"({gflop / ours * 1e3 / peak:.0%}) | {theirs:.2f} | {theirs / ours:.2f}x |")
+    date = datetime.date.today().isoformat()
+    text = (f"# Prefill attention: radixflow's avx512 kernel vs torch's flash attention, {date}\n\n"
+            f"Command: `python -m bench.prefill_attention --repeats {args.repeats}`\n\n"
+            f"CPU: {cpu_features().describe()}, {torch.get_num_threads()} threads; vdpbf16ps "
+            f"peak {peak:.0f} GFLOP/s (bench.cpu_peak, same run).\n\n"
+            f"One layer of the default model's attention ({HEADS} query heads, {KV_HEADS} KV "
+            f"heads, head_dim {HEAD_DIM}), bf16, median of {args.repeats}; torch: "
+            "F.scaled_dot_product_attention (causal alone, a boolean mask after a prefix).\n\n"
+            "| new tokens | cached prefix | kernel (ms) | kernel GFLOP/s (of peak) | torch (ms) "
+            "| speed-up |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    publish(text, None if args.no_write else RESULTS / f"prefill-attention-{date}.md",
+            {"peak_gflops": peak, "rows": raw})
+
+
+if __name__ == "__main__":
+    main()
