@@ -44,10 +44,8 @@ def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
         with open(log, "w") as log_file:
-            # stdin stays open: llama-server (0c1e570) exits after its first long prompt when
-            # its stdin is /dev/null ("cleaning up before exit", seen here 3 times out of 3)
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.PIPE, env=env, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         try:
             wait_healthy(url, proc=proc, log=log)
             yield url
@@ -63,7 +61,6 @@ def serving(cmd: list[str], url: str, env: dict | None = None) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
-            proc.stdin.close()
 
 
 def default_llama_args() -> str:
