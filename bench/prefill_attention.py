@@ -35,6 +35,26 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def time_case(new: int, prefix: int, scale: float, repeats: int) -> tuple[float, float]:
+    """ms of the kernel and of torch's flash attention for `new` tokens after `prefix`."""
+    from radixflow.kernels.cpu import prefill
+
+    g = torch.Generator().manual_seed(0)
+    total = prefix + new
+    k = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+    v = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+    q = torch.randn(new, HEADS, HEAD_DIM, generator=g).bfloat16()
+    slots = torch.arange(total)
+    ours = median_ms(lambda: prefill.prefill_attention(q, k, v, slots, prefix, scale), repeats)
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    mask = None if prefix == 0 else \
+        torch.arange(total)[None, :] <= prefix + torch.arange(new)[:, None]
+    theirs = median_ms(lambda: F.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True),
+        repeats)
+    return ours, theirs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=9)
@@ -52,22 +72,7 @@ def main() -> None:
     scale = HEAD_DIM ** -0.5
     rows, raw = [], []
     for new, prefix in CASES:
-        g = torch.Generator().manual_seed(0)
-        total = prefix + new
-        k = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
-        v = torch.randn(total, KV_HEADS, HEAD_DIM, generator=g).bfloat16()
-        q = torch.randn(new, HEADS, HEAD_DIM, generator=g).bfloat16()
-        slots = torch.arange(total)
-        ours = median_ms(lambda: prefill.prefill_attention(q, k, v, slots, prefix, scale),
-                         args.repeats)
-        qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        if prefix == 0:
-            theirs = median_ms(lambda: F.scaled_dot_product_attention(
-                qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True), args.repeats)
-        else:
-            mask = torch.arange(total)[None, :] <= prefix + torch.arange(new)[:, None]
-            theirs = median_ms(lambda: F.scaled_dot_product_attention(
-                qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True), args.repeats)
+        ours, theirs = time_case(new, prefix, scale, args.repeats)
         pairs = sum(prefix + i + 1 for i in range(new))
         gflop = 4 * HEADS * HEAD_DIM * pairs / 1e9
         raw.append({"new": new, "prefix": prefix, "kernel_ms": ours, "torch_ms": theirs,

@@ -53,7 +53,7 @@ def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         raise RuntimeError("the prefill attention kernel needs the avx512 build of the CPU kernels")
     n, heads, head_dim = q.shape
     kv_heads = k_pool.shape[1]
-    if q.dtype != torch.bfloat16 or k_pool.dtype != torch.bfloat16 or v_pool.dtype != torch.bfloat16:
+    if any(t.dtype != torch.bfloat16 for t in (q, k_pool, v_pool)):
         raise ValueError("prefill_attention takes bf16 queries and a bf16 KV pool")
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         raise ValueError("q's heads must be contiguous within a row")

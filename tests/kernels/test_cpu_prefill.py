@@ -80,7 +80,8 @@ def test_refusals():
     with pytest.raises(ValueError, match="bf16"):
         prefill.prefill_attention(q.float(), k, v, slots, 4, 0.1)
     with pytest.raises(ValueError, match="contiguous"):
-        prefill.prefill_attention(q.transpose(0, 1).contiguous().transpose(0, 1), k, v, slots, 4, 0.1)
+        heads_apart = q.transpose(0, 1).contiguous().transpose(0, 1)
+        prefill.prefill_attention(heads_apart, k, v, slots, 4, 0.1)
     odd = torch.randn(8, 4, 30).bfloat16()
     kv = torch.randn(20, 2, 30).bfloat16()
     assert not prefill.supported(4, 2, 30, torch.bfloat16)

@@ -73,7 +73,8 @@ def test_extend(prefix_lens, ext_lens):
 
 @pytest.mark.skipif(not cpu_prefill.supported(H, KVH, D, torch.bfloat16),
                     reason="the prefill attention kernel needs the avx512 build (AVX-512 BF16)")
-@pytest.mark.parametrize("prefix_lens, ext_lens", [([0], [9]), ([40], [17]), ([0, 3, 7], [5, 1, 2])])
+@pytest.mark.parametrize("prefix_lens, ext_lens",
+                         [([0], [9]), ([40], [17]), ([0, 3, 7], [5, 1, 2])])
 def test_extend_in_the_prefill_kernel(prefix_lens, ext_lens):
     """A bf16 model's extend batches run each request through kernels.cpu.prefill."""
     out, ref, batch = run(ForwardMode.EXTEND, prefix_lens, ext_lens, dtype=torch.bfloat16,
