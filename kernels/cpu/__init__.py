@@ -3,8 +3,8 @@
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
 side by side: see gemv_avx512.c's header comment) in three formats: GGUF's Q4_1 and Q8_0,
-exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax (and, at
-avx512, a request's causal prefill attention: prefill.py). gemm.c
+exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax, and a
+request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
 a whole decode step of a Llama-family model (a batch of requests, one token each) over those
 weights (see runtime/models/cpu_decode.py).

@@ -72,19 +72,21 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
 int64_t rf_shared_work_floats(const rf_model *m);
 
 /* One request's attention for n new tokens at positions prefix .. prefix + n - 1, each over
- * the keys at positions 0 .. its own (causal): q and out bf16 [n][heads][head_dim] (rows
- * q_stride / out_stride values apart), K/V in the pool's layout (bf16 [slots][kv_heads]
- * [head_dim]) at slots[0 .. prefix + n). Only the avx512 build has it (vdpbf16ps). */
+ * the keys at positions 0 .. its own (causal): q and out [n][heads][head_dim] (rows q_stride /
+ * out_stride values apart) in the level's model dtype, bf16 at avx512 (vdpbf16ps), fp32 at
+ * avx2; K/V in the pool's layout (bf16 [slots][kv_heads][head_dim]) at slots[0 .. prefix + n). */
 typedef struct {
     int64_t n, prefix, heads, kv_heads, head_dim, q_stride, out_stride, nthreads;
     float scale;
-    const uint16_t *q, *k, *v;
+    const void *q;
+    const uint16_t *k, *v;
     const int64_t *slots;
-    uint16_t *out;
+    void *out;
 } rf_prefill;
 
-/* 0, or -1 for a shape it does not take (head_dim not a multiple of 4 or over MAX_HEAD_DIM,
- * a group over MAX_GROUP), -2 when its work buffers could not be allocated. */
+/* 0, or -1 for a shape it does not take (head_dim not a multiple of 4 at avx512 or of 16 at
+ * avx2, or over MAX_HEAD_DIM; a group over MAX_GROUP), -2 when its work buffers could not be
+ * allocated. */
 int64_t rf_prefill_attention(const rf_prefill *job);
 
 /* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */

@@ -7,6 +7,7 @@
  * take the queries in that order (each 16 values permuted once per call into their 8 even then
  * their 8 odd ones, times the softmax scale), and the V sums stay in it until the end. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "decode.h"
@@ -525,4 +526,125 @@ void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
             if (any_nan ? xr[i] != xr[i] : xr[i] == mx) at = i;
         out[r] = at < 0 ? 0 : at;
     }
+}
+
+/* ---- one request's causal attention over its prompt (prefill), fp32 ---- */
+
+#define PREFILL_QUERIES 96 /* queries (tokens x the heads of a group) per tile: 12 registers */
+
+static int64_t prefill_work_floats(int64_t D) {
+    const int64_t Ms = PREFILL_QUERIES, C = SHARED_CHUNK;
+    return 2 * D * Ms + C * Ms + 2 * C * D + 4 * Ms;
+}
+
+/* Tokens [t0, t1) of the request, the query heads of KV head kvh: rf_attend_shared's blocked
+ * fp32 products over keys 0 .. prefix + t1 - 1, the blocks that reach past prefix + t0 hiding
+ * each query's later keys. */
+static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, float *work) {
+    const int64_t D = J->head_dim, G = J->heads / J->kv_heads, C = SHARED_CHUNK;
+    const int64_t row = J->kv_heads * D, M = (t1 - t0) * G, Mb = (M + 7) / 8, Ms = 8 * Mb;
+    const float *q = J->q;
+    float *qt = work, *s = qt + D * Ms, *o = s + C * Ms, *kf = o + D * Ms, *vf = kf + C * D;
+    float *mx = vf + C * D, *sum = mx + Ms, *alpha = sum + Ms;
+    int32_t *last_key = (int32_t *)(alpha + Ms); /* the last key each query sees */
+    const float *vx[MAX_HEAD_DIM];
+    for (int64_t d = 0; d < D; d++) vx[d] = vf + d;
+    for (int64_t i = 0; i < Ms; i++) { /* query i: token t0 + i / G, head kvh G + i % G */
+        const float *src = i < M ? q + (t0 + i / G) * J->q_stride + (kvh * G + i % G) * D : NULL;
+        for (int64_t d = 0; d < D; d++) qt[permuted(d) * Ms + i] = src ? src[d] * J->scale : 0;
+        mx[i] = -INFINITY;
+        sum[i] = 0;
+        last_key[i] = (int32_t)(i < M ? J->prefix + t0 + i / G : J->prefix + t1);
+    }
+    memset(o, 0, D * Ms * sizeof(float));
+    const __m256 hidden = _mm256_set1_ps(-INFINITY);
+    const int64_t end = J->prefix + t1;
+    for (int64_t c0 = 0; c0 < end; c0 += C) { /* key 0 comes first: every query sees it */
+        const int64_t keys = end - c0 < C ? end - c0 : C;
+        const int masked = c0 + keys - 1 > J->prefix + t0;
+        for (int64_t j = 0; j < keys; j++) {
+            widen_row(J->k + J->slots[c0 + j] * row + kvh * D, D, kf + j * D);
+            widen_row(J->v + J->slots[c0 + j] * row + kvh * D, D, vf + j * D);
+        }
+        const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
+        for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;
+        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+            for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
+                __m256 acc[TILE_A * TILE_B];
+                for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm256_setzero_ps();
+                outer_tile(kx + j0, 1, qt + 8 * b0, Ms, D, acc, B);
+                for (int a = 0; a < TILE_A && j0 + a < keys; a++)
+                    for (int b = 0; b < B; b++) {
+                        __m256 v = acc[a * B + b];
+                        if (masked) {
+                            const __m256i last = _mm256_loadu_si256((const __m256i *)(last_key + 8 * (b0 + b)));
+                            const __m256i later = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(c0 + j0 + a)), last);
+                            v = _mm256_blendv_ps(v, hidden, _mm256_castsi256_ps(later));
+                        }
+                        _mm256_storeu_ps(s + (j0 + a) * Ms + 8 * (b0 + b), v);
+                    }
+            }
+        }
+        for (int64_t b = 0; b < Mb; b++) { /* running max and sum; the scores become weights */
+            __m256 top = _mm256_set1_ps(-INFINITY);
+            for (int64_t j = 0; j < keys; j++) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * Ms + 8 * b));
+            const __m256 old = _mm256_loadu_ps(mx + 8 * b), now = _mm256_max_ps(old, top);
+            const __m256 rescale = exp256(_mm256_sub_ps(old, now));
+            __m256 total = _mm256_setzero_ps();
+            for (int64_t j = 0; j < keys; j++) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * Ms + 8 * b), now));
+                total = _mm256_add_ps(total, e);
+                _mm256_storeu_ps(s + j * Ms + 8 * b, e);
+            }
+            _mm256_storeu_ps(mx + 8 * b, now);
+            _mm256_storeu_ps(sum + 8 * b, _mm256_fmadd_ps(_mm256_loadu_ps(sum + 8 * b), rescale, total));
+            _mm256_storeu_ps(alpha + 8 * b, rescale);
+        }
+        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+            for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
+                __m256 acc[TILE_A * TILE_B];
+                for (int a = 0; a < TILE_A; a++)
+                    for (int b = 0; b < B; b++)
+                        acc[a * B + b] = _mm256_mul_ps(_mm256_loadu_ps(o + (d0 + a) * Ms + 8 * (b0 + b)),
+                                                       _mm256_loadu_ps(alpha + 8 * (b0 + b)));
+                outer_tile(vx + d0, D, s + 8 * b0, Ms, keys, acc, B);
+                for (int a = 0; a < TILE_A; a++)
+                    for (int b = 0; b < B; b++) _mm256_storeu_ps(o + (d0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
+            }
+        }
+    }
+    float *out = J->out;
+    for (int64_t i = 0; i < M; i++) {
+        float *dst = out + (t0 + i / G) * J->out_stride + (kvh * G + i % G) * D;
+        const float inv = 1.0f / sum[i];
+        for (int64_t d = 0; d < D; d++) dst[d] = o[permuted(d) * Ms + i] * inv;
+    }
+}
+
+int64_t rf_prefill_attention(const rf_prefill *J) {
+    const int64_t G = J->kv_heads > 0 ? J->heads / J->kv_heads : 0, D = J->head_dim;
+    if (J->kv_heads <= 0 || J->heads % J->kv_heads || G > MAX_GROUP || D % 16 || D > MAX_HEAD_DIM
+        || J->n <= 0 || J->prefix < 0 || J->prefix + J->n > INT32_MAX)
+        return -1;
+    const int64_t tokens = (PREFILL_QUERIES / G) > 0 ? PREFILL_QUERIES / G : 1;
+    const int64_t tiles = (J->n + tokens - 1) / tokens, tasks = tiles * J->kv_heads;
+    int failed = 0;
+#pragma omp parallel num_threads(J->nthreads)
+    {
+        float *work = aligned_alloc(32, (prefill_work_floats(D) * sizeof(float) + 31) / 32 * 32);
+        if (work == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (work == NULL) continue;
+            const int64_t tile = tiles - 1 - task / J->kv_heads, t0 = tile * tokens;
+            prefill_tile(J, task % J->kv_heads, t0, t0 + tokens < J->n ? t0 + tokens : J->n, work);
+        }
+        free(work);
+    }
+    return failed ? -2 : 0;
 }

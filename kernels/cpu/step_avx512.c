@@ -458,7 +458,7 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
     const uint32_t *vx[MAX_HEAD_DIM];
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
     for (int64_t i = 0; i < Ms; i++) { /* query i: token t0 + i / G, head kvh G + i % G */
-        const uint32_t *src = i < M ? (const uint32_t *)(J->q + (t0 + i / G) * J->q_stride + (kvh * G + i % G) * D) : NULL;
+        const uint32_t *src = i < M ? (const uint32_t *)((const uint16_t *)J->q + (t0 + i / G) * J->q_stride + (kvh * G + i % G) * D) : NULL;
         for (int64_t p = 0; p < P; p++) qt[p * Ms + i] = src ? src[p] : 0;
         mx[i] = -INFINITY;
         sum[i] = 0;
@@ -545,14 +545,14 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
         }
     }
     for (int64_t i = 0; i < M; i++) {
-        uint16_t *dst = J->out + (t0 + i / G) * J->out_stride + (kvh * G + i % G) * D;
+        uint16_t *dst = (uint16_t *)J->out + (t0 + i / G) * J->out_stride + (kvh * G + i % G) * D;
         const float inv = 1.0f / sum[i];
         for (int64_t d = 0; d < D; d++) dst[d] = to_bf16(o[d * Ms + i] * inv);
     }
 }
 
 int64_t rf_prefill_attention(const rf_prefill *J) {
-    const int64_t G = J->heads / J->kv_heads, D = J->head_dim;
+    const int64_t G = J->kv_heads > 0 ? J->heads / J->kv_heads : 0, D = J->head_dim;
     if (J->kv_heads <= 0 || J->heads % J->kv_heads || G > MAX_GROUP || D % 4 || D > MAX_HEAD_DIM
         || J->n <= 0 || J->prefix < 0 || J->prefix + J->n > INT32_MAX)
         return -1;

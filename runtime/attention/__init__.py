@@ -10,16 +10,15 @@ from ..forward_batch import AttentionBackend
 def create_attention_backend(name: str, device: torch.device, num_heads: int, num_kv_heads: int,
                              head_dim: int, scale: float,
                              dtype: torch.dtype | None = None) -> AttentionBackend:
-    """dtype: the model's (its queries'); lets torch_native pick radixflow's bf16 prefill
-    kernel on CPUs that have it."""
+    """dtype: the model's (its queries'); lets torch_native pick radixflow's prefill attention
+    kernel on CPUs whose kernels take that dtype."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch_native"
     if name == "torch_native":
         from .torch_native import TorchNativeAttnBackend
 
-        prefill_kernel = device.type == "cpu" and dtype == torch.bfloat16
         return TorchNativeAttnBackend(num_heads, num_kv_heads, head_dim, scale,
-                                      prefill_kernel=prefill_kernel)
+                                      cpu_dtype=dtype if device.type == "cpu" else None)
     if name == "triton":
         from .triton_backend import TritonAttnBackend
 

@@ -7,9 +7,9 @@ batch shares a prefix of KV slots (a shared system prompt, forked branches), tha
 gathered and attended once for the whole batch ("cascade"), and merged with each request's own
 suffix by log-sum-exp.
 
-Extend batches of a bf16 model over a bf16 pool, on a CPU whose build of radixflow's kernels
-has it (AVX-512 BF16), run each request through `kernels.cpu.prefill` instead: causal
-attention as blocked products read straight from the pool, no gather, padding or mask.
+Extend batches over a bf16 pool, on a CPU whose build of radixflow's kernels takes the model's
+dtype (bf16 at avx512, fp32 at avx2), run each request through `kernels.cpu.prefill` instead:
+causal attention as blocked products read straight from the pool, no gather, pad or mask.
 """
 
 from __future__ import annotations
@@ -60,14 +60,17 @@ class _DecodePlan:
 
 class TorchNativeAttnBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 prefill_kernel: bool = False):
-        """prefill_kernel: queries are bf16 CPU tensors, so extend batches may use
-        kernels.cpu.prefill (where this CPU's build has it and the pool is bf16)."""
+                 cpu_dtype: torch.dtype | None = None):
+        """cpu_dtype: the queries are CPU tensors of this dtype, so extend batches over a bf16
+        pool may use kernels.cpu.prefill where the kernels in force take it (bf16 at avx512,
+        fp32 at avx2); the level is fixed here, as the model's weights are at load."""
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.scale = scale
-        self.prefill_kernel = prefill_kernel and cpu_prefill.supported(
-            num_heads, num_kv_heads, head_dim, torch.bfloat16)
+        self.prefill_level = None
+        if cpu_dtype is not None and cpu_prefill.supported(num_heads, num_kv_heads, head_dim,
+                                                           cpu_dtype):
+            self.prefill_level = cpu_prefill.active_level()
 
     # ---- planning (once per forward) ----
 
@@ -102,7 +105,9 @@ class TorchNativeAttnBackend:
 
     def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan | _KernelExtendPlan:
         bs = batch.batch_size
-        if self.prefill_kernel and batch.kv_pool.k[0].dtype == torch.bfloat16:
+        if self.prefill_level and batch.kv_pool.k[0].dtype == torch.bfloat16 and all(
+                cpu_prefill.worth_it(new, seq - new, self.prefill_level)
+                for seq, new in zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
             table = batch.req_to_token[batch.req_pool_indices]
             requests, start = [], 0
             for i, (seq, new) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
@@ -179,7 +184,8 @@ class TorchNativeAttnBackend:
             out = torch.empty(q.shape[0], self.num_heads, self.head_dim, dtype=q.dtype)
             for start, new, prefix, slots in plan.requests:
                 cpu_prefill.prefill_attention(q[start:start + new], k_pool, v_pool, slots, prefix,
-                                              self.scale, out=out[start:start + new])
+                                              self.scale, out=out[start:start + new],
+                                              level=self.prefill_level)
             return out
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
         keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)

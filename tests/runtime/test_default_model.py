@@ -132,3 +132,33 @@ def test_sglang_offline_calls_as_written():
         assert by_ids[0]["output_ids"] == batch[0]["output_ids"]
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("level", [lv for lv in _levels() if lv != "generic"])
+def test_long_prompt_through_the_prefill_kernel(default_model_path, level, monkeypatch):
+    """A ~450-token prompt attends through kernels.cpu.prefill at each level with kernels (bf16
+    at avx512, fp32 at avx2) and continues it as torch's attention does."""
+    from radixflow.kernels.cpu import prefill
+    from radixflow.runtime.attention import torch_native
+
+    prompt = ", ".join(str(i) for i in range(1, 151)) + ","
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    plans = []
+    original = torch_native.TorchNativeAttnBackend._plan_extend
+
+    def spy(self, batch):
+        plan = original(self, batch)
+        plans.append(type(plan).__name__)
+        return plan
+
+    monkeypatch.setattr(torch_native.TorchNativeAttnBackend, "_plan_extend", spy)
+    with Engine(None, max_total_tokens=4096, cpu_isa=level) as engine:
+        through_kernel = engine.generate(prompt, params)
+        assert plans[-1] == "_KernelExtendPlan"
+        monkeypatch.setitem(prefill.MIN_PAIRS, level, 1 << 62)
+        engine.flush_cache()
+        through_torch = engine.generate(prompt, params)
+        assert plans[-1] == "_ExtendPlan"
+        engine.scheduler.check_slots()
+    assert through_kernel["output_ids"] == through_torch["output_ids"]
+    assert through_kernel["text"].startswith(" 151, 15")

@@ -31,17 +31,17 @@ def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale):
 
 
 def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monkeypatch=None,
-        prefill_kernel=False):
+        cpu_dtype=None, pool_dtype=None):
     torch.manual_seed(0)
     bs = len(prefix_lens)
-    pool = KVPool(2000, 1, KVH, D, dtype)
+    pool = KVPool(2000, 1, KVH, D, pool_dtype or dtype)
     table = ReqToTokenPool(bs, 512).req_to_token
     shared = pool.alloc(shared_prefix)
     for i, p in enumerate(prefix_lens):
         own = pool.alloc(p - shared_prefix)
         table[i, :p] = torch.cat([shared, own]).int()
     for layer in (pool.k[0], pool.v[0]):
-        layer.copy_(torch.randn_like(layer.float()).to(dtype))
+        layer.copy_(torch.randn_like(layer.float()).to(layer.dtype))
     num_tokens = sum(ext_lens)
     out_slots = pool.alloc(num_tokens)
     start = 0
@@ -56,7 +56,7 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
     batch = ForwardBatch(mode, torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_tokens,
                          dtype=torch.int64), out_slots, t(list(range(bs))), t(seq), t(prefix_lens),
                          t(ext_lens), seq, list(prefix_lens), list(ext_lens), t([0]), table, pool)
-    backend = TorchNativeAttnBackend(H, KVH, D, D ** -0.5, prefill_kernel=prefill_kernel)
+    backend = TorchNativeAttnBackend(H, KVH, D, D ** -0.5, cpu_dtype=cpu_dtype)
     backend.prepare(batch)
     out = backend.forward(q, k, v, 0, batch)
     ref = reference(q, pool.k[0], pool.v[0], table, range(bs), prefix_lens, ext_lens, D ** -0.5)
@@ -71,20 +71,35 @@ def test_extend(prefix_lens, ext_lens):
     torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not cpu_prefill.supported(H, KVH, D, torch.bfloat16),
-                    reason="the prefill attention kernel needs the avx512 build (AVX-512 BF16)")
 @pytest.mark.parametrize("prefix_lens, ext_lens",
                          [([0], [9]), ([40], [17]), ([0, 3, 7], [5, 1, 2])])
-def test_extend_in_the_prefill_kernel(prefix_lens, ext_lens):
-    """A bf16 model's extend batches run each request through kernels.cpu.prefill."""
-    out, ref, batch = run(ForwardMode.EXTEND, prefix_lens, ext_lens, dtype=torch.bfloat16,
-                          prefill_kernel=True)
+def test_extend_in_the_prefill_kernel(monkeypatch, cpu_level, prefix_lens, ext_lens):
+    """Extend batches over a bf16 pool run each request through kernels.cpu.prefill when the
+    kernels in force take the model's dtype (bf16 at avx512, fp32 at avx2)."""
+    dtype = cpu_prefill.io_dtype()
+    if dtype is None:
+        pytest.skip(f"no CPU kernels at {cpu_level} here")
+    monkeypatch.setitem(cpu_prefill.MIN_PAIRS, cpu_level, 0)  # these are small
+    out, ref, batch = run(ForwardMode.EXTEND, prefix_lens, ext_lens, dtype=dtype,
+                          cpu_dtype=dtype, pool_dtype=torch.bfloat16)
     assert isinstance(batch.attn_metadata, torch_native._KernelExtendPlan)
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
 
 
+def test_prefill_kernel_only_for_enough_work(cpu_level):
+    """At avx2 short prompts stay with torch's attention (as fast there); at avx512 none do."""
+    dtype = cpu_prefill.io_dtype()
+    if dtype is None:
+        pytest.skip(f"no CPU kernels at {cpu_level} here")
+    _, _, batch = run(ForwardMode.EXTEND, [3, 0], [4, 9], dtype=dtype, cpu_dtype=dtype,
+                      pool_dtype=torch.bfloat16)
+    kernel = isinstance(batch.attn_metadata, torch_native._KernelExtendPlan)
+    assert kernel == (cpu_level == "avx512")
+
+
 def test_prefill_kernel_only_over_a_bf16_pool():
-    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=torch.float32, prefill_kernel=True)
+    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=torch.float32,
+                      cpu_dtype=torch.float32)
     assert isinstance(batch.attn_metadata, torch_native._ExtendPlan)
 
 
