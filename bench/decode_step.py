@@ -184,7 +184,9 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine(None, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa)
+    # no overlap: its forward thread stops with the engine, and each step is timed alone
+    engine = Engine(None, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa,
+                    disable_overlap_schedule=True)
     sched = engine.scheduler
     engine.shutdown()  # step the scheduler directly, no background thread
     info = sched.model_info()

@@ -26,6 +26,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -383,6 +384,35 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
     }
 }
 
+
+int64_t rf_prefill_attention(const rf_prefill *J) {
+    const int64_t G = J->kv_heads > 0 ? J->heads / J->kv_heads : 0, D = J->head_dim;
+    if (J->kv_heads <= 0 || J->heads % J->kv_heads || G > MAX_GROUP
+        || D % rf_prefill_dim_multiple() || D > MAX_HEAD_DIM || J->n <= 0 || J->prefix < 0
+        || J->prefix + J->n > INT32_MAX)
+        return -1;
+    const int64_t tokens = rf_prefill_tile_queries() / G; /* per tile (>= 6: G <= MAX_GROUP) */
+    const int64_t tiles = (J->n + tokens - 1) / tokens, tasks = tiles * J->kv_heads;
+    const size_t bytes = (rf_prefill_work_floats(D) * sizeof(float) + 63) / 64 * 64;
+    int failed = 0;
+#pragma omp parallel num_threads(J->nthreads)
+    {
+        float *work = aligned_alloc(64, bytes);
+        if (work == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* the last tiles see the most keys: they go first */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (work == NULL) continue;
+            const int64_t tile = tiles - 1 - task / J->kv_heads, t0 = tile * tokens;
+            rf_prefill_tile(J, task % J->kv_heads, t0, t0 + tokens < J->n ? t0 + tokens : J->n, work);
+        }
+        free(work);
+    }
+    return failed ? -2 : 0;
+}
 
 /* The bindings' contract (kernels/cpu/abi.py checks it when the library loads): the sizes of
  * the structures Python builds, the layout constants and enums it restates, and the limits it

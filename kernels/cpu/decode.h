@@ -84,10 +84,18 @@ typedef struct {
     void *out;
 } rf_prefill;
 
-/* 0, or -1 for a shape it does not take (head_dim not a multiple of 4 at avx512 or of 16 at
- * avx2, or over MAX_HEAD_DIM; a group over MAX_GROUP), -2 when its work buffers could not be
- * allocated. */
+/* 0, or -1 for a shape it does not take (head_dim not a multiple of
+ * rf_prefill_dim_multiple() or over MAX_HEAD_DIM; a group over MAX_GROUP), -2 when its work
+ * buffers could not be allocated. decode.c splits the request into tiles of tokens x KV heads
+ * over OpenMP threads; each level's step file computes a tile (rf_prefill_tile). */
 int64_t rf_prefill_attention(const rf_prefill *job);
+
+/* The level's tile: queries (tokens x the heads of a group) at most, what head_dim must be a
+ * multiple of, the floats of one thread's work, and tokens [t0, t1) for KV head kvh. */
+int64_t rf_prefill_tile_queries(void);
+int64_t rf_prefill_dim_multiple(void);
+int64_t rf_prefill_work_floats(int64_t head_dim);
+void rf_prefill_tile(const rf_prefill *job, int64_t kvh, int64_t t0, int64_t t1, float *work);
 
 /* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
 void rf_silu_mul(const float *gate_up, int64_t n, float *out);

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from . import _library, active_level
 from .abi import Prefill
 
-# the dtype of q and out in each level's build, and what head_dim must be a multiple of
-_LEVELS = {"avx512": (torch.bfloat16, 4), "avx2": (torch.float32, 16)}
+# the dtype of q and out in each level's build (the model dtype each level runs)
+_IO_DTYPE = {"avx512": torch.bfloat16, "avx2": torch.float32}
 # new tokens x keys below which torch's flash attention is as fast (its fp32 path at avx2:
 # bench/results/prefill-attention-avx2-2026-12-02.md; at avx512 the kernel wins from 16 x 1000)
 MIN_PAIRS = {"avx512": 0, "avx2": 1 << 16}
@@ -47,7 +47,7 @@ def io_dtype(level: str | None = None) -> torch.dtype | None:
     """The dtype of queries and outputs the kernel of `level` (default: the level in force)
     takes, or None where there is none."""
     level = level or active_level()
-    return _LEVELS[level][0] if level in _LEVELS and _kernel(level) is not None else None
+    return _IO_DTYPE.get(level) if _kernel(level) is not None else None
 
 
 def supported(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -57,55 +57,89 @@ def supported(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
     level = level or active_level()
     if dtype != io_dtype(level):
         return False
-    limits = _library(level).rf_limits
-    return (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= limits.max_group
-            and head_dim % _LEVELS[level][1] == 0 and head_dim <= limits.max_head_dim)
+    lib = _library(level)
+    lib.rf_prefill_dim_multiple.restype = ctypes.c_int64
+    return (kv_heads > 0 and heads % kv_heads == 0
+            and heads // kv_heads <= lib.rf_limits.max_group
+            and head_dim % lib.rf_prefill_dim_multiple() == 0
+            and head_dim <= lib.rf_limits.max_head_dim)
+
+
+class BatchPrefill:
+    """The attention of an extend batch's requests, laid out one after another along the token
+    dimension: set up once per forward (slots checked and held), `run` once per layer."""
+
+    def __init__(self, requests: list[tuple[int, int, torch.Tensor]], heads: int, kv_heads: int,
+                 head_dim: int, scale: float, level: str | None = None):
+        """requests: (new tokens, prefix, KV slots [prefix + new]) each, in token order."""
+        self.level = level or active_level()
+        self._fn = _kernel(self.level)
+        if self._fn is None:
+            raise RuntimeError("the prefill attention kernel needs the CPU kernels' avx512 or "
+                               "avx2 build")
+        self.dtype = io_dtype(self.level)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self._slots, self._jobs, start = [], [], 0
+        for new, prefix, slots in requests:
+            slots = slots.to(torch.int64).contiguous()
+            if slots.dim() != 1 or slots.numel() != prefix + new:
+                raise ValueError(f"expected {prefix + new} slots, got {tuple(slots.shape)}")
+            self._slots.append(slots)  # the jobs point into them
+            self._jobs.append((start, Prefill(
+                n=new, prefix=prefix, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                nthreads=torch.get_num_threads(), scale=scale, slots=slots.data_ptr())))
+            start += new
+        self.num_tokens = start
+
+    def run(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [num_tokens, heads, head_dim] in self.dtype (rows may be strided, heads
+        contiguous); k_pool / v_pool [num_slots, kv_heads, head_dim] bf16 with the new tokens'
+        K/V written. Returns (or fills `out`, the same shape and dtype, heads contiguous) each
+        token's attention over its request's positions 0 .. its own."""
+        shape = (self.num_tokens, self.heads, self.head_dim)
+        if q.dtype != self.dtype or k_pool.dtype != torch.bfloat16 \
+                or v_pool.dtype != torch.bfloat16:
+            raise ValueError(f"prefill_attention takes {self.dtype} queries here (the "
+                             f"{self.level} build) and a bf16 KV pool")
+        if q.shape != shape or q.stride(2) != 1 or q.stride(1) != self.head_dim:
+            raise ValueError(f"q must be {list(shape)}, its heads contiguous within a row")
+        if not (k_pool.is_contiguous() and v_pool.is_contiguous()) \
+                or k_pool.shape != v_pool.shape \
+                or k_pool.shape[1:] != (self.kv_heads, self.head_dim):
+            raise ValueError("k_pool and v_pool must be contiguous [num_slots, kv_heads, "
+                             "head_dim]")
+        if out is None:
+            out = torch.empty(shape, dtype=self.dtype)
+        if out.dtype != self.dtype or out.shape != shape or out.stride(2) != 1 \
+                or out.stride(1) != self.head_dim:
+            raise ValueError("out must be [n, heads, head_dim] of q's dtype, heads contiguous")
+        q_rows, out_rows = q.stride(0), out.stride(0)
+        q_ptr, out_ptr, size = q.data_ptr(), out.data_ptr(), q.element_size()
+        k_ptr, v_ptr = k_pool.data_ptr(), v_pool.data_ptr()
+        for start, job in self._jobs:
+            job.q_stride, job.out_stride = q_rows, out_rows
+            job.q, job.out = q_ptr + start * q_rows * size, out_ptr + start * out_rows * size
+            job.k, job.v = k_ptr, v_ptr
+            status = self._fn(ctypes.byref(job))
+            if status == -1:
+                raise ValueError(f"prefill_attention does not take heads={self.heads}, "
+                                 f"kv_heads={self.kv_heads}, head_dim={self.head_dim}")
+            if status != 0:
+                raise MemoryError("prefill_attention could not allocate its work buffers")
+        return out
 
 
 def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                       slots: torch.Tensor, prefix: int, scale: float,
                       out: torch.Tensor | None = None,
                       level: str | None = None) -> torch.Tensor:
-    """q [n, heads, head_dim] in io_dtype(level) (rows may be strided, heads contiguous) at
-    positions prefix .. prefix + n - 1; k_pool / v_pool [num_slots, kv_heads, head_dim] bf16; slots
-    [prefix + n] int64, the request's KV slots (its new tokens' K/V already written). Returns
-    (or fills `out`, [n, heads, head_dim] of q's dtype, heads contiguous) each token's attention
-    over positions 0 .. its own. level: the build to run (default: the level in force)."""
-    level = level or active_level()
-    fn = _kernel(level)
-    if fn is None:
-        raise RuntimeError("the prefill attention kernel needs the CPU kernels' avx512 or "
-                           "avx2 build")
+    """One request's attention: q [n, heads, head_dim] at positions prefix .. prefix + n - 1
+    over slots [prefix + n] (BatchPrefill.run's shapes and dtypes). level: the build to run
+    (default: the level in force)."""
     n, heads, head_dim = q.shape
-    kv_heads = k_pool.shape[1]
-    want = io_dtype(level)
-    if q.dtype != want or k_pool.dtype != torch.bfloat16 or v_pool.dtype != torch.bfloat16:
-        raise ValueError(f"prefill_attention takes {want} queries here (the "
-                         f"{level} build) and a bf16 KV pool")
-    if q.stride(2) != 1 or q.stride(1) != head_dim:
-        raise ValueError("q's heads must be contiguous within a row")
-    if not (k_pool.is_contiguous() and v_pool.is_contiguous()) or k_pool.shape != v_pool.shape \
-            or k_pool.shape[2] != head_dim:
-        raise ValueError("k_pool and v_pool must be contiguous [num_slots, kv_heads, head_dim]")
-    slots = slots.to(torch.int64).contiguous()
-    if slots.dim() != 1 or slots.numel() != prefix + n:
-        raise ValueError(f"expected {prefix + n} slots, got {tuple(slots.shape)}")
-    if out is None:
-        out = torch.empty(n, heads, head_dim, dtype=want)
-    if out.dtype != want or out.shape != q.shape or out.stride(2) != 1 or out.stride(1) != head_dim:
-        raise ValueError("out must be [n, heads, head_dim] of q's dtype, heads contiguous")
-    job = Prefill(n=n, prefix=prefix, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                  q_stride=q.stride(0), out_stride=out.stride(0),
-                  nthreads=torch.get_num_threads(), scale=scale, q=q.data_ptr(),
-                  k=k_pool.data_ptr(), v=v_pool.data_ptr(), slots=slots.data_ptr(),
-                  out=out.data_ptr())
-    status = fn(ctypes.byref(job))
-    if status == -1:
-        raise ValueError(f"prefill_attention does not take heads={heads}, kv_heads={kv_heads}, "
-                         f"head_dim={head_dim}")
-    if status != 0:
-        raise MemoryError("prefill_attention could not allocate its work buffers")
-    return out
+    batch = BatchPrefill([(n, prefix, slots)], heads, k_pool.shape[1], head_dim, scale, level)
+    return batch.run(q, k_pool, v_pool, out)
 
 
 def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,

@@ -7,7 +7,6 @@
  * take the queries in that order (each 16 values permuted once per call into their 8 even then
  * their 8 odd ones, times the softmax scale), and the V sums stay in it until the end. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "decode.h"
@@ -372,6 +371,75 @@ static inline void stream_block(const rf_model *m, const rf_layer *L, const int3
     __asm__ volatile("" : : "x"(acc)); /* the loads are what counts */
 }
 
+/* One block of keys against a tile of queries, the steps both the shared-prefix product and
+ * prefill take. Queries sit in registers of 8 (Mb of them, Ms = 8 Mb floats apart per row). */
+
+/* s[j][i] = q_i . k_j for the block's keys (kx: each key widened, permuted; past the last key
+ * repeated), qt: the queries permuted and scaled ([D][Ms]). last_key: NULL, or per query the
+ * last key position it sees (keys c0 + j past it score -inf). */
+static void tile_scores(const float *const *kx, int64_t keys, const float *qt, int64_t D,
+                         int64_t Mb, int64_t Ms, const int32_t *last_key, int64_t c0, float *s) {
+    const __m256 hidden = _mm256_set1_ps(-INFINITY);
+    for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+        const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+        for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
+            __m256 acc[TILE_A * TILE_B];
+            for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm256_setzero_ps();
+            outer_tile(kx + j0, 1, qt + 8 * b0, Ms, D, acc, B);
+            for (int a = 0; a < TILE_A && j0 + a < keys; a++)
+                for (int b = 0; b < B; b++) {
+                    __m256 v = acc[a * B + b];
+                    if (last_key) {
+                        const __m256i last = _mm256_loadu_si256((const __m256i *)(last_key + 8 * (b0 + b)));
+                        const __m256i later = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(c0 + j0 + a)), last);
+                        v = _mm256_blendv_ps(v, hidden, _mm256_castsi256_ps(later));
+                    }
+                    _mm256_storeu_ps(s + (j0 + a) * Ms + 8 * (b0 + b), v);
+                }
+        }
+    }
+}
+
+/* The online softmax's step: per query the running max mx and sum, alpha the rescale of what
+ * came before; the block's scores become its weights in place. */
+static void block_weights(float *s, int64_t keys, int64_t Mb, int64_t Ms, float *mx, float *sum,
+                          float *alpha) {
+    for (int64_t b = 0; b < Mb; b++) {
+        __m256 top = _mm256_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < keys; j++) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * Ms + 8 * b));
+        const __m256 old = _mm256_loadu_ps(mx + 8 * b), now = _mm256_max_ps(old, top);
+        const __m256 rescale = exp256(_mm256_sub_ps(old, now)); /* old -inf: 0 */
+        __m256 total = _mm256_setzero_ps();
+        for (int64_t j = 0; j < keys; j++) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * Ms + 8 * b), now));
+            total = _mm256_add_ps(total, e);
+            _mm256_storeu_ps(s + j * Ms + 8 * b, e);
+        }
+        _mm256_storeu_ps(mx + 8 * b, now);
+        _mm256_storeu_ps(sum + 8 * b, _mm256_fmadd_ps(_mm256_loadu_ps(sum + 8 * b), rescale, total));
+        _mm256_storeu_ps(alpha + 8 * b, rescale);
+    }
+}
+
+/* o[d][i] = alpha_i o[d][i] + the block's weights of query i (w) times values d (vx[d]: the
+ * widened values' dimension d, every D), permuted as the values are. */
+static void add_weighted_values(float *o, const float *alpha, const float *const *vx,
+                                const float *w, int64_t keys, int64_t D, int64_t Mb, int64_t Ms) {
+    for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+        const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+        for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
+            __m256 acc[TILE_A * TILE_B];
+            for (int a = 0; a < TILE_A; a++)
+                for (int b = 0; b < B; b++)
+                    acc[a * B + b] = _mm256_mul_ps(_mm256_loadu_ps(o + (d0 + a) * Ms + 8 * (b0 + b)),
+                                                   _mm256_loadu_ps(alpha + 8 * (b0 + b)));
+            outer_tile(vx + d0, D, w + 8 * b0, Ms, keys, acc, B);
+            for (int a = 0; a < TILE_A; a++)
+                for (int b = 0; b < B; b++) _mm256_storeu_ps(o + (d0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
+        }
+    }
+}
+
 /* Work: qt (the queries, permuted and scaled, [D][Ms]), s (one block's scores, then weights,
  * [CHUNK][Ms]), o (the V sums, [D][Ms], permuted), kf and vf (the block's K and V rows widened,
  * [CHUNK][D], permuted), then max, sum and rescale per query. Ms: the queries padded to 8, at
@@ -418,47 +486,9 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
                 widen_row(L->v_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, vf + j * D);
             }
             for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;
-            /* s[j][i] = q_i . k_j (scaled): 8 queries per register, each key value broadcast */
-            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-                for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
-                    __m256 acc[TILE_A * TILE_B];
-                    for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm256_setzero_ps();
-                    outer_tile(kx + j0, 1, qt + 8 * b0, Ms, D, acc, B);
-                    for (int a = 0; a < TILE_A && j0 + a < keys; a++)
-                        for (int b = 0; b < B; b++) _mm256_storeu_ps(s + (j0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
-                }
-            }
-            /* the running max per query; the block's scores become weights in place */
-            for (int64_t b = 0; b < Mb; b++) {
-                __m256 top = _mm256_set1_ps(-INFINITY);
-                for (int64_t j = 0; j < keys; j++) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * Ms + 8 * b));
-                const __m256 old = _mm256_loadu_ps(mx + 8 * b), now = _mm256_max_ps(old, top);
-                const __m256 rescale = exp256(_mm256_sub_ps(old, now)); /* old -inf: 0 */
-                __m256 total = _mm256_setzero_ps();
-                for (int64_t j = 0; j < keys; j++) {
-                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * Ms + 8 * b), now));
-                    total = _mm256_add_ps(total, e);
-                    _mm256_storeu_ps(s + j * Ms + 8 * b, e);
-                }
-                _mm256_storeu_ps(mx + 8 * b, now);
-                _mm256_storeu_ps(sum + 8 * b, _mm256_fmadd_ps(_mm256_loadu_ps(sum + 8 * b), rescale, total));
-                _mm256_storeu_ps(alpha + 8 * b, rescale);
-            }
-            /* o[d][i] = rescale_i o[d][i] + the block's weights of query i times values d */
-            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-                for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
-                    __m256 acc[TILE_A * TILE_B];
-                    for (int a = 0; a < TILE_A; a++)
-                        for (int b = 0; b < B; b++)
-                            acc[a * B + b] = _mm256_mul_ps(_mm256_loadu_ps(o + (d0 + a) * Ms + 8 * (b0 + b)),
-                                                           _mm256_loadu_ps(alpha + 8 * (b0 + b)));
-                    outer_tile(vx + d0, D, s + 8 * b0, Ms, keys, acc, B);
-                    for (int a = 0; a < TILE_A; a++)
-                        for (int b = 0; b < B; b++) _mm256_storeu_ps(o + (d0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
-                }
-            }
+            tile_scores(kx, keys, qt, D, Mb, Ms, NULL, c0, s);
+            block_weights(s, keys, Mb, Ms, mx, sum, alpha);
+            add_weighted_values(o, alpha, vx, s, keys, D, Mb, Ms);
         }
         for (int64_t i = 0; i < M; i++) {
             float *ph = partial[i / G] + (kvh * G + i % G) * (D + 2);
@@ -530,17 +560,18 @@ void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
 
 /* ---- one request's causal attention over its prompt (prefill), fp32 ---- */
 
-#define PREFILL_QUERIES 96 /* queries (tokens x the heads of a group) per tile: 12 registers */
+int64_t rf_prefill_tile_queries(void) { return 96; } /* 12 registers */
+int64_t rf_prefill_dim_multiple(void) { return 16; } /* widen_row's chunks */
 
-static int64_t prefill_work_floats(int64_t D) {
-    const int64_t Ms = PREFILL_QUERIES, C = SHARED_CHUNK;
+int64_t rf_prefill_work_floats(int64_t D) {
+    const int64_t Ms = rf_prefill_tile_queries(), C = SHARED_CHUNK;
     return 2 * D * Ms + C * Ms + 2 * C * D + 4 * Ms;
 }
 
-/* Tokens [t0, t1) of the request, the query heads of KV head kvh: rf_attend_shared's blocked
- * fp32 products over keys 0 .. prefix + t1 - 1, the blocks that reach past prefix + t0 hiding
- * each query's later keys. */
-static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, float *work) {
+/* Tokens [t0, t1) of the request, the query heads of KV head kvh: rf_attend_shared's block
+ * steps over keys 0 .. prefix + t1 - 1; the blocks that reach past prefix + t0 hide each
+ * query's later keys. */
+void rf_prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, float *work) {
     const int64_t D = J->head_dim, G = J->heads / J->kv_heads, C = SHARED_CHUNK;
     const int64_t row = J->kv_heads * D, M = (t1 - t0) * G, Mb = (M + 7) / 8, Ms = 8 * Mb;
     const float *q = J->q;
@@ -557,7 +588,6 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
         last_key[i] = (int32_t)(i < M ? J->prefix + t0 + i / G : J->prefix + t1);
     }
     memset(o, 0, D * Ms * sizeof(float));
-    const __m256 hidden = _mm256_set1_ps(-INFINITY);
     const int64_t end = J->prefix + t1;
     for (int64_t c0 = 0; c0 < end; c0 += C) { /* key 0 comes first: every query sees it */
         const int64_t keys = end - c0 < C ? end - c0 : C;
@@ -568,52 +598,9 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
         }
         const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
         for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;
-        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-            for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
-                __m256 acc[TILE_A * TILE_B];
-                for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm256_setzero_ps();
-                outer_tile(kx + j0, 1, qt + 8 * b0, Ms, D, acc, B);
-                for (int a = 0; a < TILE_A && j0 + a < keys; a++)
-                    for (int b = 0; b < B; b++) {
-                        __m256 v = acc[a * B + b];
-                        if (masked) {
-                            const __m256i last = _mm256_loadu_si256((const __m256i *)(last_key + 8 * (b0 + b)));
-                            const __m256i later = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(c0 + j0 + a)), last);
-                            v = _mm256_blendv_ps(v, hidden, _mm256_castsi256_ps(later));
-                        }
-                        _mm256_storeu_ps(s + (j0 + a) * Ms + 8 * (b0 + b), v);
-                    }
-            }
-        }
-        for (int64_t b = 0; b < Mb; b++) { /* running max and sum; the scores become weights */
-            __m256 top = _mm256_set1_ps(-INFINITY);
-            for (int64_t j = 0; j < keys; j++) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * Ms + 8 * b));
-            const __m256 old = _mm256_loadu_ps(mx + 8 * b), now = _mm256_max_ps(old, top);
-            const __m256 rescale = exp256(_mm256_sub_ps(old, now));
-            __m256 total = _mm256_setzero_ps();
-            for (int64_t j = 0; j < keys; j++) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * Ms + 8 * b), now));
-                total = _mm256_add_ps(total, e);
-                _mm256_storeu_ps(s + j * Ms + 8 * b, e);
-            }
-            _mm256_storeu_ps(mx + 8 * b, now);
-            _mm256_storeu_ps(sum + 8 * b, _mm256_fmadd_ps(_mm256_loadu_ps(sum + 8 * b), rescale, total));
-            _mm256_storeu_ps(alpha + 8 * b, rescale);
-        }
-        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-            for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
-                __m256 acc[TILE_A * TILE_B];
-                for (int a = 0; a < TILE_A; a++)
-                    for (int b = 0; b < B; b++)
-                        acc[a * B + b] = _mm256_mul_ps(_mm256_loadu_ps(o + (d0 + a) * Ms + 8 * (b0 + b)),
-                                                       _mm256_loadu_ps(alpha + 8 * (b0 + b)));
-                outer_tile(vx + d0, D, s + 8 * b0, Ms, keys, acc, B);
-                for (int a = 0; a < TILE_A; a++)
-                    for (int b = 0; b < B; b++) _mm256_storeu_ps(o + (d0 + a) * Ms + 8 * (b0 + b), acc[a * B + b]);
-            }
-        }
+        tile_scores(kx, keys, qt, D, Mb, Ms, masked ? last_key : NULL, c0, s);
+        block_weights(s, keys, Mb, Ms, mx, sum, alpha);
+        add_weighted_values(o, alpha, vx, s, keys, D, Mb, Ms);
     }
     float *out = J->out;
     for (int64_t i = 0; i < M; i++) {
@@ -621,30 +608,4 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
         const float inv = 1.0f / sum[i];
         for (int64_t d = 0; d < D; d++) dst[d] = o[permuted(d) * Ms + i] * inv;
     }
-}
-
-int64_t rf_prefill_attention(const rf_prefill *J) {
-    const int64_t G = J->kv_heads > 0 ? J->heads / J->kv_heads : 0, D = J->head_dim;
-    if (J->kv_heads <= 0 || J->heads % J->kv_heads || G > MAX_GROUP || D % 16 || D > MAX_HEAD_DIM
-        || J->n <= 0 || J->prefix < 0 || J->prefix + J->n > INT32_MAX)
-        return -1;
-    const int64_t tokens = (PREFILL_QUERIES / G) > 0 ? PREFILL_QUERIES / G : 1;
-    const int64_t tiles = (J->n + tokens - 1) / tokens, tasks = tiles * J->kv_heads;
-    int failed = 0;
-#pragma omp parallel num_threads(J->nthreads)
-    {
-        float *work = aligned_alloc(32, (prefill_work_floats(D) * sizeof(float) + 31) / 32 * 32);
-        if (work == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            if (work == NULL) continue;
-            const int64_t tile = tiles - 1 - task / J->kv_heads, t0 = tile * tokens;
-            prefill_tile(J, task % J->kv_heads, t0, t0 + tokens < J->n ? t0 + tokens : J->n, work);
-        }
-        free(work);
-    }
-    return failed ? -2 : 0;
 }

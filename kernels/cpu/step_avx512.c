@@ -1,7 +1,6 @@
 /* The decode step's vector kernels for AVX-512 BF16 (see decode.h): attention over the KV pool
  * with vdpbf16ps, SiLU, argmax. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "decode.h"
@@ -255,6 +254,106 @@ static inline void stream_block(const rf_model *m, const rf_layer *L, const int3
     __asm__ volatile("" : : "v"(acc)); /* the loads are what counts */
 }
 
+/* One block of keys against a tile of queries, the steps both the shared-prefix product and
+ * prefill take. Queries sit in registers of 16 (Mb of them, Ms = 16 Mb floats apart per row). */
+
+/* s[j][i] = scale q_i . k_j for the block's keys (kx: each key's dimension pairs, past the last
+ * key repeated), qt: the queries as bf16 pairs of dimensions ([P][Ms] dwords). last_key: NULL,
+ * or per query the last key position it sees (keys c0 + j past it score -inf). */
+static void tile_scores(const uint32_t *const *kx, int64_t keys, const uint32_t *qt, int64_t P,
+                         int64_t Mb, int64_t Ms, float scale, const int32_t *last_key, int64_t c0,
+                         float *s) {
+    const __m512 scaled = _mm512_set1_ps(scale), hidden = _mm512_set1_ps(-INFINITY);
+    for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+        const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+        for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
+            __m512 acc[TILE_A * TILE_B];
+            for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm512_setzero_ps();
+            pair_tile(kx + j0, 1, qt + 16 * b0, Ms, P, acc, B);
+            for (int a = 0; a < TILE_A && j0 + a < keys; a++)
+                for (int b = 0; b < B; b++) {
+                    __m512 v = _mm512_mul_ps(acc[a * B + b], scaled);
+                    if (last_key) {
+                        const __m512i last = _mm512_loadu_si512(last_key + 16 * (b0 + b));
+                        const __mmask16 later = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(c0 + j0 + a)), last);
+                        v = _mm512_mask_mov_ps(v, later, hidden);
+                    }
+                    _mm512_storeu_ps(s + (j0 + a) * Ms + 16 * (b0 + b), v);
+                }
+        }
+    }
+}
+
+/* The online softmax's step: per query the running max mx and sum, alpha the rescale of what
+ * came before; the block's weights into pp as bf16 pairs of keys ([pairs][Ms] dwords). */
+static void block_weights(const float *s, int64_t keys, int64_t Mb, int64_t Ms, float *mx,
+                          float *sum, float *alpha, uint32_t *pp) {
+    static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_loadu_si512(pair_order);
+    const int64_t pairs = (keys + 1) / 2;
+    for (int64_t b = 0; b < Mb; b++) {
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < keys; j++) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j * Ms + 16 * b));
+        const __m512 old = _mm512_loadu_ps(mx + 16 * b), now = _mm512_max_ps(old, top);
+        const __m512 rescale = exp512(_mm512_sub_ps(old, now)); /* old -inf: ~0 */
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t jp = 0; jp < pairs; jp++) {
+            __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + 2 * jp * Ms + 16 * b), now));
+            __m512 e1 = 2 * jp + 1 < keys
+                            ? exp512(_mm512_sub_ps(_mm512_loadu_ps(s + (2 * jp + 1) * Ms + 16 * b), now))
+                            : _mm512_setzero_ps();
+            total = _mm512_add_ps(total, _mm512_add_ps(e0, e1));
+            __m512i w = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's 16, then e1's */
+            _mm512_storeu_si512(pp + jp * Ms + 16 * b, _mm512_permutexvar_epi16(interleave, w));
+        }
+        _mm512_storeu_ps(mx + 16 * b, now);
+        _mm512_storeu_ps(sum + 16 * b, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16 * b), rescale, total));
+        _mm512_storeu_ps(alpha + 16 * b, rescale);
+    }
+}
+
+/* The block's V slices (v[j]: key j's D values) into vp, two keys interleaved into bf16 pairs
+ * per dimension ([pairs][D] dwords; an odd last key pairs with zeros). */
+static void pair_values(const uint16_t *const *v, int64_t keys, int64_t D, uint32_t *vp) {
+    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int64_t jp = 0; jp < (keys + 1) / 2; jp++) {
+        const uint16_t *va = v[2 * jp], *vb = 2 * jp + 1 < keys ? v[2 * jp + 1] : NULL;
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
+            __m512i a = _mm512_maskz_loadu_epi16(dm, va + d0);
+            __m512i b = vb ? _mm512_maskz_loadu_epi16(dm, vb + d0) : _mm512_setzero_si512();
+            __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+            _mm512_mask_storeu_epi32(vp + jp * D + d0, (__mmask16)dm, _mm512_permutex2var_epi32(lo, order_lo, hi));
+            if (D - d0 > 16)
+                _mm512_mask_storeu_epi32(vp + jp * D + d0 + 16, (__mmask16)(dm >> 16),
+                                         _mm512_permutex2var_epi32(lo, order_hi, hi));
+        }
+    }
+}
+
+/* o[d][i] = alpha_i o[d][i] + the block's weights of query i (pp) times values d (vx[d]: vp + d,
+ * every D). */
+static void add_weighted_values(float *o, const float *alpha, const uint32_t *const *vx,
+                                const uint32_t *pp, int64_t pairs, int64_t D, int64_t Mb,
+                                int64_t Ms) {
+    for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
+        const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
+        for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
+            __m512 acc[TILE_A * TILE_B];
+            for (int a = 0; a < TILE_A; a++)
+                for (int b = 0; b < B; b++)
+                    acc[a * B + b] = _mm512_mul_ps(_mm512_loadu_ps(o + (d0 + a) * Ms + 16 * (b0 + b)),
+                                                   _mm512_loadu_ps(alpha + 16 * (b0 + b)));
+            pair_tile(vx + d0, D, pp + 16 * b0, Ms, pairs, acc, B);
+            for (int a = 0; a < TILE_A; a++)
+                for (int b = 0; b < B; b++)
+                    _mm512_storeu_ps(o + (d0 + a) * Ms + 16 * (b0 + b), acc[a * B + b]);
+        }
+    }
+}
+
 /* Work: per KV head, qt (its queries as bf16 pairs, [D/2][Ms] dwords), o (their V sums,
  * [D][Ms]), then max, sum and rescale per query ([3][Ms]); then, for the block at hand, s (its
  * scores, [CHUNK][Ms]), pp (its weights as bf16 pairs of keys, [CHUNK/2][Ms] dwords) and vp (its
@@ -286,12 +385,6 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     uint32_t *vp = pp + C / 2 * Mp;
     const uint32_t *vx[MAX_HEAD_DIM]; /* dimension d's pairs of values: vp + d, every D */
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
-    static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_loadu_si512(pair_order);
-    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
-    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
-    const __m512 scale = _mm512_set1_ps(m->scale);
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
         uint32_t *qt = (uint32_t *)(work + kvh * per_head);
         float *o = (float *)(qt + P * Mp), *mx = o + D * Mp, *sum = mx + Mp;
@@ -306,76 +399,22 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     }
     /* blocks of keys, each key's whole K and V rows used while in cache by every KV head */
     for (int64_t c0 = t0; c0 < t1; c0 += C) {
-        const int64_t keys = t1 - c0 < C ? t1 - c0 : C, pairs = (keys + 1) / 2;
+        const int64_t keys = t1 - c0 < C ? t1 - c0 : C;
         stream_block(m, L, slots, c0, c0 + keys);
         for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
             const uint32_t *qt = (const uint32_t *)(work + kvh * per_head);
             float *o = (float *)(qt + P * Mp), *mx = o + D * Mp, *sum = mx + Mp, *alpha = sum + Mp;
             const uint32_t *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
-            for (int64_t j = 0; j < C; j++)
-                kx[j] = (const uint32_t *)(L->k_cache + (int64_t)slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D);
-            /* s[j][i] = scale q_i . k_j: 16 queries per register, each key pair broadcast */
-            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-                for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
-                    __m512 acc[TILE_A * TILE_B];
-                    for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm512_setzero_ps();
-                    pair_tile(kx + j0, 1, qt + 16 * b0, Ms, P, acc, B);
-                    for (int a = 0; a < TILE_A && j0 + a < keys; a++)
-                        for (int b = 0; b < B; b++)
-                            _mm512_storeu_ps(s + (j0 + a) * Ms + 16 * (b0 + b), _mm512_mul_ps(acc[a * B + b], scale));
-                }
+            const uint16_t *v[SHARED_CHUNK];
+            for (int64_t j = 0; j < C; j++) {
+                const int64_t at = (int64_t)slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D;
+                kx[j] = (const uint32_t *)(L->k_cache + at);
+                v[j] = L->v_cache + at;
             }
-            /* the running max per query; the block's weights as bf16 pairs of keys */
-            for (int64_t b = 0; b < Mb; b++) {
-                __m512 top = _mm512_set1_ps(-INFINITY);
-                for (int64_t j = 0; j < keys; j++) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j * Ms + 16 * b));
-                const __m512 old = _mm512_loadu_ps(mx + 16 * b), now = _mm512_max_ps(old, top);
-                const __m512 rescale = exp512(_mm512_sub_ps(old, now)); /* old -inf: ~0 */
-                __m512 total = _mm512_setzero_ps();
-                for (int64_t jp = 0; jp < pairs; jp++) {
-                    __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + 2 * jp * Ms + 16 * b), now));
-                    __m512 e1 = 2 * jp + 1 < keys
-                                    ? exp512(_mm512_sub_ps(_mm512_loadu_ps(s + (2 * jp + 1) * Ms + 16 * b), now))
-                                    : _mm512_setzero_ps();
-                    total = _mm512_add_ps(total, _mm512_add_ps(e0, e1));
-                    __m512i w = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's 16, then e1's */
-                    _mm512_storeu_si512(pp + jp * Ms + 16 * b, _mm512_permutexvar_epi16(interleave, w));
-                }
-                _mm512_storeu_ps(mx + 16 * b, now);
-                _mm512_storeu_ps(sum + 16 * b, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16 * b), rescale, total));
-                _mm512_storeu_ps(alpha + 16 * b, rescale);
-            }
-            /* the block's V slices, two keys interleaved into bf16 pairs per dimension */
-            for (int64_t jp = 0; jp < pairs; jp++) {
-                const uint16_t *va = L->v_cache + (int64_t)slots[c0 + 2 * jp] * row + kvh * D;
-                const uint16_t *vb = 2 * jp + 1 < keys ? L->v_cache + (int64_t)slots[c0 + 2 * jp + 1] * row + kvh * D : NULL;
-                for (int64_t d0 = 0; d0 < D; d0 += 32) {
-                    const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
-                    __m512i a = _mm512_maskz_loadu_epi16(dm, va + d0);
-                    __m512i b = vb ? _mm512_maskz_loadu_epi16(dm, vb + d0) : _mm512_setzero_si512();
-                    __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-                    _mm512_mask_storeu_epi32(vp + jp * D + d0, (__mmask16)dm, _mm512_permutex2var_epi32(lo, order_lo, hi));
-                    if (D - d0 > 16)
-                        _mm512_mask_storeu_epi32(vp + jp * D + d0 + 16, (__mmask16)(dm >> 16),
-                                                 _mm512_permutex2var_epi32(lo, order_hi, hi));
-                }
-            }
-            /* o[d][i] = rescale_i o[d][i] + the block's weights of query i times values d */
-            for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-                const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-                for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
-                    __m512 acc[TILE_A * TILE_B];
-                    for (int a = 0; a < TILE_A; a++)
-                        for (int b = 0; b < B; b++)
-                            acc[a * B + b] = _mm512_mul_ps(_mm512_loadu_ps(o + (d0 + a) * Ms + 16 * (b0 + b)),
-                                                           _mm512_loadu_ps(alpha + 16 * (b0 + b)));
-                    pair_tile(vx + d0, D, pp + 16 * b0, Ms, pairs, acc, B);
-                    for (int a = 0; a < TILE_A; a++)
-                        for (int b = 0; b < B; b++)
-                            _mm512_storeu_ps(o + (d0 + a) * Ms + 16 * (b0 + b), acc[a * B + b]);
-                }
-            }
+            tile_scores(kx, keys, qt, P, Mb, Ms, m->scale, NULL, c0, s);
+            block_weights(s, keys, Mb, Ms, mx, sum, alpha, pp);
+            pair_values(v, keys, D, vp);
+            add_weighted_values(o, alpha, vx, pp, (keys + 1) / 2, D, Mb, Ms);
         }
     }
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
@@ -430,10 +469,11 @@ void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
 
 /* ---- one request's causal attention over its prompt (prefill) ---- */
 
-#define PREFILL_QUERIES 128 /* queries (tokens x the heads of a group) per tile: 8 registers */
+int64_t rf_prefill_tile_queries(void) { return 128; } /* 8 registers */
+int64_t rf_prefill_dim_multiple(void) { return 4; }   /* add_weighted_values' TILE_A */
 
-static int64_t prefill_work_floats(int64_t D) {
-    const int64_t Ms = PREFILL_QUERIES, C = SHARED_CHUNK;
+int64_t rf_prefill_work_floats(int64_t D) {
+    const int64_t Ms = rf_prefill_tile_queries(), C = SHARED_CHUNK;
     return D / 2 * Ms + D * Ms + 4 * Ms + C * Ms + C / 2 * Ms + C / 2 * D;
 }
 
@@ -443,13 +483,13 @@ static inline uint16_t to_bf16(float x) { /* round to nearest even (x is never N
     return (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
 }
 
-/* Tokens [t0, t1) of the request, the query heads of KV head kvh: the same blocked product as
- * rf_attend_shared (each key pair broadcast against 16 queries per register, then each value
- * pair against 16 queries' weights), over keys 0 .. prefix + t1 - 1; the blocks that reach past
- * prefix + t0 hide each query's later keys. */
-static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, float *work) {
+/* Tokens [t0, t1) of the request, the query heads of KV head kvh: rf_attend_shared's block
+ * steps over keys 0 .. prefix + t1 - 1; the blocks that reach past prefix + t0 hide each
+ * query's later keys. */
+void rf_prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, float *work) {
     const int64_t D = J->head_dim, G = J->heads / J->kv_heads, P = D / 2, C = SHARED_CHUNK;
     const int64_t row = J->kv_heads * D, M = (t1 - t0) * G, Mb = (M + 15) / 16, Ms = 16 * Mb;
+    const uint16_t *q = J->q;
     uint32_t *qt = (uint32_t *)work;
     float *o = (float *)(qt + P * Ms), *mx = o + D * Ms, *sum = mx + Ms, *alpha = sum + Ms;
     int32_t *last_key = (int32_t *)(alpha + Ms); /* the last key each query sees */
@@ -458,122 +498,33 @@ static void prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t
     const uint32_t *vx[MAX_HEAD_DIM];
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
     for (int64_t i = 0; i < Ms; i++) { /* query i: token t0 + i / G, head kvh G + i % G */
-        const uint32_t *src = i < M ? (const uint32_t *)((const uint16_t *)J->q + (t0 + i / G) * J->q_stride + (kvh * G + i % G) * D) : NULL;
+        const uint32_t *src = i < M ? (const uint32_t *)(q + (t0 + i / G) * J->q_stride + (kvh * G + i % G) * D) : NULL;
         for (int64_t p = 0; p < P; p++) qt[p * Ms + i] = src ? src[p] : 0;
         mx[i] = -INFINITY;
         sum[i] = 0;
         last_key[i] = (int32_t)(i < M ? J->prefix + t0 + i / G : J->prefix + t1);
     }
     memset(o, 0, D * Ms * sizeof(float));
-    static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_loadu_si512(pair_order);
-    const __m512i order_lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
-    const __m512i order_hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
-    const __m512 scale = _mm512_set1_ps(J->scale), hidden = _mm512_set1_ps(-INFINITY);
     const int64_t end = J->prefix + t1;
     for (int64_t c0 = 0; c0 < end; c0 += C) { /* key 0 comes first: every query sees it */
-        const int64_t keys = end - c0 < C ? end - c0 : C, pairs = (keys + 1) / 2;
+        const int64_t keys = end - c0 < C ? end - c0 : C;
         const int masked = c0 + keys - 1 > J->prefix + t0;
         const uint32_t *kx[SHARED_CHUNK];
-        for (int64_t j = 0; j < C; j++)
-            kx[j] = (const uint32_t *)(J->k + J->slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D);
-        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-            for (int64_t j0 = 0; j0 < keys; j0 += TILE_A) {
-                __m512 acc[TILE_A * TILE_B];
-                for (int u = 0; u < TILE_A * B; u++) acc[u] = _mm512_setzero_ps();
-                pair_tile(kx + j0, 1, qt + 16 * b0, Ms, P, acc, B);
-                for (int a = 0; a < TILE_A && j0 + a < keys; a++)
-                    for (int b = 0; b < B; b++) {
-                        __m512 v = _mm512_mul_ps(acc[a * B + b], scale);
-                        if (masked) {
-                            const __m512i last = _mm512_loadu_si512(last_key + 16 * (b0 + b));
-                            const __mmask16 later = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(c0 + j0 + a)), last);
-                            v = _mm512_mask_mov_ps(v, later, hidden);
-                        }
-                        _mm512_storeu_ps(s + (j0 + a) * Ms + 16 * (b0 + b), v);
-                    }
-            }
+        const uint16_t *v[SHARED_CHUNK];
+        for (int64_t j = 0; j < C; j++) {
+            const int64_t at = J->slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D;
+            kx[j] = (const uint32_t *)(J->k + at);
+            v[j] = J->v + at;
         }
-        for (int64_t b = 0; b < Mb; b++) { /* running max and sum; the weights as bf16 pairs */
-            __m512 top = _mm512_set1_ps(-INFINITY);
-            for (int64_t j = 0; j < keys; j++) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j * Ms + 16 * b));
-            const __m512 old = _mm512_loadu_ps(mx + 16 * b), now = _mm512_max_ps(old, top);
-            const __m512 rescale = exp512(_mm512_sub_ps(old, now));
-            __m512 total = _mm512_setzero_ps();
-            for (int64_t jp = 0; jp < pairs; jp++) {
-                __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + 2 * jp * Ms + 16 * b), now));
-                __m512 e1 = 2 * jp + 1 < keys
-                                ? exp512(_mm512_sub_ps(_mm512_loadu_ps(s + (2 * jp + 1) * Ms + 16 * b), now))
-                                : _mm512_setzero_ps();
-                total = _mm512_add_ps(total, _mm512_add_ps(e0, e1));
-                __m512i w = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
-                _mm512_storeu_si512(pp + jp * Ms + 16 * b, _mm512_permutexvar_epi16(interleave, w));
-            }
-            _mm512_storeu_ps(mx + 16 * b, now);
-            _mm512_storeu_ps(sum + 16 * b, _mm512_fmadd_ps(_mm512_loadu_ps(sum + 16 * b), rescale, total));
-            _mm512_storeu_ps(alpha + 16 * b, rescale);
-        }
-        for (int64_t jp = 0; jp < pairs; jp++) { /* values, two keys interleaved per dimension */
-            const uint16_t *va = J->v + J->slots[c0 + 2 * jp] * row + kvh * D;
-            const uint16_t *vb = 2 * jp + 1 < keys ? J->v + J->slots[c0 + 2 * jp + 1] * row + kvh * D : NULL;
-            for (int64_t d0 = 0; d0 < D; d0 += 32) {
-                const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
-                __m512i a = _mm512_maskz_loadu_epi16(dm, va + d0);
-                __m512i b = vb ? _mm512_maskz_loadu_epi16(dm, vb + d0) : _mm512_setzero_si512();
-                __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-                _mm512_mask_storeu_epi32(vp + jp * D + d0, (__mmask16)dm, _mm512_permutex2var_epi32(lo, order_lo, hi));
-                if (D - d0 > 16)
-                    _mm512_mask_storeu_epi32(vp + jp * D + d0 + 16, (__mmask16)(dm >> 16),
-                                             _mm512_permutex2var_epi32(lo, order_hi, hi));
-            }
-        }
-        for (int64_t b0 = 0; b0 < Mb; b0 += TILE_B) {
-            const int B = Mb - b0 < TILE_B ? (int)(Mb - b0) : TILE_B;
-            for (int64_t d0 = 0; d0 < D; d0 += TILE_A) {
-                __m512 acc[TILE_A * TILE_B];
-                for (int a = 0; a < TILE_A; a++)
-                    for (int b = 0; b < B; b++)
-                        acc[a * B + b] = _mm512_mul_ps(_mm512_loadu_ps(o + (d0 + a) * Ms + 16 * (b0 + b)),
-                                                       _mm512_loadu_ps(alpha + 16 * (b0 + b)));
-                pair_tile(vx + d0, D, pp + 16 * b0, Ms, pairs, acc, B);
-                for (int a = 0; a < TILE_A; a++)
-                    for (int b = 0; b < B; b++)
-                        _mm512_storeu_ps(o + (d0 + a) * Ms + 16 * (b0 + b), acc[a * B + b]);
-            }
-        }
+        tile_scores(kx, keys, qt, P, Mb, Ms, J->scale, masked ? last_key : NULL, c0, s);
+        block_weights(s, keys, Mb, Ms, mx, sum, alpha, pp);
+        pair_values(v, keys, D, vp);
+        add_weighted_values(o, alpha, vx, pp, (keys + 1) / 2, D, Mb, Ms);
     }
+    uint16_t *out = J->out;
     for (int64_t i = 0; i < M; i++) {
-        uint16_t *dst = (uint16_t *)J->out + (t0 + i / G) * J->out_stride + (kvh * G + i % G) * D;
+        uint16_t *dst = out + (t0 + i / G) * J->out_stride + (kvh * G + i % G) * D;
         const float inv = 1.0f / sum[i];
         for (int64_t d = 0; d < D; d++) dst[d] = to_bf16(o[d * Ms + i] * inv);
     }
-}
-
-int64_t rf_prefill_attention(const rf_prefill *J) {
-    const int64_t G = J->kv_heads > 0 ? J->heads / J->kv_heads : 0, D = J->head_dim;
-    if (J->kv_heads <= 0 || J->heads % J->kv_heads || G > MAX_GROUP || D % 4 || D > MAX_HEAD_DIM
-        || J->n <= 0 || J->prefix < 0 || J->prefix + J->n > INT32_MAX)
-        return -1;
-    const int64_t tokens = PREFILL_QUERIES / G; /* per tile */
-    const int64_t tiles = (J->n + tokens - 1) / tokens, tasks = tiles * J->kv_heads;
-    int failed = 0;
-#pragma omp parallel num_threads(J->nthreads)
-    {
-        float *work = aligned_alloc(64, (prefill_work_floats(D) * sizeof(float) + 63) / 64 * 64);
-        if (work == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        /* the last tiles see the most keys: they go first */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            if (work == NULL) continue;
-            const int64_t tile = tiles - 1 - task / J->kv_heads, t0 = tile * tokens;
-            prefill_tile(J, task % J->kv_heads, t0, t0 + tokens < J->n ? t0 + tokens : J->n, work);
-        }
-        free(work);
-    }
-    return failed ? -2 : 0;
 }

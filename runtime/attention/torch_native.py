@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ...kernels.cpu import active_level
 from ...kernels.cpu import prefill as cpu_prefill
 from ..forward_batch import ForwardBatch, ForwardMode
 
@@ -43,8 +44,7 @@ class _ExtendPlan:
 
 @dataclass
 class _KernelExtendPlan:
-    """Per request: (first row in the token dim, new tokens, prefix, KV slots [prefix + new])."""
-    requests: list[tuple[int, int, int, torch.Tensor]]
+    requests: cpu_prefill.BatchPrefill
 
 
 @dataclass
@@ -70,7 +70,7 @@ class TorchNativeAttnBackend:
         self.prefill_level = None
         if cpu_dtype is not None and cpu_prefill.supported(num_heads, num_kv_heads, head_dim,
                                                            cpu_dtype):
-            self.prefill_level = cpu_prefill.active_level()
+            self.prefill_level = active_level()
 
     # ---- planning (once per forward) ----
 
@@ -109,11 +109,12 @@ class TorchNativeAttnBackend:
                 cpu_prefill.worth_it(new, seq - new, self.prefill_level)
                 for seq, new in zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
             table = batch.req_to_token[batch.req_pool_indices]
-            requests, start = [], 0
-            for i, (seq, new) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
-                requests.append((start, new, seq - new, table[i, :seq].long()))
-                start += new
-            return _KernelExtendPlan(requests)
+            requests = [(new, seq - new, table[i, :seq])
+                        for i, (seq, new) in enumerate(zip(batch.seq_lens_cpu,
+                                                           batch.extend_lens_cpu))]
+            return _KernelExtendPlan(cpu_prefill.BatchPrefill(
+                requests, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
+                self.prefill_level))
         seq_lens, ext_lens = batch.seq_lens_cpu, batch.extend_lens_cpu
         max_seq, max_q = max(seq_lens), max(ext_lens)
         device = batch.input_ids.device
@@ -181,12 +182,7 @@ class TorchNativeAttnBackend:
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 plan: _ExtendPlan | _KernelExtendPlan, bs: int) -> torch.Tensor:
         if isinstance(plan, _KernelExtendPlan):
-            out = torch.empty(q.shape[0], self.num_heads, self.head_dim, dtype=q.dtype)
-            for start, new, prefix, slots in plan.requests:
-                cpu_prefill.prefill_attention(q[start:start + new], k_pool, v_pool, slots, prefix,
-                                              self.scale, out=out[start:start + new],
-                                              level=self.prefill_level)
-            return out
+            return plan.requests.run(q, k_pool, v_pool)
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
         keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)
         values = _as(_gather(v_pool, plan.kv_slots), q.dtype).transpose(1, 2)

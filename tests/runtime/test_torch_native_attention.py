@@ -97,10 +97,18 @@ def test_prefill_kernel_only_for_enough_work(cpu_level):
     assert kernel == (cpu_level == "avx512")
 
 
-def test_prefill_kernel_only_over_a_bf16_pool():
-    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=torch.float32,
-                      cpu_dtype=torch.float32)
+def test_prefill_kernel_only_over_a_bf16_pool(monkeypatch, cpu_level):
+    """Queries the kernels take, but an fp32 KV pool: torch's path."""
+    dtype = cpu_prefill.io_dtype()
+    if dtype is None:
+        pytest.skip(f"no CPU kernels at {cpu_level} here")
+    monkeypatch.setitem(cpu_prefill.MIN_PAIRS, cpu_level, 0)
+    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=dtype, cpu_dtype=dtype,
+                      pool_dtype=torch.float32)
     assert isinstance(batch.attn_metadata, torch_native._ExtendPlan)
+    _, _, batch = run(ForwardMode.EXTEND, [3], [4], dtype=dtype, cpu_dtype=dtype,
+                      pool_dtype=torch.bfloat16)
+    assert isinstance(batch.attn_metadata, torch_native._KernelExtendPlan)
 
 
 @pytest.mark.parametrize("prefix_lens", [[7], [3, 9, 1], [6, 6, 6]])
