@@ -8,6 +8,7 @@ import torch
 
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
+from radixflow.kernels.cpu.rows import RowKernels
 
 from .attention import create_attention_backend
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
@@ -144,6 +145,8 @@ class ModelRunner:
         model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
         if can_pack(self.device, self.dtype):
             pack_linears_(model)
+        if self.device.type == "cpu" and cpu_kernels.available():
+            model.bind_row_kernels(RowKernels())  # norms, rope, SiLU of extend forwards
         return model.eval()
 
     def _quantize(self, model: LlamaForCausalLM) -> str:

@@ -50,7 +50,8 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 
 def sources(level: str) -> list[Path]:
     """The C files of one level's build."""
-    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "gemm.c", HERE / "decode.c"]
+    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "gemm.c", HERE / "decode.c",
+            HERE / "rows.c"]
 
 
 def cache_dir() -> Path:

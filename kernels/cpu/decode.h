@@ -97,9 +97,26 @@ int64_t rf_prefill_dim_multiple(void);
 int64_t rf_prefill_work_floats(int64_t head_dim);
 void rf_prefill_tile(const rf_prefill *job, int64_t kvh, int64_t t0, int64_t t1, float *work);
 
+/* out[i] = silu(x[i]) (fp32). */
+void rf_silu(const float *x, int64_t n, float *out);
+
 /* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
 void rf_silu_mul(const float *gate_up, int64_t n, float *out);
 
 void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out);
+
+/* rows.c: an extend batch's per-token vector work on contiguous rows of the model's dtype
+ * (bf16 != 0: bf16, else fp32), rounded as the torch model rounds (see rows.c).
+ * x += delta (unless delta is NULL), then out = RMSNorm(x) * weight; x, delta, out [rows][n]. */
+void rf_rows_add_rms_norm(void *x, const void *delta, const void *weight, void *out,
+                          int64_t rows, int64_t n, float eps, int64_t bf16, int64_t nthreads);
+/* In place, the first `heads` heads of each row of x (rows row_stride values apart):
+ * x cos + roll(x, head_dim / 2) signed_sin, cos and signed_sin [rows][head_dim] (rope.py);
+ * head_dim <= MAX_HEAD_DIM. */
+void rf_rows_rope(void *x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_dim,
+                  const void *cos, const void *signed_sin, int64_t bf16, int64_t nthreads);
+/* out [rows][n] = silu(gate) * up, gate_up [rows][2n] (gate first). */
+void rf_rows_silu_mul(const void *gate_up, void *out, int64_t rows, int64_t n, int64_t bf16,
+                      int64_t nthreads);
 
 #endif

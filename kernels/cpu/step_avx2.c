@@ -499,6 +499,16 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     }
 }
 
+void rf_silu(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(out + i, _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                                  exp256(_mm256_sub_ps(_mm256_setzero_ps(), g)))));
+    }
+    for (; i < n; i++) out[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
 void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {

@@ -428,6 +428,16 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     }
 }
 
+void rf_silu(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(x + i);
+        _mm512_storeu_ps(out + i, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                  exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+    }
+    for (; i < n; i++) out[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
 void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {

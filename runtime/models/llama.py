@@ -12,23 +12,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixflow.kernels.cpu.rows import RowKernels
+
 from ..forward_batch import AttentionBackend, ForwardBatch
 from .config import ModelArgs
 from .rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
+    rows: RowKernels | None = None  # bound at load on a CPU with radixflow's kernels
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.add_forward(x, None)[1]
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm); the row kernels add into x in place."""
+        if self.rows is not None:
+            out = self.rows.add_rms_norm(x, delta, self.weight, self.eps)
+            if out is not None:
+                return x, out
+        if delta is not None:
+            x = x + delta
         # statistics in fp32, then scale in the model dtype: Hugging Face's order, bit for bit
-        return F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
+        return x, F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
 
 
 class Attention(nn.Module):
+    rows: RowKernels | None = None
+
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
@@ -62,12 +79,15 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
-        qk = apply_rope(qk, *rope)  # q and k heads rotated together
+        if self.rows is None or not self.rows.rope_(qk, *rope):  # (in place in the qkv rows)
+            qk = apply_rope(qk, *rope)  # q and k heads rotated together
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, v
 
 
 class FeedForward(nn.Module):
+    rows: RowKernels | None = None
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.intermediate_size = args.intermediate_size
@@ -75,8 +95,12 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        act = self.rows.silu_mul(gate_up) if self.rows is not None else None
+        if act is None:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = F.silu(gate) * up
+        return self.down_proj(act)
 
 
 class Block(nn.Module):
@@ -87,10 +111,14 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch,
+                rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream x and the previous layer's output `delta` (None before the
+        first layer) -> this layer's (x, delta): each sum is taken where its norm is."""
+        x, h = self.input_layernorm.add_forward(x, delta)
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, batch, rope, attn))
+        return x, self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -107,12 +135,19 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab]."""
-        x = self.embed_tokens(batch.input_ids)
+        x, delta = self.embed_tokens(batch.input_ids), None
         rope = self.rope.tables(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, batch, rope, attn)
-        x = x[batch.logits_indices]
-        return self.lm_head(self.norm(x)).float()
+            x, delta = layer(x, delta, batch, rope, attn)
+        wanted = batch.logits_indices
+        _, x = self.norm.add_forward(x[wanted], delta[wanted])
+        return self.lm_head(x).float()
+
+    def bind_row_kernels(self, kernels: RowKernels | None) -> None:
+        """Run the norms, rope and SiLU of every layer through `kernels` (None: torch ops)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, FeedForward)):
+                module.rows = kernels
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors in, fusing q/k/v and gate/up. Raises on missing or extra names."""
