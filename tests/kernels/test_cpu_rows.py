@@ -80,7 +80,8 @@ def test_silu_mul(kernels, dtype, rows, n):
     torch.testing.assert_close(got, want, **one_step(dtype))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 80), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3),
        bf16=st.booleans())
 def test_add_rms_norm_any_shape(kernels, rows, n, scale, bf16):
