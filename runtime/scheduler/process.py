@@ -31,6 +31,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
 
             args = replica_args(args, dp_rank)
         sched = Scheduler(args)
+        sched.grammars.prebuild()  # (while the server finishes starting)
     except Exception as exc:
         logger.exception("scheduler failed to start")
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
