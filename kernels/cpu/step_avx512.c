@@ -112,7 +112,18 @@ static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, in
                                  int64_t to, int64_t row) {
     for (int64_t t = from; t < to; t++)
         for (int64_t byte = 0; byte < row * 2; byte += 64)
-            _mm_prefetch((const char *)(cache + (int64_t)slots[t] * row) + byte, _MM_HINT_T0);
+            _mm_prefetch((const char *)(cache + (int64_t)slots[t] * row) + byte, _MM_HINT_T1);
+}
+
+/* Rows are prefetched AHEAD keys before their block is read: far enough for DRAM's latency
+ * to pass while the blocks between are computed (the KV of a long batch is not in cache). */
+#define AHEAD 64
+
+/* The rows of the block AHEAD keys after block b of keys [t0, t0 + n). */
+static inline void prefetch_ahead(const uint16_t *cache, const int32_t *slots, int64_t t0,
+                                  int64_t b, int64_t n, int64_t row) {
+    const int64_t from = b + AHEAD, to = b + AHEAD + 16 < n ? b + AHEAD + 16 : n;
+    if (from < to) prefetch_rows(cache, slots, t0 + from, t0 + to, row);
 }
 
 /* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
@@ -130,9 +141,10 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         memset(ph + 2, 0, D * sizeof(float));
     }
     if (n <= 0) return;
+    prefetch_rows(L->k_cache, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row);
     for (int64_t b = 0; b < n; b += 16) {
         const int64_t keys = n - b < 16 ? n - b : 16;
-        prefetch_rows(L->k_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        prefetch_ahead(L->k_cache, slots, t0, b, n, row);
         for (int64_t h = 0; h < m->heads; h++) {
             const int64_t kvh = h / group;
             const uint16_t *qh = qb + h * qs;
@@ -167,9 +179,10 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         ph[0] = mx;
         ph[1] = _mm512_reduce_add_ps(sum);
     }
+    prefetch_rows(L->v_cache, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row);
     for (int64_t b = 0; b < n; b += 16) {
         const int64_t keys = n - b < 16 ? n - b : 16;
-        prefetch_rows(L->v_cache, slots, t0 + b + 16, t0 + (b + 32 < n ? b + 32 : n), row);
+        prefetch_ahead(L->v_cache, slots, t0, b, n, row);
         for (int64_t kvh = 0; kvh < m->kv_heads; kvh++)
             for (int64_t g0 = 0; g0 < group; g0 += 8) { /* up to 8 heads' accumulators at once */
                 const uint32_t *w[8];
