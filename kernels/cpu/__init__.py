@@ -8,7 +8,8 @@ request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
 a whole decode step of a Llama-family model (a batch of requests, one token each) over those
 weights (see runtime/models/cpu_decode.py), and splits a prefill's attention into tiles over
-threads (each level's step file computes a tile).
+threads (each level's step file computes a tile); rows.c (rows.py) holds an extend forward's
+per-token vector work (residual add + RMSNorm, rope, SiLU * up), one pass each.
 - avx512: the integer formats multiply with VNNI after splitting x per group of 32 into exact
   16-bit integers; bf16 with vdpbf16ps; attention in bf16 dot products.
 - avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with

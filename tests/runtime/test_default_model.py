@@ -162,3 +162,38 @@ def test_long_prompt_through_the_prefill_kernel(default_model_path, level, monke
         engine.scheduler.check_slots()
     assert through_kernel["output_ids"] == through_torch["output_ids"]
     assert through_kernel["text"].startswith(" 151, 15")
+
+
+@pytest.mark.parametrize("level", [lv for lv in _levels() if lv != "generic"])
+def test_row_kernels_compute_what_the_torch_ops_compute(default_model_path, level):
+    """A prompt's forward with its norms, rope and SiLU in kernels.cpu.rows scores every position
+    as the same forward with torch ops does (the kernels round where torch rounds; the norm's
+    sum order and the SiLU's exp may move a bf16 value by one step now and then). At avx2 the
+    int4 products quantize x to 8-bit groups, where a last-bit change can flip a rounding: a
+    single position then moves by up to that quantization's own error (bench.quality: ~0.5)."""
+    from radixflow.kernels.cpu.rows import RowKernels
+    from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
+
+    with Engine(None, max_total_tokens=4096, cpu_isa=level) as engine:
+        runner = engine.scheduler.runner
+        kernels = runner.model.norm.rows
+        assert isinstance(kernels, RowKernels)
+        ids = engine.tokenizer.encode(PROMPTS[0] + " " + ", ".join(map(str, range(1, 80))))
+        n = len(ids)
+        row, slots = runner.req_to_token_pool.alloc(), runner.kv_pool.alloc(n)
+        runner.req_to_token_pool.req_to_token[row, :n] = slots.to(torch.int32)
+        logprobs = {}
+        for way in (kernels, None):
+            runner.model.bind_row_kernels(way)
+            logits = runner.forward(ForwardMode.EXTEND, [BatchRequest(row, ids, 0, list(range(n)))],
+                                    slots)
+            logprobs[way is None] = torch.log_softmax(logits, dim=-1)
+        runner.model.bind_row_kernels(kernels)
+        runner.kv_pool.free(slots)
+        runner.req_to_token_pool.free(row)
+    ours, torchs = logprobs[False], logprobs[True]
+    chosen = torch.tensor(ids[1:])[:, None]
+    diff = (ours[:-1].gather(1, chosen) - torchs[:-1].gather(1, chosen)).abs()
+    agree = (ours.argmax(-1) == torchs.argmax(-1)).float().mean()
+    assert diff.mean() < 0.02 and diff.max() < 0.6, (diff.mean(), diff.max())
+    assert agree > 0.97, agree
