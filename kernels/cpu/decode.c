@@ -95,6 +95,12 @@ static void rms_norm_inplace(float *x, const float *weight, int64_t n, float eps
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * inv * weight[i];
 }
 
+/* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
+static void silu_mul(const float *gate_up, int64_t n, float *out) {
+    rf_silu(gate_up, n, out);
+    for (int64_t i = 0; i < n; i++) out[i] *= gate_up[n + i];
+}
+
 /* HF's rotate-half rope: x[i] cos[i] - x[i + d/2] sin[i] for the first half, and so on. */
 static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     const int64_t h = d / 2;
@@ -359,7 +365,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             PHASE(PH_NORM);
             MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
             for (int64_t r = r0; r < r1; r++) {
-                rf_silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.xf + r * L->down.k);
+                silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.xf + r * L->down.k);
                 set_input(m, &L->down, &b, r);
             }
             SYNC();

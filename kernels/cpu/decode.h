@@ -100,9 +100,6 @@ void rf_prefill_tile(const rf_prefill *job, int64_t kvh, int64_t t0, int64_t t1,
 /* out[i] = silu(x[i]) (fp32). */
 void rf_silu(const float *x, int64_t n, float *out);
 
-/* out[i] = silu(gate_up[i]) * gate_up[n + i] for i < n (fp32). */
-void rf_silu_mul(const float *gate_up, int64_t n, float *out);
-
 void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out);
 
 /* rows.c: an extend batch's per-token vector work on contiguous rows of the model's dtype

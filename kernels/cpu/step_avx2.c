@@ -509,20 +509,6 @@ void rf_silu(const float *x, int64_t n, float *out) {
     for (; i < n; i++) out[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate_up + i), u = _mm256_loadu_ps(gate_up + n + i);
-        __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f),
-                                                  exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, u));
-    }
-    for (; i < n; i++) {
-        float g = gate_up[i];
-        out[i] = g / (1.0f + expf(-g)) * gate_up[n + i];
-    }
-}
-
 /* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
  * as torch.argmax answers: one pass for the max (and whether there is a NaN), one for where it
  * first is. */

@@ -451,19 +451,6 @@ void rf_silu(const float *x, int64_t n, float *out) {
     for (; i < n; i++) out[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-void rf_silu_mul(const float *gate_up, int64_t n, float *out) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = _mm512_loadu_ps(gate_up + i), u = _mm512_loadu_ps(gate_up + n + i);
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, u));
-    }
-    for (; i < n; i++) {
-        float g = gate_up[i];
-        out[i] = g / (1.0f + expf(-g)) * gate_up[n + i];
-    }
-}
-
 /* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
  * as torch.argmax answers (greedy sampling: torch's argmax takes ~0.1-0.2 ms over a 49k
  * vocabulary on this CPU, this ~10 us). */
