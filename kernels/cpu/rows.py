@@ -44,10 +44,10 @@ class RowKernels:
 
     @staticmethod
     def _takes(x: torch.Tensor, *same: torch.Tensor) -> bool:
-        return (x.device.type == "cpu" and x.dtype in _DTYPES and not x.requires_grad
+        return (not torch.compiler.is_compiling()  # (a C call is not traceable)
+                and x.device.type == "cpu" and x.dtype in _DTYPES and not x.requires_grad
                 and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous()
-                        for t in same)
-                and not torch.compiler.is_compiling())
+                        for t in same))
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor | None:

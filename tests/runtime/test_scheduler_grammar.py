@@ -290,3 +290,41 @@ def test_decode_rows_of_one_request_equal_an_extend(tiny_llama):
             part = BatchRequest(row, forced, len(prompt), list(range(len(forced))))
             logits.append(runner.forward(ForwardMode.EXTEND, [part], rest))
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_prebuild_builds_the_backend_on_a_thread_and_passes_on_its_failure(engine, monkeypatch):
+    from radixflow.runtime import constrained
+    from radixflow.runtime.scheduler.grammar import SchedulerGrammar
+
+    source = engine.scheduler.grammars
+
+    def fresh() -> SchedulerGrammar:
+        return SchedulerGrammar(source.tokenizer, source.vocab_size,
+                                stop_token_ids=source.stop_token_ids,
+                                compile_timeout=source.compile_timeout, jump_forward=True)
+
+    built_on = []
+    real = constrained.GrammarBackend
+
+    def recording(*args, **kwargs):
+        built_on.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(constrained, "GrammarBackend", recording)
+    grammars = fresh()
+    grammars.prebuild()
+    backend = grammars.backend  # waits for the thread
+    assert built_on == ["grammar-backend"] and backend.tokenizer_info is not None
+    grammars.prebuild()  # once built, stays
+    assert grammars.backend is backend and built_on == ["grammar-backend"]
+    grammars.shutdown()
+
+    def broken(*args, **kwargs):
+        raise ValueError("no tables for this tokenizer")
+
+    monkeypatch.setattr(constrained, "GrammarBackend", broken)
+    grammars = fresh()
+    grammars.prebuild()
+    with pytest.raises(ValueError, match="no tables"):
+        grammars.backend  # noqa: B018 (the property raises what the build raised)
+    grammars.shutdown()  # nothing to shut down, no error
