@@ -109,6 +109,9 @@ class ServerArgs:
     dist_init_addr: str | None = _arg(
         None, "host:port where rank 0 meets the other ranks (torch.distributed's store); "
         "needed with --nnodes > 1 (default: a free port on 127.0.0.1)")
+    dist_trusted_network: bool = _arg(
+        False, "allow a --dist-init-addr that is not a loopback address: torch.distributed's "
+        "store has no authentication, so every host that can reach it can join the job")
     dist_timeout: float = _arg(
         300.0, "seconds to wait for every rank to join at start-up (a rank on another node "
         "then silent for this long, at most 10 s, stops the server)")
@@ -130,6 +133,30 @@ class ServerArgs:
     port: int = _arg(30000, "HTTP port")
     api_key: str | None = _arg(
         None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    # Limits at the door (docs/server-api.md, "Limits"): each refusal is a 4xx naming its flag.
+    max_request_bytes: int = _arg(
+        8 * 1024 * 1024, "largest request body in bytes (a larger one is a 413)")
+    http_header_timeout: float = _arg(
+        10.0, "seconds a client has to send a request's headers (slow clients are cut off)")
+    max_connections: int = _arg(
+        2048, "open HTTP connections at most; past it a new one is a 503 with Retry-After")
+    max_queued_requests: int = _arg(
+        4096, "requests waiting or running at most; past it a request is a 503 with "
+        "Retry-After")
+    max_prompts_per_request: int = _arg(
+        1024, "prompts x n of one /generate or completions call at most (a 400 past it)")
+    max_select_choices: int = _arg(1024, "choices of one /program select at most")
+    max_open_sessions: int = _arg(256, "sessions open at once at most (a 429 past it)")
+    max_session_requests: int = _arg(1024, "requests one session may hold at most")
+    max_session_timeout: float = _arg(
+        3600.0, "seconds an idle session lives at most (its own `timeout` may be shorter; "
+        "`timeout: null` means this)")
+    max_stream_buffer_bytes: int = _arg(
+        4 * 1024 * 1024, "output a stream may have waiting for a slow client; past it the "
+        "request is aborted")
+    grammar_compile_threads: int = _arg(
+        2, "threads compiling grammars; a compile past --grammar-compile-timeout gives its "
+        "thread back to the others")
     seed: int = _arg(0, "seed of the draws of requests that carry no seed of their own: the "
                      "same requests in the same order and batching give the same outputs",
                      aliases=("--random-seed",))
@@ -144,7 +171,11 @@ class ServerArgs:
         for name in ("context_length", "kv_cache_gb", "max_total_tokens",
                      "max_running_requests", "max_prefill_tokens",
                      "prefill_budget_while_decoding", "tp_size", "dp_size",
-                     "num_threads", "grammar_compile_timeout", "nnodes", "dist_timeout"):
+                     "num_threads", "grammar_compile_timeout", "nnodes", "dist_timeout",
+                     "max_request_bytes", "http_header_timeout", "max_connections",
+                     "max_queued_requests", "max_prompts_per_request", "max_select_choices",
+                     "max_open_sessions", "max_session_requests", "max_session_timeout",
+                     "max_stream_buffer_bytes", "grammar_compile_threads"):
             positive(name)
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
