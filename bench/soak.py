@@ -57,8 +57,9 @@ def tree_rss_bytes(pid: int) -> int:
 class Load:
     """The client loops: each picks a kind of request at random and sends it."""
 
-    def __init__(self, url: str, seed: int):
+    def __init__(self, url: str, model: str, seed: int):
         self.url = url
+        self.model = model
         self.rng = random.Random(seed)
         self.done: dict[str, int] = {}
         self.failed: dict[str, int] = {}
@@ -86,7 +87,7 @@ class Load:
         return f"Write two sentences about {topic} (variant {self.rng.randrange(10_000)})."
 
     async def chat_stream(self, client: httpx.AsyncClient) -> None:
-        body = {"model": "default", "stream": True, "max_tokens": self.rng.randint(8, 48),
+        body = {"model": self.model, "stream": True, "max_tokens": self.rng.randint(8, 48),
                 "messages": [{"role": "user", "content": self._prompt()}]}
         async with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
             r.raise_for_status()
@@ -99,7 +100,7 @@ class Load:
         r.raise_for_status()
 
     async def json_chat(self, client: httpx.AsyncClient) -> None:
-        body = {"model": "default", "max_tokens": 48,
+        body = {"model": self.model, "max_tokens": 48,
                 "messages": [{"role": "user", "content": "A person as JSON: " + self._prompt()}],
                 "response_format": {"type": "json_schema",
                                     "json_schema": {"name": "p", "schema": SCHEMA}}}
@@ -160,7 +161,8 @@ async def sample(client: httpx.AsyncClient, url: str, pid: int, load: Load, t0: 
 
 async def soak(url: str, pid: int, minutes: float, concurrency: int, sample_s: float,
                seed: int) -> tuple[list[dict], Load]:
-    load = Load(url, seed)
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    load = Load(url, model, seed)
     t0 = time.monotonic()
     stop_at = t0 + minutes * 60
     samples: list[dict] = []
