@@ -9,10 +9,28 @@
 - plan.py: the batch plan rank 0 (the scheduler's process) broadcasts before each forward;
 - worker.py: ranks 1..N-1, which run rank 0's plans; launch.py starts them (Engine: as
   subprocesses of this process; the server: as children of its launcher, on every node);
-- watch.py: node 0's watch over ranks on other nodes.
+- watch.py: node 0's watch over ranks on other nodes;
+- rendezvous.py: --dist-init-addr must be loopback unless --dist-trusted-network (the store
+  has no authentication); rank 0's store listens on that address only.
 """
 
-from .parallel_state import RankLost, TensorParallel
-from .sharding import ShardSpec, check_split
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .parallel_state import RankLost, TensorParallel
+    from .sharding import ShardSpec, check_split
 
 __all__ = ["RankLost", "ShardSpec", "TensorParallel", "check_split"]
+_WHERE = {"RankLost": "parallel_state", "TensorParallel": "parallel_state",
+          "ShardSpec": "sharding", "check_split": "sharding"}
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: ServerArgs imports rendezvous.py, which needs no torch
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

@@ -1,7 +1,9 @@
 """Starting the ranks of --tp-size: Engine's subprocesses, the server's children, other nodes.
 
 - `tp_args(args)`: before anything starts, check that the model splits (naming the numbers
-  when it does not) and fill in --dist-init-addr (a free port on 127.0.0.1 on one node).
+  when it does not), refuse a --dist-init-addr that is not loopback without
+  --dist-trusted-network (rendezvous.py), and fill in --dist-init-addr (a free port on
+  127.0.0.1 on one node).
 - `TPWorkers.start(args)`: Engine's ranks 1.. of node 0 as subprocesses
   (`python -m radixflow.runtime.distributed.worker`); rank 0 is the Engine's own process.
 - `start_node_ranks(args, children)`: the server's launcher on node 0 starts the ranks
@@ -25,6 +27,7 @@ from typing import Any
 from ..errors import ServerUnavailable
 from ..server_args import ServerArgs
 from .parallel_state import Layout, current
+from .rendezvous import check_dist_init_addr
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ def tp_args(args: ServerArgs, folder: Any = None) -> ServerArgs:
     (ValueError naming its heads / KV heads / intermediate size), --dist-init-addr filled."""
     if args.tp_size == 1:
         return args
+    check_dist_init_addr(args)  # an unauthenticated store on a network: only when trusted
     from ..model_loader import load_config, resolve_model
     from ..models.config import ModelArgs
     from .sharding import check_split

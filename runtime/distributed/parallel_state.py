@@ -2,7 +2,9 @@
 
 Rank 0 is the scheduler's process; ranks 1..tp_size-1 are worker processes (worker.py) on the
 same node or, with --nnodes, on others (node n holds ranks n * per_node .. (n+1) * per_node-1).
-They meet at --dist-init-addr, a torch.distributed TCPStore that rank 0 serves:
+They meet at --dist-init-addr, a torch.distributed TCPStore that rank 0 serves, listening on
+that address only (rendezvous.py; it has no authentication, so an address that is not loopback
+needs --dist-trusted-network):
 
 - joining waits at most --dist-timeout seconds (an address nobody answers on, a rank that
   never comes: a clear error, not a hang); then the group's timeout is lengthened;
@@ -31,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..models.config import ModelArgs
+from .rendezvous import check_dist_init_addr, loopback_only, serve_store
 from .sharding import ShardSpec
 
 logger = logging.getLogger(__name__)
@@ -120,6 +123,7 @@ class TensorParallel:
         if not args.dist_init_addr:
             raise ValueError("--tp-size > 1 needs --dist-init-addr (the launcher or Engine "
                              "picks one)")
+        check_dist_init_addr(args)
         layout = Layout(args.tp_size, args.nnodes)
         device = _device(args.device, layout.local_rank(rank), layout.per_node)
         tp = cls(rank, layout, device, spec, args.dist_init_addr, args.dist_timeout)
@@ -143,8 +147,11 @@ class TensorParallel:
         where = f"--dist-init-addr {self.addr}"
         start = time.monotonic()
         try:
-            store = dist.TCPStore(host, port, self.size, self.rank == 0, timeout=timeout,
-                                  wait_for_workers=False)
+            if self.rank == 0:  # on the --dist-init-addr host only, not every interface
+                store = serve_store(host, port, self.size, timeout)
+            else:
+                store = dist.TCPStore(host, port, self.size, False, timeout=timeout,
+                                      wait_for_workers=False)
         except Exception as exc:  # DistNetworkError, DistStoreError, RuntimeError
             if self.rank == 0:
                 raise RuntimeError(f"tensor parallelism: rank 0 cannot serve {where}: "
@@ -154,8 +161,9 @@ class TensorParallel:
                                f"and the address reachable from here?): {exc}") from None
         try:
             # --dist-timeout bounds the rendezvous (every rank connecting to every other)...
-            dist.init_process_group(backend, store=store, rank=self.rank,
-                                    world_size=self.size, timeout=timeout)
+            with loopback_only(host):  # gloo's own listeners: loopback too, if the store is
+                dist.init_process_group(backend, store=store, rank=self.rank,
+                                        world_size=self.size, timeout=timeout)
         except Exception as exc:
             waited = time.monotonic() - start
             raise TimeoutError(f"tensor parallelism: rank {self.rank} waited {waited:.0f} s at "
