@@ -56,3 +56,10 @@ def rejection(finish_reason: dict | None) -> RadixflowError | None:
         return None
     message = finish_reason.get("message") or "the request was aborted"
     return RadixflowError(message) if status >= 500 else InvalidRequest(message)
+
+
+class InvariantBroken(RadixflowError, RuntimeError):
+    """The scheduler's own bookkeeping is wrong (a KV slot leaked, a row freed twice): no request
+    caused it and none can be trusted after it, so the scheduler process stops with this
+    message and a non-zero exit (scheduler/process.py). Raised explicitly, never an `assert`
+    (which `python -O` strips)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import InvariantBroken
+
 
 class ReqToTokenPool:
     """`req_to_token`, [max_running, max_context] int32: (req_pool_idx, position) -> KV slot.
@@ -29,7 +31,14 @@ class ReqToTokenPool:
         return self._free_rows.pop() if self._free_rows else None
 
     def free(self, req_pool_idx: int) -> None:
+        if len(self._free_rows) >= self.size or not 0 <= req_pool_idx < self.size:
+            raise InvariantBroken(f"request row {req_pool_idx} freed but not held "
+                                  f"({len(self._free_rows)} of {self.size} rows free)")
         self._free_rows.append(req_pool_idx)
+
+    def free_rows(self) -> list[int]:
+        """The rows not held (a copy), for failures.py's sweep."""
+        return list(self._free_rows)
 
 
 class KVPool:
@@ -72,8 +81,15 @@ class KVPool:
         n = slots.numel()
         if n == 0:
             return
+        if self._num_free + n > self.num_slots:
+            raise InvariantBroken(f"{n} KV slots freed with {self._num_free} of "
+                                  f"{self.num_slots} free: some were freed twice")
         self._free[self._num_free:self._num_free + n] = slots.flip(0)  # first out: slots[0]
         self._num_free += n
+
+    def free_slots(self) -> torch.Tensor:
+        """The free slots (a view: copy before changing the pool), for failures.py's sweep."""
+        return self._free[:self._num_free]
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # (a 16-bit pool under an fp32 model rounds K/V here)

@@ -4,7 +4,7 @@ Nothing received is ever unpickled; `decode` only builds the classes in `Message
 
     HTTP/SchedulerClient --GenerateReq/AbortReq/FlushCacheReq/Open-/CloseSessionReq--> Scheduler
     Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> SchedulerClient
-    (FlushCacheDone, OpenSessionDone: the detokenizer passes them on unchanged)
+    (FlushCacheDone, OpenSessionDone, SessionsClosed: the detokenizer passes them on unchanged)
 """
 
 from __future__ import annotations
@@ -67,6 +67,17 @@ class OpenSessionDone(_Msg):
     session_id: str
     success: bool
     message: str | None = None  # why not, when success is False
+    # when success is False: 400 (the id is taken) or 429 (--max-open-sessions are open:
+    # the HTTP route answers 429 with Retry-After)
+    status_code: int | None = None
+
+
+class SessionsClosed(_Msg):
+    """Sessions a scheduler closed on its own (their timeout passed), so the HTTP process
+    forgets them too (SchedulerClient.session_replica). Passed on by the detokenizer."""
+
+    session_ids: list[str]
+    dp_rank: int = 0  # the replica that held them (serve --dp-size)
 
 
 class Finish(_Msg):
@@ -153,7 +164,7 @@ class ProcessFailed(_Msg):
 
 Message = (GenerateReq | AbortReq | FlushCacheReq | OpenSessionReq | CloseSessionReq | Finish
            | TokenBatchOut | TextBatchOut | SchedulerStats | FlushCacheDone | OpenSessionDone
-           | ProcessFailed)
+           | SessionsClosed | ProcessFailed)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

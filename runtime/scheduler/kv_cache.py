@@ -10,6 +10,7 @@ import torch
 
 from radixflow.radix_cache import RadixTree
 
+from ..errors import InvariantBroken
 from ..memory_pool import KVPool, ReqToTokenPool
 from .req import Req
 
@@ -71,9 +72,10 @@ class KVCache:
         """The slot-conservation invariant; call when the scheduler is between steps."""
         held = sum(r.computed_len - r.tree_len for r in live)
         total = self.kv_pool.num_free + self.tree.total_size() + held
-        assert total == self.kv_pool.num_slots, (
-            f"KV slot leak: free {self.kv_pool.num_free} + tree {self.tree.total_size()} + "
-            f"requests {held} != {self.kv_pool.num_slots}")
+        if total != self.kv_pool.num_slots:
+            raise InvariantBroken(
+                f"KV slot leak: free {self.kv_pool.num_free} + tree {self.tree.total_size()} + "
+                f"requests {held} != {self.kv_pool.num_slots}")
         self.tree.check()
 
 

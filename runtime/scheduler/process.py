@@ -9,8 +9,9 @@ from typing import Any
 import msgspec
 import zmq
 
+from ..errors import InvariantBroken
 from ..ipc import PullSocket, PushSocket
-from ..messages import ProcessFailed
+from ..messages import ProcessFailed, SessionsClosed
 from ..server_args import ServerArgs
 from .scheduler import Scheduler
 
@@ -18,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 STATS_INTERVAL_MS = int(STATS_INTERVAL_S * 1000)
+# The exit code of a scheduler whose invariant broke (an uncaught exception exits with 1).
+INVARIANT_EXIT_CODE = 3
 
 
 def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
@@ -47,6 +50,8 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
             # When idle, wait for work, but no longer than the stats interval.
             msgs = inbox.recv_batch(STATS_INTERVAL_MS if sched.is_idle else 0)
             for out in sched.step(msgs):
+                if dp_rank and isinstance(out, SessionsClosed):
+                    out = msgspec.structs.replace(out, dp_rank=dp_rank)
                 outbox.send(out)
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S:
@@ -60,6 +65,12 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
                 # check walks the whole tree, and between back-to-back requests it adds tens of ms.
                 sched.check_slots()
                 checked = True
+    except InvariantBroken as exc:
+        # scheduler/failures.py catches what one request (or one batch) caused; this is not that
+        logger.error("the scheduler stops: an invariant is broken: %s", exc, exc_info=exc)
+        outbox.send(ProcessFailed(process="scheduler",
+                                  message=f"an invariant is broken: {exc}"))
+        raise SystemExit(INVARIANT_EXIT_CODE) from exc
     except Exception as exc:
         logger.exception("scheduler loop failed")
         outbox.send(ProcessFailed(process="scheduler", message=f"{type(exc).__name__}: {exc}"))

@@ -31,6 +31,7 @@ from ..messages import (
     OpenSessionDone,
     OpenSessionReq,
     SchedulerStats,
+    SessionsClosed,
     TokenBatchOut,
 )
 from ..model_runner import BatchRequest, ModelRunner
@@ -38,6 +39,7 @@ from ..reasoning import ReasoningParser
 from ..sampling import SampleOutput, SamplingBatch, compute_logprobs, sample, top_logprobs
 from ..server_args import ServerArgs, chat_template_text
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
+from .failures import Failures, forward_in_parts
 from .grammar import MaskJob, SchedulerGrammar
 from .kv_cache import KVCache, cat_slots, evictable_len
 from .output import make_output
@@ -87,7 +89,11 @@ class Scheduler:
         self.reasoning = SchedulerReasoning(
             ReasoningParser.load(args.reasoning_parser, self.tokenizer), self.eos_ids,
             self.runner.vocab_size)
-        self.sessions = Sessions(getattr(self.tokenizer, "bos_token_id", None))
+        self.sessions = Sessions(getattr(self.tokenizer, "bos_token_id", None),
+                                 max_open=args.max_open_sessions,
+                                 max_requests=args.max_session_requests,
+                                 max_timeout=args.max_session_timeout)
+        self.failures = Failures(self)  # failures.py: one request's failure fails it alone
         self.prefill_budget = min(args.max_prefill_tokens, args.prefill_budget_while_decoding or (
             DECODE_PREFILL_BUDGET_CPU if self.runner.device.type == "cpu"
             else args.max_prefill_tokens))
@@ -132,6 +138,19 @@ class Scheduler:
             self.sessions.reap()
         for msg in inbox:
             self._handle(msg, out)
+        self.failures.guard(self._run_batches)
+        expired = self.sessions.take_expired()
+        if expired:
+            out.append(SessionsClosed(session_ids=expired))
+        if self._touched:
+            outputs = [make_output(r) for r in self._touched.values()]
+            self._touched.clear()
+            outputs = [o for o in outputs if o is not None]
+            if outputs:
+                out.append(TokenBatchOut(outputs=outputs))
+        return out
+
+    def _run_batches(self) -> None:
         self._resolve_grammars()
         if self.prefilling or any(r.pending_grammar is None for r in self.waiting):
             self._drain()  # (admission may reuse the rows and slots of the pass in flight)
@@ -140,13 +159,6 @@ class Scheduler:
             self._run_decode_overlapped()
         elif any(r.seq_len > r.computed_len for r in self.running):
             self._run_decode()
-        if self._touched:
-            outputs = [make_output(r) for r in self._touched.values()]
-            self._touched.clear()
-            outputs = [o for o in outputs if o is not None]
-            if outputs:
-                out.append(TokenBatchOut(outputs=outputs))
-        return out
 
     def stats_message(self) -> SchedulerStats:
         return SchedulerStats(
@@ -163,15 +175,16 @@ class Scheduler:
 
     def _handle(self, msg: Message, out: list[Message]) -> None:
         if isinstance(msg, GenerateReq):
-            self._add_request(msg)
+            self.failures.add_request(msg)  # (_add_request; its failure fails it alone)
         elif isinstance(msg, AbortReq):
             self._abort(msg.rid, "aborted by the client")
         elif isinstance(msg, FlushCacheReq):
             out.append(FlushCacheDone(success=self._flush_cache()))
         elif isinstance(msg, OpenSessionReq):
-            error = self.sessions.open(msg.session_id, msg.capacity_of_str_len, msg.timeout)
+            error, status = self.sessions.open(msg.session_id, msg.capacity_of_str_len,
+                                               msg.timeout) or (None, None)
             out.append(OpenSessionDone(session_id=msg.session_id, success=error is None,
-                                       message=error))
+                                       message=error, status_code=status))
         elif isinstance(msg, CloseSessionReq):
             if not self.sessions.close(msg.session_id):
                 logger.info("close_session: no open session %r", msg.session_id)
@@ -232,13 +245,14 @@ class Scheduler:
         """Requests whose constraint compiled become admissible; failed compiles finish."""
         has_work = self.prefilling or self.running or any(
             r.pending_grammar is None for r in self.waiting)
-        ready, failed = self.grammars.resolve(self.waiting, block=not has_work)
+        ready, failed = self.failures.resolve_grammars(self.waiting, block=not has_work)
         for req, finish in failed:
             self._finish(req, finish)
         for req in ready:
-            self.reasoning.grammar_ready(req)  # dormant while the request thinks
-            if req.can_jump:  # a forced start ('{"name": "') is prefilled with the prompt
-                self._jump_forward(req)
+            with self.failures.isolate(req):
+                self.reasoning.grammar_ready(req)  # dormant while the request thinks
+                if req.can_jump:  # a forced start ('{"name": "') is prefilled with the prompt
+                    self._jump_forward(req)
 
     def _validate(self, req: Req) -> str | None:
         if not req.input_ids:
@@ -529,7 +543,7 @@ class Scheduler:
                  slots: torch.Tensor) -> torch.Tensor:
         self.num_forward_passes += 1
         self.num_request_forwards += len({part.req_pool_idx for part in parts})
-        return self.runner.forward(mode, parts, slots)
+        return forward_in_parts(self.runner.forward, mode, parts, slots)  # halves if it fails
 
     # ---- sampling and finishing ----
 
@@ -564,14 +578,15 @@ class Scheduler:
             tops = [list(zip(v, i)) for v, i in
                     zip(result.top_logprobs[0].tolist(), result.top_logprobs[1].tolist())]
         for i, (req, token) in enumerate(zip(reqs, next_ids)):
-            closing = self.grammars.closing(req, token) if req.grammar is not None else None
-            if closing is not None:  # the token would leave no completion within the budget
-                self._close_early(req, closing)
-                continue
-            self._append_token(req, token, logprobs[i],
-                               tops[i][:req.top_logprobs_num] if tops else None)
-            if req.can_jump and req.finish is None:
-                self._jump_forward(req)
+            with self.failures.isolate(req):
+                closing = self.grammars.closing(req, token) if req.grammar is not None else None
+                if closing is not None:  # the token would leave no completion within the budget
+                    self._close_early(req, closing)
+                    continue
+                self._append_token(req, token, logprobs[i],
+                                   tops[i][:req.top_logprobs_num] if tops else None)
+                if req.can_jump and req.finish is None:
+                    self._jump_forward(req)
 
     def _append_token(self, req: Req, token: int, logprob: float,
                       top: list[tuple[float, int]] | None) -> None:

@@ -20,6 +20,13 @@ tokens it was sent and generated once, not once per turn. `capacity_of_str_len` 
 request of the session, history included, in tokens: a longer prompt is refused and
 max_new_tokens is cut to what is left. Closing a session (or its `timeout`) forgets the
 tree; requests still running finish normally (as in SGLang) but cannot be continued.
+
+Limits (ServerArgs): at most `max_open_sessions` are open at once (opening another is refused
+with status 429: try again once one closes or times out); an idle session lives at most
+`max_session_timeout` seconds (`timeout: null` means that, a longer one is clipped to it); a
+session holds at most `max_session_requests` requests (a request past it is refused, 400).
+Sessions closed by their timeout are reported (`take_expired`), so the HTTP side can forget
+them too.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from ..messages import SessionParams
 from .req import Req
 
 REAP_INTERVAL_S = 1.0
+TOO_MANY_SESSIONS = 429  # OpenSessionDone.status_code when max_open_sessions are open
 
 
 @dataclass(eq=False)
@@ -100,10 +108,13 @@ class Sessions:
     """Every open session of a scheduler. Methods return an error message (str) where the
     client asked for something that cannot be done; the scheduler refuses it with a 400."""
 
-    def __init__(self, bos_token_id: int | None):
+    def __init__(self, bos_token_id: int | None, *, max_open: int = 256,
+                 max_requests: int = 1024, max_timeout: float = 3600.0):
         self.bos_token_id = bos_token_id
+        self.max_open, self.max_requests, self.max_timeout = max_open, max_requests, max_timeout
         self.sessions: dict[str, Session] = {}
         self._last_reap = 0.0
+        self._expired: list[str] = []  # closed by their timeout, not reported yet
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -111,11 +122,20 @@ class Sessions:
     # ---- lifetime ----
 
     def open(self, session_id: str, capacity: int, timeout: float | None,
-             now: float | None = None) -> str | None:
+             now: float | None = None) -> tuple[str, int] | None:
+        """None, or why the session cannot open and the status that says so (400: the id is
+        taken; 429: max_open sessions are open)."""
         now = time.monotonic() if now is None else now
         if self._get(session_id, now) is not None:
             return (f"a session with id {session_id!r} is already open; close it first or open "
-                    "one with another id")
+                    "one with another id"), 400
+        if len(self.sessions) >= self.max_open:
+            self._last_reap = 0.0
+            self.reap(now)
+            if len(self.sessions) >= self.max_open:
+                return (f"too many open sessions: the server holds at most {self.max_open} "
+                        "(--max-open-sessions); close one or retry later"), TOO_MANY_SESSIONS
+        timeout = self.max_timeout if timeout is None else min(timeout, self.max_timeout)
         self.sessions[session_id] = Session(session_id, capacity, timeout, now)
         return None
 
@@ -131,11 +151,18 @@ class Sessions:
         self._last_reap = now
         for sid in [s.session_id for s in self.sessions.values() if s.is_timed_out(now)]:
             del self.sessions[sid]
+            self._expired.append(sid)
+
+    def take_expired(self) -> list[str]:
+        """The ids of the sessions closed by their timeout since the last call."""
+        expired, self._expired = self._expired, []
+        return expired
 
     def _get(self, session_id: str, now: float) -> Session | None:
         session = self.sessions.get(session_id)
         if session is not None and session.is_timed_out(now):
             del self.sessions[session_id]
+            self._expired.append(session_id)
             return None
         return session
 
@@ -154,6 +181,10 @@ class Sessions:
         if rid in session.nodes:
             return (f"rid {rid!r} is already a request of session {params.id!r}; a request's "
                     "rid names it in its session, so it must be new")
+        if len(session.nodes) >= self.max_requests and not (params.replace and params.rid is None):
+            return (f"session {params.id!r} holds {len(session.nodes)} requests, the most one "
+                    f"session may hold (--max-session-requests); close it and open another, or "
+                    "send session_params.replace with no rid to start it over")
         parent = None
         if params.rid is not None:
             parent = session.nodes.get(params.rid)
