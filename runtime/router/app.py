@@ -14,6 +14,13 @@ The router's own routes: /health (200 while a worker is left), /get_server_info 
 cache hit rate), /list_workers, /add_worker, /remove_worker, /flush_cache (every worker),
 /metrics (the router's). /get_model_info, /model_info, /v1/models, /version and
 /health_generate are answered by a worker.
+
+Keys (RouterAuthMiddleware): --api-key is the clients' (every route but /health and the
+management ones); /add_worker, /remove_worker and /flush_cache need --admin-api-key and are
+refused when it is not set, so nobody can point the router at a worker of their own and
+receive the clients' prompts. The client's Authorization (and cookies, and any header but
+content-type and accept) never reaches a worker: the router sends the workers its own
+--worker-api-key, on requests and health checks alike.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from .args import RouterArgs
+from .args import RouterArgs, check_worker_url
 from .policy import LoadBalancer, NoWorker
 from .prefix_tree import token_key
 
@@ -43,8 +50,12 @@ logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 SSE = "text/event-stream"
-# Request headers passed on to a worker (the body is passed as is).
-FORWARD_HEADERS = ("authorization", "content-type", "accept")
+# Request headers passed on to a worker (the body is passed as is); never the client's
+# Authorization, Cookie or Proxy-Authorization: the router authenticates with its own key.
+FORWARD_HEADERS = ("content-type", "accept")
+# Routes that change the set of workers or act on all of them: --admin-api-key only.
+ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/flush_cache"})
+OPEN_PATHS = frozenset({"/health"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 
@@ -147,9 +158,13 @@ class Router:
         self._health_task: asyncio.Task | None = None
 
     def headers(self, request: Request | None = None) -> dict[str, str]:
-        if request is not None:
-            return {k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
-        return {"authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+        """Headers for a worker: the client's content-type and accept (for a relayed
+        request), and the router's own --worker-api-key."""
+        headers = {} if request is None else {
+            k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
+        if self.args.worker_api_key:
+            headers["authorization"] = f"Bearer {self.args.worker_api_key}"
+        return headers
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,19 +195,28 @@ class Router:
                     + ", ".join(f"{u} ({self.workers[u].last_error})" for u in sorted(waiting)))
             if waiting:
                 await asyncio.sleep(0.5)
-        models = {}
+        models, refused = {}, []
         for url in self.workers:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 r = await self.http.get(url + "/get_model_info", headers=self.headers(),
                                         timeout=self.args.health_check_timeout)
+                if r.status_code == 401:
+                    refused.append(url)
+                    continue
                 models[url] = r.json().get("model_path")
+        if refused:
+            raise RuntimeError(
+                f"worker(s) {', '.join(refused)} refused the router's key (401): start the "
+                "router with --worker-api-key set to the workers' --api-key"
+                + ("" if self.args.worker_api_key else " (none is set)"))
         if len(set(models.values())) > 1:
             logger.warning("the workers serve different models: %s", models)
 
     async def _healthy(self, url: str) -> bool:
         assert self.http is not None
         try:
-            r = await self.http.get(url + "/health", timeout=self.args.health_check_timeout)
+            r = await self.http.get(url + "/health", headers=self.headers(),
+                                    timeout=self.args.health_check_timeout)
         except httpx.HTTPError as exc:
             self.workers[url].last_error = f"{type(exc).__name__}: {exc}" if str(exc) else \
                 type(exc).__name__
@@ -307,6 +331,13 @@ class Router:
                     self.workers[url].healthy = False
                 self.retries += 1
                 continue
+            if resp.status_code == 401:  # the worker's key, not the client's: say so
+                await resp.aread()
+                await resp.aclose()
+                release()
+                logger.error("worker %s refused the router's --worker-api-key (401)", url)
+                return _json_error(502, f"worker {url} refused the router's key: the router's "
+                                        "--worker-api-key must be the workers' --api-key")
             return await self._relay(resp, url, release)
 
     async def _relay(self, resp: httpx.Response, url: str, release: Any) -> Response:
@@ -402,16 +433,36 @@ class Router:
         return generate_latest(registry)
 
 
-class ApiKeyMiddleware:
-    def __init__(self, app: Any, api_key: str):
+class RouterAuthMiddleware:
+    """/health is open; ADMIN_PATHS need `Authorization: Bearer <--admin-api-key>` (403 when
+    none is set); the rest `Bearer <--api-key>` when one is set. (The server's
+    ApiKeyMiddleware, with a second key for the management routes.)"""
+
+    def __init__(self, app: Any, api_key: str | None, admin_api_key: str | None):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.admin = f"Bearer {admin_api_key}".encode() if admin_api_key else None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] == "/health":
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        if path in ADMIN_PATHS:
+            if self.admin is None:
+                error = _json_error(403, f"{path} is disabled: start the router with "
+                                         "--admin-api-key KEY and send 'Authorization: Bearer "
+                                         "KEY' to manage its workers")
+                return await error(scope, receive, send)
+            if not hmac.compare_digest(given, self.admin):
+                error = _json_error(401, f"{path} needs the router's admin key: send the "
+                                         "header 'Authorization: Bearer <--admin-api-key>'")
+                return await error(scope, receive, send)
+        elif self.expected is not None and not hmac.compare_digest(given, self.expected):
             return await _json_error(401, "missing or incorrect API key: send the header "
                                           "'Authorization: Bearer <key>'")(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -420,8 +471,8 @@ class ApiKeyMiddleware:
 def create_app(router: Router) -> FastAPI:
     app = FastAPI(title="radixflow router", version=VERSION, docs_url=None, redoc_url=None)
     app.state.router = router
-    if router.args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=router.args.api_key)
+    app.add_middleware(RouterAuthMiddleware, api_key=router.args.api_key,
+                       admin_api_key=router.args.admin_api_key)
 
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         async def generate(request: Request, path: str = path) -> Response:
@@ -463,10 +514,13 @@ def create_app(router: Router) -> FastAPI:
 
     @app.post("/add_worker")
     async def add_worker(url: str) -> Response:
-        if not url.startswith(("http://", "https://")):
-            return _json_error(400, f"{url!r} is not an http:// or https:// URL")
+        try:
+            url = check_worker_url(url)
+        except ValueError as exc:
+            return _json_error(400, str(exc))
         router.add(url)
-        return Response(orjson.dumps({"added": url.rstrip("/")}), media_type="application/json")
+        logger.info("worker %s added with /add_worker", url)
+        return Response(orjson.dumps({"added": url}), media_type="application/json")
 
     @app.post("/remove_worker")
     async def remove_worker(url: str) -> Response:

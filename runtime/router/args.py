@@ -6,10 +6,37 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from .policy import METHODS, PolicyConfig
 
 _DEFAULTS = PolicyConfig()
+STR_FLAGS = frozenset({"worker_urls", "api_key", "admin_api_key", "worker_api_key"})
+
+
+def check_worker_url(url: str) -> str:
+    """`url` as the router keys its workers (no trailing slash); ValueError unless it is an
+    http:// or https:// URL of a host (and port), with no user:password, query or
+    fragment (a path is kept: a worker behind a proxy's prefix; the router appends the API
+    paths to it)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    url = url.rstrip("/")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a valid URL: {exc}") from None
+    if "@" in parts.netloc:
+        raise ValueError(f"{url!r} has a user name or password: the router authenticates "
+                         "to its workers with --worker-api-key")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host")
+    if parts.query or parts.fragment or "\\" in url or any(
+            c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError(f"{url!r} must be scheme://host[:port][/path], with no query, "
+                         "fragment, backslash or whitespace")
+    return url
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -48,21 +75,31 @@ class RouterArgs:
         600.0, "seconds to wait at start-up for every worker to be healthy (models load)")
     connect_timeout: float = _arg(5.0, "seconds to connect to a worker")
     api_key: str | None = _arg(
-        None, "require 'Authorization: Bearer <key>' on every endpoint but /health, and send "
-        "it to the workers (start them with the same --api-key)")
+        None, "the clients' key: require 'Authorization: Bearer <key>' on every endpoint but "
+        "/health and the management ones (--admin-api-key); never sent to the workers")
+    admin_api_key: str | None = _arg(
+        None, "the operator's key, required as 'Authorization: Bearer <key>' by "
+        "/add_worker, /remove_worker and /flush_cache; without it they are refused")
+    worker_api_key: str | None = _arg(
+        None, "the key the router sends the workers as 'Authorization: Bearer <key>' (their "
+        "--api-key), on requests and health checks; clients' own Authorization headers are "
+        "never passed on")
     log_level: str = _arg("info", "logging level")
 
     def __post_init__(self) -> None:
         if not self.worker_urls:
             raise ValueError("--worker-urls needs one or more worker URLs")
-        urls = [url.rstrip("/") for url in self.worker_urls]
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"--worker-urls: {url!r} is not an http:// or https:// URL")
+        try:
+            urls = [check_worker_url(url) for url in self.worker_urls]
+        except ValueError as exc:
+            raise ValueError(f"--worker-urls: {exc}") from None
         duplicates = sorted({u for u in urls if urls.count(u) > 1})
         if duplicates:
             raise ValueError(f"--worker-urls lists {', '.join(duplicates)} more than once")
         self.worker_urls = urls
+        if self.admin_api_key and self.admin_api_key == self.api_key:
+            raise ValueError("--admin-api-key must differ from --api-key: every client would "
+                             "be able to add and remove workers")
         self.policy_config()
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
@@ -84,7 +121,7 @@ class RouterArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
             names = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
-            kind = {"worker_urls": str, "api_key": str}.get(f.name, type(f.default))
+            kind = str if f.name in STR_FLAGS else type(f.default)
             extra = {k: f.metadata[k] for k in ("nargs", "choices") if k in f.metadata}
             default = "" if f.default is None else f" (default: {f.default})"
             parser.add_argument(*names, type=kind, default=f.default,

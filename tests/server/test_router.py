@@ -23,6 +23,7 @@ from helpers.live_server import wait_healthy
 from radixflow.runtime.server.process import ServerProcess, free_port
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+ADMIN = "router-admin-key"
 
 
 class RouterProcess:
@@ -63,7 +64,7 @@ def workers(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def router(workers):
-    rt = RouterProcess("--worker-urls", *[w.url for w in workers],
+    rt = RouterProcess("--worker-urls", *[w.url for w in workers], "--admin-api-key", ADMIN,
                        "--health-check-interval", "0.5", "--health-failure-threshold", "2")
     yield rt
     assert rt.stop() == 0
@@ -146,7 +147,8 @@ def test_flush_cache_reaches_every_worker(router, workers):
     text = "A prompt long enough to stay in the radix cache for a while. " * 2
     generate(router.url, text)
     assert generate(router.url, text)["meta_info"]["cached_tokens"] > 0
-    r = requests.post(router.url + "/flush_cache", timeout=60)
+    r = requests.post(router.url + "/flush_cache", timeout=60,
+                      headers={"Authorization": f"Bearer {ADMIN}"})  # a management route
     assert r.status_code == 200, r.text
     assert all(w["tree_chars"] == 0 for w in workers_info(router).values())
     assert generate(router.url, text)["meta_info"]["cached_tokens"] == 0
