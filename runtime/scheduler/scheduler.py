@@ -578,7 +578,7 @@ class Scheduler:
             tops = [list(zip(v, i)) for v, i in
                     zip(result.top_logprobs[0].tolist(), result.top_logprobs[1].tolist())]
         for i, (req, token) in enumerate(zip(reqs, next_ids)):
-            with self.failures.isolate(req):
+            try:  # (a try costs nothing; a `with` per token would)
                 closing = self.grammars.closing(req, token) if req.grammar is not None else None
                 if closing is not None:  # the token would leave no completion within the budget
                     self._close_early(req, closing)
@@ -587,6 +587,8 @@ class Scheduler:
                                    tops[i][:req.top_logprobs_num] if tops else None)
                 if req.can_jump and req.finish is None:
                     self._jump_forward(req)
+            except Exception as exc:
+                self.failures.request_failed(req, exc)  # fails it alone (or re-raises)
 
     def _append_token(self, req: Req, token: int, logprob: float,
                       top: list[tuple[float, int]] | None) -> None:
