@@ -452,7 +452,7 @@ class RouterAuthMiddleware:
             if name == b"authorization":
                 given = value
                 break
-        if path in ADMIN_PATHS:
+        if path.rstrip("/") in ADMIN_PATHS or "/" + path.lstrip("/") in ADMIN_PATHS:
             if self.admin is None:
                 error = _json_error(403, f"{path} is disabled: start the router with "
                                          "--admin-api-key KEY and send 'Authorization: Bearer "
