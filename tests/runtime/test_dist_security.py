@@ -111,6 +111,7 @@ def test_rank0_cannot_serve_an_address_that_is_not_its_own():
 
 RANK = r"""
 import json, os, sys
+from pathlib import Path
 import torch
 from radixflow.runtime.distributed.parallel_state import Layout, TensorParallel
 
