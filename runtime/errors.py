@@ -58,7 +58,12 @@ def rejection(finish_reason: dict | None) -> RadixflowError | None:
     return RadixflowError(message) if status >= 500 else InvalidRequest(message)
 
 
-class InvariantBroken(RadixflowError, RuntimeError):
+class Fatal(Exception):
+    """Marks an error after which this process cannot serve anyone (a broken invariant, a lost
+    tensor-parallel rank): per-request failure handling never catches it."""
+
+
+class InvariantBroken(RadixflowError, Fatal, RuntimeError):
     """The scheduler's own bookkeeping is wrong (a KV slot leaked, a row freed twice): no request
     caused it and none can be trusted after it, so the scheduler process stops with this
     message and a non-zero exit (scheduler/process.py). Raised explicitly, never an `assert`

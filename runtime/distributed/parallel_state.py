@@ -32,6 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..errors import Fatal
 from ..models.config import ModelArgs
 from .rendezvous import check_dist_init_addr, loopback_only, serve_store
 from .sharding import ShardSpec
@@ -46,7 +47,7 @@ HEARTBEAT_KEY = "radixflow/heartbeat/{rank}"
 _current: TensorParallel | None = None  # this process's group (one: torch's default group)
 
 
-class RankLost(RuntimeError):
+class RankLost(Fatal, RuntimeError):
     """A collective failed: some rank died or its connection broke."""
 
 

@@ -13,8 +13,9 @@ scheduler keeps serving the others; only a broken invariant stops it.
 - Anything else a step raises that no request can be blamed for: every request holding KV
   ends with an abort (500), the waiting ones stay queued, and the step after goes on.
 - After any of these the KV slots that no longer belong to anyone are freed (a sweep) and the
-  slot invariant is checked. A broken invariant raises InvariantBroken, which is never caught
-  here: the scheduler process logs it and exits non-zero (process.py).
+  slot invariant is checked. A broken invariant raises InvariantBroken, which (like every
+  `errors.Fatal`: a lost tensor-parallel rank too) is never caught here: the scheduler
+  process logs it and exits non-zero (process.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import GrammarError, InvariantBroken
+from ..errors import Fatal, GrammarError, InvariantBroken
 from ..messages import Finish, GenerateReq
 from .grammar import rejected
 from .kv_cache import cat_slots
@@ -60,7 +61,7 @@ def forward_in_parts(forward: Callable, mode, parts: list[BatchRequest],
     where it raises; ForwardFailed names the requests that fail alone."""
     try:
         return forward(mode, parts, slots)
-    except InvariantBroken:
+    except Fatal:
         raise
     except Exception as exc:
         cause = exc
@@ -92,7 +93,7 @@ def _run_halves(forward, mode, groups, culprits: set[int], outs: list, *, failed
         try:
             outs.append(forward(mode, parts, torch.cat([s for _, s in groups])))
             return
-        except InvariantBroken:
+        except Fatal:
             raise
         except Exception as exc:
             logger.warning("a part of %d requests failed: %s: %s", len(groups),
@@ -123,17 +124,17 @@ class Failures:
 
     @contextlib.contextmanager
     def isolate(self, req: Req) -> Iterator[None]:
-        """Whatever the block raises fails `req` alone (an InvariantBroken still stops)."""
+        """Whatever the block raises fails `req` alone (an errors.Fatal still stops)."""
         try:
             yield
-        except InvariantBroken:
+        except Fatal:
             raise
         except Exception as exc:
             self.fail(req, exc)
 
     def request_failed(self, req: Req, exc: Exception) -> None:
         """`isolate`'s except clause, for loops that cannot afford a `with` per request."""
-        if isinstance(exc, InvariantBroken):
+        if isinstance(exc, Fatal):
             raise exc
         self.fail(req, exc)
 
@@ -149,7 +150,7 @@ class Failures:
         sched = self.sched
         try:
             sched._add_request(msg)
-        except InvariantBroken:
+        except Fatal:
             raise
         except Exception as exc:
             req = sched.by_rid.get(msg.rid)
@@ -173,7 +174,7 @@ class Failures:
         for req in pending:
             try:
                 r, f = grammars.resolve([req], block=False)
-            except InvariantBroken:
+            except Fatal:
                 raise
             except Exception as exc:
                 req.pending_grammar = None
@@ -192,12 +193,12 @@ class Failures:
         """Run a step's work; recover from what it raises (but a broken invariant)."""
         try:
             fn()
-        except InvariantBroken:
+        except Fatal:
             raise
         except Exception as exc:
             try:
                 self.recover(exc)
-            except InvariantBroken:
+            except Fatal:
                 raise
             except Exception as again:
                 raise InvariantBroken(f"the scheduler could not recover from "
