@@ -229,6 +229,9 @@ class ServerArgs:
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"--dist-init-addr must be HOST:PORT, got "
                                  f"{self.dist_init_addr!r}")
+            from .distributed.rendezvous import check_dist_init_addr
+
+            check_dist_init_addr(self)  # an unauthenticated store on a network: opt in
         if self.tp_size > 1 and self.dp_size > 1:
             raise ValueError("--tp-size > 1 with --dp-size > 1 is not supported yet: run "
                              "either several replicas or one model split over ranks")

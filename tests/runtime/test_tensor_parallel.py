@@ -101,9 +101,12 @@ def test_server_args_checks():
         ServerArgs(tp_size=3, nnodes=2, dist_init_addr="h:1")
     with pytest.raises(ValueError, match="HOST:PORT"):
         ServerArgs(tp_size=2, dist_init_addr="nohost")
+    with pytest.raises(ValueError, match="--dist-trusted-network"):
+        ServerArgs(tp_size=2, dist_init_addr="10.0.0.1:5000")
     args = ServerArgs.from_cli_args(_parse("--tensor-parallel-size", "4", "--nnodes", "2",
                                            "--node-rank", "1", "--dist-init-addr",
-                                           "10.0.0.1:5000", "--dist-timeout", "7"))
+                                           "10.0.0.1:5000", "--dist-timeout", "7",
+                                           "--dist-trusted-network"))
     assert (args.tp_size, args.nnodes, args.node_rank, args.dist_init_addr,
             args.dist_timeout) == (4, 2, 1, "10.0.0.1:5000", 7.0)
 
