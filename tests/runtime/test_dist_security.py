@@ -56,8 +56,12 @@ def test_tp_args_refuses_before_any_rank_starts(tmp_path):
     from radixflow.runtime.errors import ServerUnavailable
     from radixflow.runtime.server_args import ServerArgs
 
-    args = ServerArgs(model=str(tmp_path / "missing"), tp_size=2, nnodes=2,
-                      dist_init_addr="10.0.0.1:29500")
+    fields = {"model": str(tmp_path / "missing"), "tp_size": 2, "nnodes": 2,
+              "dist_init_addr": "10.0.0.1:29500"}
+    with pytest.raises(ValueError, match="--dist-trusted-network"):
+        ServerArgs(**fields)  # a usage error at the command line already
+    args = ServerArgs(**fields, dist_trusted_network=True)
+    args.dist_trusted_network = False  # as an Engine's caller could set it after the checks
     with pytest.raises(ValueError, match="--dist-trusted-network"):
         tp_args(args)
     with pytest.raises(ServerUnavailable, match="--dist-trusted-network"):
