@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -75,6 +76,13 @@ class SchemaLimits:
     max_bytes: int = 64 * 1024  # length of the schema document
     max_depth: int = 32  # nesting of JSON containers in the document
     max_subschemas: int = 2000
+    max_branches: int = 2000  # subschemas of one anyOf / oneOf / allOf / prefixItems
+    # Steps (values indexed, branch pairs compared) the oneOf overlap analysis may take over
+    # the whole document; it is near-linear, so only contrived schemas reach this.
+    max_overlap_steps: int = 200_000
+    # Property names times patternProperties patterns to match (Python regexes, each under a
+    # deadline, against backtracking bombs).
+    max_pattern_matches: int = 20_000
 
 
 def parse_json_schema(spec: str, limits: SchemaLimits, regex_limits: RegexLimits) -> Any:
@@ -86,18 +94,57 @@ def parse_json_schema(spec: str, limits: SchemaLimits, regex_limits: RegexLimits
         raise GrammarError(f"json_schema is {len(spec)} characters long; the limit is "
                            f"{limits.max_bytes}", param="json_schema")
     try:
-        schema = json.loads(spec)
+        schema = json.loads(spec, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise GrammarError(f"json_schema is not valid JSON: {exc}", param="json_schema") from None
     depth = _depth(schema, limits.max_depth)
     if depth > limits.max_depth:
         raise GrammarError(f"json_schema nests deeper than {limits.max_depth} levels",
                            param="json_schema")
+    # NOTE: the cheap caps come first: everything after them may cost more than linear time.
+    _count_subschemas(schema, limits)
     schema = rewrite_schema(schema)
     walker = _SchemaWalker(limits, regex_limits, schema)
     walker.visit(schema, "#")
     _RefGraph(schema, walker.paths).check()
     return schema
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _too_many_subschemas(limits: SchemaLimits) -> GrammarError:
+    return GrammarError(f"json_schema has more than {limits.max_subschemas} subschemas "
+                        "(limit max_subschemas)", param="json_schema")
+
+
+def _count_subschemas(doc: Any, limits: SchemaLimits) -> None:
+    """The subschema and branch caps, in one linear pass over the document (the walker's
+    keywords), before any analysis that could cost more."""
+    count, stack, widest = 0, [doc], None
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limits.max_subschemas:
+            raise _too_many_subschemas(limits)
+        if not isinstance(node, dict):
+            continue
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                stack.extend(node[key].values())
+        for key in _SCHEMA_VALUES:
+            if key in node:
+                value = node[key]
+                stack.extend(value if isinstance(value, list) else [value])
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                if len(node[key]) > limits.max_branches and widest is None:
+                    widest = (key, len(node[key]))
+                stack.extend(node[key])
+    if widest is not None:
+        raise GrammarError(f"json_schema: '{widest[0]}' has {widest[1]} subschemas; the limit "
+                           f"is {limits.max_branches} (max_branches)", param="json_schema")
 
 
 def _depth(doc: Any, limit: int) -> int:
@@ -153,12 +200,13 @@ class _SchemaWalker:
         self.root = root
         self.num_subschemas = 0
         self.paths: dict[int, str] = {}  # id(subschema) -> its path
+        self.overlap = _Overlap(root, limits.max_overlap_steps)
+        self.pattern_matches = 0
 
     def visit(self, node: Any, path: str) -> None:
         self.num_subschemas += 1
         if self.num_subschemas > self.limits.max_subschemas:
-            raise GrammarError(f"json_schema has more than {self.limits.max_subschemas} "
-                               "subschemas", param="json_schema")
+            raise _too_many_subschemas(self.limits)
         if isinstance(node, bool):
             return
         if not isinstance(node, dict):
@@ -200,8 +248,18 @@ class _SchemaWalker:
         _check_strings(node, path, self.regex_limits)
         self._check_ref(node, path)
         self._check_combinators(node, path)
-        _check_object(node, path)
+        self._check_object(node, path)
         _check_array(node, path)
+
+    def _check_object(self, node: dict, path: str) -> None:
+        patterns = node.get("patternProperties")
+        if isinstance(patterns, dict) and isinstance(node.get("properties"), dict):
+            self.pattern_matches += len(patterns) * len(node["properties"])
+            if self.pattern_matches > self.limits.max_pattern_matches:
+                raise _refuse("patternProperties", path, "and 'properties' make more than "
+                              f"{self.limits.max_pattern_matches} (pattern, name) pairs to "
+                              "check (limit max_pattern_matches); use fewer patterns")
+        _check_object(node, path)
 
     def _check_ref(self, node: dict, path: str) -> None:
         if "$ref" not in node:
@@ -227,7 +285,7 @@ class _SchemaWalker:
                 raise _refuse(key, path, f"has siblings ({', '.join(_assertions(node, key))}) "
                               "that xgrammar ignores; repeat them in every branch")
         if isinstance(node.get("oneOf"), list):
-            overlap = _one_of_overlap(node["oneOf"], self.root)
+            overlap = self.overlap.find(node["oneOf"], path)
             if overlap is not None:
                 i, j = overlap
                 raise _refuse("oneOf", path, f"has branches {i} and {j} that a value may match "
@@ -352,14 +410,34 @@ def _check_pattern_properties(node: dict, path: str, props: dict) -> None:
                       "xgrammar checks a key against one pattern only; use one pattern")
     for pattern in patterns:
         try:
-            clash = [name for name in props if re.search(pattern, name)]
+            clash = [name for name in props if _search(pattern, name)]
         except re.error as exc:
             raise _refuse("patternProperties", path, f"pattern {pattern!r} is not a valid "
                           f"regex: {exc}") from None
+        except TimeoutError:
+            raise _refuse("patternProperties", path, f"pattern {pattern!r} takes too long to "
+                          "match against the declared property names (it backtracks); "
+                          "simplify it") from None
         if clash:
             raise _refuse("patternProperties", path, f"pattern {pattern!r} matches declared "
                           f"properties ({', '.join(clash)}), whose values xgrammar checks "
                           "against 'properties' only")
+
+
+# Seconds one property name may take to match a pattern (a backtracking bomb such as
+# (a+)+$ takes exponential time in Python's re; the `regex` module has a timeout).
+_MATCH_TIMEOUT_S = 0.02
+
+
+def _search(pattern: str, name: str) -> bool:
+    try:
+        import regex
+    except ImportError:  # (transformers depends on it, so it is there)
+        return re.search(pattern, name) is not None
+    try:
+        return regex.search(pattern, name, timeout=_MATCH_TIMEOUT_S) is not None
+    except regex.error as exc:
+        raise re.error(str(exc)) from None
 
 
 def _check_property_names(node: dict, path: str, props: dict, extra: str | None) -> None:
@@ -397,13 +475,266 @@ class _Shape:
     tags: dict | None = None  # required property -> json_keys of its listed values
 
 
-def _one_of_overlap(branches: list, root: Any) -> tuple[int, int] | None:
-    shapes = [_shape(b, root) for b in branches]
-    for i, a in enumerate(shapes):
-        for j in range(i + 1, len(shapes)):
-            if not _disjoint(a, shapes[j]):
-                return i, j
-    return None
+_SHAPE_DEPTH = 8
+
+
+class _Overlap:
+    """Finds two branches of a oneOf that one value may match (xgrammar reads oneOf as
+    anyOf). Near-linear: listed values are indexed (a hash for values, sorted lists for
+    numbers), number ranges swept in order, tagged objects grouped by tag value; only the
+    pairs these cannot tell apart are compared, each counting against `max_steps`, which
+    bounds the whole document's analysis. Shapes are memoized, so shared $refs cost once."""
+
+    def __init__(self, root: Any, max_steps: int):
+        self.root = root
+        self.max_steps = max_steps
+        self.steps = 0
+        self.path = "#"
+        self._shapes: dict[tuple[int, int], _Shape] = {}
+        self._keys: dict[int, frozenset] = {}
+        self._keep: list = []  # the nodes memoized by id stay alive
+
+    def find(self, branches: list, path: str) -> tuple[int, int] | None:
+        self.path = path
+        shapes = [self.shape(b) for b in branches]
+        listed = [i for i, s in enumerate(shapes) if s.values is not None]
+        others = [i for i, s in enumerate(shapes) if s.values is None]
+        found = [p for p in (self._listed_pair(shapes, listed),
+                             self._listed_other_pair(shapes, listed, others),
+                             self._other_pair(shapes, others)) if p is not None]
+        return min((min(p), max(p)) for p in found) if found else None
+
+    def charge(self, steps: int) -> None:
+        self.steps += steps
+        if self.steps > self.max_steps:
+            raise GrammarError(
+                f"json_schema: 'oneOf' at {self.path}/oneOf makes checking that its branches "
+                f"are disjoint take more than {self.max_steps} steps (limit max_overlap_steps); "
+                "use fewer or simpler branches, or anyOf", param="json_schema")
+
+    # ---- shapes ----
+
+    def shape(self, node: Any, depth: int = 0) -> _Shape:
+        node = _deref(node, self.root)
+        memo = (id(node), depth)
+        shape = self._shapes.get(memo)
+        if shape is None:
+            self.charge(1)
+            shape = self._shapes[memo] = self._shape(node, depth)
+            self._keep.append(node)
+        return shape
+
+    def _shape(self, node: Any, depth: int) -> _Shape:
+        if not isinstance(node, dict) or depth > _SHAPE_DEPTH:
+            return _Shape(frozenset() if node is False else _ALL_KINDS)
+        values = self.keys(node)
+        if values is not None:
+            return _Shape(frozenset(_key_kind(k) for k in values), values)
+        types = node.get("type")
+        types = [types] if isinstance(types, str) else types
+        if isinstance(types, list):
+            kinds = frozenset("number" if t == "integer" else t for t in types)
+        elif isinstance(node.get("anyOf") or node.get("oneOf"), list):
+            subs = [self.shape(b, depth + 1) for b in node.get("anyOf") or node["oneOf"]]
+            return _Shape(frozenset().union(*(s.kinds for s in subs)))
+        else:
+            kinds = _ALL_KINDS
+        return _Shape(kinds, low=_numeric_bound(node, "minimum", "exclusiveMinimum", max),
+                      high=_numeric_bound(node, "maximum", "exclusiveMaximum", min),
+                      integer=isinstance(types, list) and "number" not in types,
+                      tags=self._tags(node))
+
+    def keys(self, node: Any) -> frozenset | None:
+        """json_key of each value an enum/const-only schema lists (None for other schemas)."""
+        if id(node) in self._keys:
+            return self._keys[id(node)]
+        values = listed_values(node)
+        if values is None:
+            return None
+        self.charge(len(values))
+        keys = self._keys[id(node)] = frozenset(json_key(v) for v in values)
+        self._keep.append(node)
+        return keys
+
+    def _tags(self, node: dict) -> dict:
+        props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        required = node.get("required") if isinstance(node.get("required"), list) else []
+        tags = {}
+        for name in required:
+            keys = self.keys(_deref(props.get(name), self.root)) if isinstance(name, str) \
+                else None
+            if keys is not None:
+                tags[name] = keys
+        return tags
+
+    # ---- pairs ----
+
+    def _listed_pair(self, shapes: list[_Shape], listed: list[int]) -> tuple | None:
+        """Two enum/const branches listing one value."""
+        owner: dict = {}
+        for i in listed:
+            self.charge(len(shapes[i].values))
+            for key in shapes[i].values:
+                j = owner.setdefault(key, i)
+                if j != i:
+                    return j, i
+        return None
+
+    def _listed_other_pair(self, shapes: list[_Shape], listed: list[int],
+                           others: list[int]) -> tuple | None:
+        """An enum/const branch listing a value that another branch admits."""
+        if not listed or not others:
+            return None
+        kind_owner: dict[str, int] = {}  # kind other than number -> first branch listing one
+        numbers: list[tuple] = []  # (value, branch)
+        integers: list[tuple] = []
+        for i in listed:
+            self.charge(len(shapes[i].values))
+            for key in shapes[i].values:
+                kind = _key_kind(key)
+                if kind != "number":
+                    kind_owner.setdefault(kind, i)
+                else:
+                    numbers.append((key[1], i))
+                    if isinstance(key[1], int) or key[1].is_integer():
+                        integers.append((key[1], i))
+        numbers.sort(key=lambda item: item[0])
+        integers.sort(key=lambda item: item[0])
+        num_values = [v for v, _ in numbers]
+        int_values = [v for v, _ in integers]
+        best = None
+        for y in others:
+            self.charge(1)
+            shape = shapes[y]
+            for kind in shape.kinds:
+                if kind != "number" and kind in kind_owner:
+                    best = _least(best, (kind_owner[kind], y))
+            if "number" in shape.kinds:
+                values, items = (int_values, integers) if shape.integer else (num_values,
+                                                                              numbers)
+                start = 0 if shape.low is None else (
+                    bisect_right if shape.low[1] else bisect_left)(values, shape.low[0])
+                end = len(values) if shape.high is None else (
+                    bisect_left if shape.high[1] else bisect_right)(values, shape.high[0])
+                if start < end:
+                    best = _least(best, (min(i for _, i in items[start:end]), y))
+                    self.charge(end - start)
+        return best
+
+    def _other_pair(self, shapes: list[_Shape], others: list[int]) -> tuple | None:
+        """Two branches, neither a list of values, that one value may match."""
+        groups: dict[frozenset, list[int]] = {}
+        for i in others:
+            groups.setdefault(shapes[i].kinds, []).append(i)
+        kinds = list(groups)
+        best = None
+        for a, ka in enumerate(kinds):
+            for kb in kinds[a:]:
+                common = ka & kb
+                same = ka == kb
+                if not common or (same and len(groups[ka]) < 2):
+                    continue
+                self.charge(1)
+                if common == {"number"}:
+                    pair = self._ranges_pair(shapes, groups[ka], None if same else groups[kb])
+                elif common == {"object"}:
+                    pair = self._objects_pair(shapes, groups[ka], None if same else groups[kb])
+                else:  # a value of a common kind that neither ranges nor tags tell apart
+                    pair = tuple(groups[ka][:2]) if same else (groups[ka][0], groups[kb][0])
+                best = _least(best, pair)
+        return best
+
+    def _ranges_pair(self, shapes: list[_Shape], first: list[int],
+                     second: list[int] | None) -> tuple | None:
+        """Number branches whose ranges meet: a sweep in order of lower bounds, comparing
+        each range with the ones that start before it ends."""
+        side = {i: 0 for i in first} | {i: 1 for i in second or ()}
+        order = sorted(side, key=lambda i: _low_key(shapes[i].low))
+        best = None
+        for n, a in enumerate(order):
+            for b in order[n + 1:]:
+                self.charge(1)
+                if _below(shapes[a].high, shapes[b].low):
+                    break  # b and every later range start after a ends
+                if (second is None or side[a] != side[b]) and not _disjoint(shapes[a],
+                                                                            shapes[b]):
+                    best = _least(best, (a, b))
+                    break
+        return best
+
+    def _objects_pair(self, shapes: list[_Shape], first: list[int],
+                      second: list[int] | None) -> tuple | None:
+        """Object branches that no required property's listed values tell apart. Branches
+        are grouped by the values of the most common tag: two with no value in common differ
+        there; the rest are compared."""
+        side = {i: 0 for i in first} | {i: 1 for i in second or ()}
+        members = sorted(side)
+        counts: dict[str, int] = {}
+        for i in members:
+            for name in shapes[i].tags or ():
+                counts[name] = counts.get(name, 0) + 1
+        self.charge(len(members) + len(counts))
+        tag = max(counts, key=lambda name: (counts[name], name)) if counts else None
+        by_value: dict = {}
+        untagged = []
+        for i in members:
+            tags = shapes[i].tags or {}
+            if tag in tags:
+                self.charge(len(tags[tag]))
+                for key in tags[tag]:
+                    by_value.setdefault(key, []).append(i)
+            else:
+                untagged.append(i)
+        best = None
+        seen: set = set()
+
+        def compare(a: int, b: int) -> None:
+            nonlocal best
+            a, b = min(a, b), max(a, b)
+            if a == b or (a, b) in seen or (second is not None and side[a] == side[b]):
+                return
+            seen.add((a, b))
+            self.charge(1)
+            if not self._tags_disjoint(shapes[a], shapes[b]):
+                best = _least(best, (a, b))
+
+        for a in untagged:
+            for b in members:
+                compare(a, b)
+        for group in by_value.values():
+            for n, a in enumerate(group):
+                for b in group[n + 1:]:
+                    compare(a, b)
+        return best
+
+    def _tags_disjoint(self, a: _Shape, b: _Shape) -> bool:
+        if not (a.tags and b.tags):
+            return False
+        for name, keys in a.tags.items():
+            if name in b.tags:
+                self.charge(min(len(keys), len(b.tags[name])))
+                if not keys & b.tags[name]:
+                    return True
+        return False
+
+
+def _least(best: tuple | None, pair: tuple | None) -> tuple | None:
+    if pair is None:
+        return best
+    pair = (min(pair), max(pair))
+    return pair if best is None or pair < best else best
+
+
+def _low_key(low: tuple | None) -> tuple:
+    """Lower bounds in increasing order: none first, and an inclusive bound before an
+    exclusive one at the same number (as _below compares them)."""
+    return (0,) if low is None else (1, low[0], low[1])
+
+
+def _key_kind(key: tuple) -> str:
+    if key[0] == "literal":
+        return "null" if key[1] is None else "boolean"
+    return key[0]
 
 
 def _deref(node: Any, root: Any) -> Any:
@@ -418,38 +749,6 @@ def _deref(node: Any, root: Any) -> Any:
     return node
 
 
-def _shape(node: Any, root: Any, depth: int = 0) -> _Shape:
-    node = _deref(node, root)
-    if not isinstance(node, dict) or depth > 8:
-        return _Shape(frozenset() if node is False else _ALL_KINDS)
-    values = listed_values(node)
-    if values is not None:
-        return _Shape(frozenset(_kind(v) for v in values), {json_key(v) for v in values})
-    types = node.get("type")
-    types = [types] if isinstance(types, str) else types
-    if isinstance(types, list):
-        kinds = frozenset("number" if t == "integer" else t for t in types)
-    elif isinstance(node.get("anyOf") or node.get("oneOf"), list):
-        subs = [_shape(b, root, depth + 1) for b in node.get("anyOf") or node["oneOf"]]
-        return _Shape(frozenset().union(*(s.kinds for s in subs)))
-    else:
-        kinds = _ALL_KINDS
-    return _Shape(kinds, low=_numeric_bound(node, "minimum", "exclusiveMinimum", max),
-                  high=_numeric_bound(node, "maximum", "exclusiveMaximum", min),
-                  integer=isinstance(types, list) and "number" not in types,
-                  tags=_tags(node, root))
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
-
-
 def _numeric_bound(node: dict, inclusive: str, exclusive: str, tighter) -> tuple | None:
     bounds = [(node[k], k == exclusive) for k in (inclusive, exclusive)
               if isinstance(node.get(k), (int, float)) and not isinstance(node[k], bool)]
@@ -459,45 +758,12 @@ def _numeric_bound(node: dict, inclusive: str, exclusive: str, tighter) -> tuple
     return best, any(b == (best, True) for b in bounds)
 
 
-def _tags(node: dict, root: Any) -> dict:
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    required = node.get("required") if isinstance(node.get("required"), list) else []
-    tags = {}
-    for name in required:
-        values = listed_values(_deref(props.get(name), root))
-        if values is not None:
-            tags[name] = {json_key(v) for v in values}
-    return tags
-
-
 def _disjoint(a: _Shape, b: _Shape) -> bool:
+    """Whether no value matches both of two shapes that list no values."""
     common = a.kinds & b.kinds
     if not common:
         return True
-    for x, y in ((a, b), (b, a)):
-        if x.values is not None and not any(_may_admit(y, key) for key in x.values):
-            return True
-    if common == {"number"} and (_below(a.high, b.low) or _below(b.high, a.low)):
-        return True
-    if common == {"object"} and a.tags and b.tags:
-        return any(name in b.tags and not a.tags[name] & b.tags[name] for name in a.tags)
-    return False
-
-
-def _may_admit(shape: _Shape, key: tuple) -> bool:
-    """Whether a branch may admit the listed value with json_key `key` (True when unsure)."""
-    kind = {"literal": None, "number": "number", "array": "array", "object": "object",
-            "string": "string"}[key[0]]
-    if kind is None:
-        kind = "null" if key[1] is None else "boolean"
-    if kind not in shape.kinds or (shape.values is not None and key not in shape.values):
-        return False
-    if kind == "number":
-        value = key[1]
-        if shape.integer and not float(value).is_integer():
-            return False
-        return not (_below((value, False), shape.low) or _below(shape.high, (value, False)))
-    return True
+    return common == {"number"} and (_below(a.high, b.low) or _below(b.high, a.low))
 
 
 def _below(high: tuple | None, low: tuple | None) -> bool:
@@ -584,43 +850,80 @@ class _RefGraph:
         return "#"
 
     def _finite(self, nodes: list[dict]) -> set[int]:
-        """ids of the subschemas that admit some finite value (a least fixpoint)."""
+        """ids of the subschemas that admit some finite value (a least fixpoint), in time
+        linear in the document: each subschema is an OR of ANDs of others (_clauses); a
+        clause counts its members not yet finite, and a subschema turns finite when one of
+        its clauses reaches zero."""
         finite: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for node in nodes:
-                if id(node) not in finite and self._ends(node, finite):
-                    finite.add(id(node))
-                    changed = True
+        remaining: list[int] = []  # per clause: members not yet known finite
+        owner: list[int] = []  # per clause: the id of its subschema
+        uses: dict[int, list[int]] = {}  # id(member) -> the clauses it is in
+        ready = []
+        for node in nodes:
+            for clause in self._clauses(node):
+                members = {id(m) for m in clause}
+                if not members:
+                    ready.append(id(node))
+                    continue
+                index = len(remaining)
+                remaining.append(len(members))
+                owner.append(id(node))
+                for member in members:
+                    uses.setdefault(member, []).append(index)
+        while ready:
+            node_id = ready.pop()
+            if node_id in finite:
+                continue
+            finite.add(node_id)
+            for index in uses.get(node_id, ()):
+                remaining[index] -= 1
+                if remaining[index] == 0 and owner[index] not in finite:
+                    ready.append(owner[index])
         return finite
 
-    def _ok(self, schema: Any, finite: set[int]) -> bool:
-        return schema is not False and (not isinstance(schema, dict) or id(schema) in finite)
-
-    def _ends(self, node: dict, finite: set[int]) -> bool:
+    def _clauses(self, node: dict) -> list[list[dict]]:
+        """When `node` admits a finite value: when all the subschemas of one of these lists
+        do (a False among them rules its list out; True and non-schemas need nothing)."""
         if isinstance(node.get("$ref"), str):
-            return self._ok(resolve_ref(self.root, node["$ref"]), finite)
+            return _clause([resolve_ref(self.root, node["$ref"])])
         if "enum" in node or "const" in node:
-            return True
-        for key, test in (("anyOf", any), ("oneOf", any), ("allOf", all)):
+            return [[]]
+        for key in ("anyOf", "oneOf"):
             if isinstance(node.get(key), list):
-                return test(self._ok(s, finite) for s in node[key])
+                return [c for s in node[key] for c in _clause([s])]
+        if isinstance(node.get("allOf"), list):
+            return _clause(node["allOf"])
         types = node.get("type")
         types = [types] if isinstance(types, str) else types
         if not isinstance(types, list):
             types = ["object"] if "properties" in node else ["array"] if (
                 "items" in node or "prefixItems" in node) else ["null"]
-        return any(self._type_ends(node, t, finite) for t in types)
+        clauses = []
+        for type_name in types:
+            if type_name == "object":
+                props = node.get("properties") if isinstance(node.get("properties"),
+                                                             dict) else {}
+                required = node.get("required", [])
+                required = required if isinstance(required, list) else []
+                clauses += _clause([props.get(r, True) if isinstance(r, str) else True
+                                    for r in required])
+            elif type_name == "array":
+                least = node.get("minItems", 0) if isinstance(node.get("minItems"),
+                                                              int) else 0
+                prefix = node.get("prefixItems") or []
+                prefix = prefix if isinstance(prefix, list) else []
+                clauses += _clause(prefix[:least] + (
+                    [] if least <= len(prefix) else [node.get("items", True)]))
+            else:
+                clauses.append([])
+        return clauses
 
-    def _type_ends(self, node: dict, type_name: str, finite: set[int]) -> bool:
-        if type_name == "object":
-            props = node.get("properties") or {}
-            return all(self._ok(props.get(r, True), finite) for r in node.get("required", []))
-        if type_name == "array":
-            least = node.get("minItems", 0) if isinstance(node.get("minItems"), int) else 0
-            prefix = node.get("prefixItems") or []
-            if not all(self._ok(s, finite) for s in prefix[:least]):
-                return False
-            return least <= len(prefix) or self._ok(node.get("items", True), finite)
-        return True
+    def _ok(self, schema: Any, finite: set[int]) -> bool:
+        return schema is not False and (not isinstance(schema, dict) or id(schema) in finite)
+
+
+def _clause(schemas: list) -> list[list[dict]]:
+    """[the subschemas among `schemas`], or [] (no way) if one of them is False."""
+    if any(s is False for s in schemas):
+        return []
+    return [[s for s in schemas if isinstance(s, dict)]]
