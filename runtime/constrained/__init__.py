@@ -10,6 +10,8 @@ over xgrammar.
 
 Validation (`validate_constraint`, the limits) is pure Python + interegular; the rest needs
 torch and xgrammar and is imported on first use, so the HTTP process can validate cheaply.
+`check_once` is validate_constraint with a thread-safe cache of verdicts (a repeat costs a
+dict lookup); call it off the event loop: `await asyncio.to_thread(check_once, kind, spec)`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .limits import KINDS, GrammarLimits, validate_constraint
+from .limits import KINDS, GrammarLimits, check_once, validate_constraint
 from .regex_check import RegexLimits
 from .schema_check import SchemaLimits
 
@@ -44,6 +46,7 @@ __all__ = [
     "RegexLimits",
     "SchemaLimits",
     "build_tokenizer_info",
+    "check_once",
     "validate_constraint",
     "wait_any",
 ]

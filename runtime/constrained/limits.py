@@ -4,7 +4,12 @@ before it reaches the scheduler."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..errors import GrammarError
@@ -19,6 +24,7 @@ class GrammarLimits:
     regex: RegexLimits = field(default_factory=RegexLimits)
     schema: SchemaLimits = field(default_factory=SchemaLimits)
     max_ebnf_length: int = 64 * 1024
+    max_ebnf_rules: int = 1000  # rules defined (`name ::= ...`) in an EBNF grammar
     max_choices: int = 1024
     max_choices_chars: int = 64 * 1024  # all choices together
 
@@ -38,7 +44,7 @@ def validate_constraint(kind: str, spec: str, limits: GrammarLimits | None = Non
     elif kind == "json_object":
         return
     elif kind == "ebnf":
-        check_ebnf(spec, limits.max_ebnf_length)
+        check_ebnf(spec, limits.max_ebnf_length, limits.max_ebnf_rules)
     elif kind == "choices":
         parse_choices(spec, limits)
     elif kind == "structural_tag":
@@ -47,12 +53,77 @@ def validate_constraint(kind: str, spec: str, limits: GrammarLimits | None = Non
         raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
-def check_ebnf(spec: str, max_length: int) -> None:
+# Verdicts of check_once: (kind, sha256 of spec, limits) -> a Future of None or the error.
+VERDICT_CACHE_ENTRIES = 4096
+_verdicts: OrderedDict[tuple, Future] = OrderedDict()
+_verdicts_lock = threading.Lock()
+# Specs longer than this are checked uncached (the length limits refuse them at once).
+_MAX_CACHED_SPEC = 1024 * 1024
+
+
+def check_once(kind: str, spec: str, limits: GrammarLimits | None = None) -> None:
+    """validate_constraint, run once per distinct constraint in this process: verdicts (a
+    pass, or the GrammarError) are kept in a thread-safe LRU keyed by (kind, sha256 of
+    spec, limits), so a repeat costs a hash and a dict lookup, and concurrent checks of one
+    constraint share one run. Thread-safe; call it off the event loop, e.g.
+    `await asyncio.to_thread(check_once, kind, spec)` (a first check may take a few ms up to
+    a few tens of ms for a large schema). Raises a fresh GrammarError each time."""
+    limits = limits or GrammarLimits()
+    if not isinstance(spec, str) or len(spec) > _MAX_CACHED_SPEC:
+        validate_constraint(kind, spec, limits)
+        return
+    digest = hashlib.sha256(spec.encode("utf-8", "surrogatepass")).digest()
+    key = (kind, digest, limits)
+    with _verdicts_lock:
+        verdict = _verdicts.get(key)
+        owner = verdict is None
+        if owner:
+            verdict = _verdicts[key] = Future()
+            while len(_verdicts) > VERDICT_CACHE_ENTRIES:
+                _verdicts.popitem(last=False)
+        else:
+            _verdicts.move_to_end(key)
+    if not owner:
+        error = verdict.result()
+    else:
+        try:
+            validate_constraint(kind, spec, limits)
+            error = None
+        except GrammarError as exc:
+            error = exc
+        except BaseException as exc:  # a bug, not a verdict: not cached
+            with _verdicts_lock:
+                if _verdicts.get(key) is verdict:
+                    del _verdicts[key]
+            verdict.set_exception(exc)
+            raise
+        verdict.set_result(error)
+    if error is not None:
+        raise type(error)(error.message, param=error.param) from None
+
+
+def clear_verdicts() -> None:
+    """Forget check_once's verdicts (tests)."""
+    with _verdicts_lock:
+        _verdicts.clear()
+
+
+_EBNF_RULE = re.compile(r"^[ \t]*[A-Za-z_][A-Za-z0-9_.-]*[ \t]*::=", re.MULTILINE)
+
+
+def check_ebnf(spec: str, max_length: int, max_rules: int = 1000) -> None:
+    """Cheap checks (xgrammar parses the grammar when it compiles, and names any error)."""
     if not isinstance(spec, str) or not spec.strip():
         raise GrammarError("ebnf must be a non-empty grammar string", param="ebnf")
     if len(spec) > max_length:
         raise GrammarError(f"ebnf is {len(spec)} characters long; the limit is {max_length}",
                            param="ebnf")
+    if "::=" not in spec:
+        raise GrammarError("ebnf defines no rule (expected `root ::= ...`)", param="ebnf")
+    rules = len(_EBNF_RULE.findall(spec))
+    if rules > max_rules:
+        raise GrammarError(f"ebnf defines {rules} rules; the limit is {max_rules} "
+                           "(max_ebnf_rules)", param="ebnf")
 
 
 def parse_choices(spec: str, limits: GrammarLimits) -> list[str]:
