@@ -18,7 +18,7 @@ from .closing import BudgetCloser, make_encoder
 from .compile_cache import CompileCache, PendingGrammar
 from .completion import Alphabet, byte_alphabet
 from .grammar_build import compile_constraint
-from .limits import GrammarLimits, validate_constraint
+from .limits import GrammarLimits, check_once
 from .repeat_guard import RepeatGuard
 from .schema_rewrite import rewrite_spec
 from .state import GrammarState
@@ -36,14 +36,17 @@ class GrammarBackend:
     ----------
     tokenizer : a Hugging Face tokenizer.
     vocab_size : the model's logits width (may exceed len(tokenizer)); the bitmask width.
-    compile_timeout : seconds before a compile is abandoned (GrammarError).
-    max_threads : compile threads, and threads filling a batch's bitmask.
+    compile_timeout : seconds before a compile is abandoned (GrammarError); its thread is
+        handed off and replaced (compile_cache.py).
+    max_threads : xgrammar's threads, and threads filling a batch's bitmask.
+    compile_threads : threads compiling constraints at once (default: max_threads).
     stop_token_ids : tokens that end a constrained output (default: the tokenizer's EOS).
     limits : size limits against grammar bombs.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, *, compile_timeout: float = 10.0,
-                 max_threads: int = 2, stop_token_ids: list[int] | None = None,
+                 max_threads: int = 2, compile_threads: int | None = None,
+                 stop_token_ids: list[int] | None = None,
                  limits: GrammarLimits | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -57,7 +60,7 @@ class GrammarBackend:
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
                                              cache_enabled=False)
         self._cache = CompileCache(self._compile_key, timeout=compile_timeout,
-                                   max_workers=max_threads,
+                                   max_workers=compile_threads or max_threads,
                                    size_fn=lambda compiled: compiled.memory_size_bytes)
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads)
         self._fill_pool: ThreadPoolExecutor | None = None
@@ -68,12 +71,15 @@ class GrammarBackend:
     # ---- constraints ----
 
     def validate(self, kind: str, spec: str) -> None:
-        """Fast checks and limits; raise GrammarError (a 400) naming the problem."""
-        validate_constraint(kind, spec, self.limits)
+        """The checks and limits (once per distinct constraint in this process: check_once);
+        raise GrammarError (a 400) naming the problem."""
+        check_once(kind, spec, self.limits)
 
     def submit(self, kind: str, spec: str) -> PendingGrammar:
-        """Validate now, compile in the background (or hit the cache). Raises GrammarError for
-        an invalid spec; the PendingGrammar's result() raises it for compile errors/timeouts."""
+        """Validate, then compile, on a compile thread (or hit the cache): the caller's
+        thread (the scheduler's loop) runs neither. The PendingGrammar's result() raises
+        GrammarError for an invalid spec, a compile error or a timeout; submit itself raises
+        it (a 503) only when compiles past their deadline fill their cap."""
         return self._cache.submit((kind, spec), check=lambda: self.validate(kind, spec))
 
     def compile(self, kind: str, spec: str) -> CompiledGrammar:

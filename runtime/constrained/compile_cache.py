@@ -1,8 +1,14 @@
 """Compiled grammars cached by key, compiled on worker threads under a deadline.
 
 A hit costs no compile; concurrent requests for one key share one compile; errors are cached
-too, so a bad grammar sent again is rejected at once. xgrammar cannot cancel a compile: one
-that misses its deadline keeps its thread until it ends, and its key fails fast meanwhile.
+too, so a bad grammar sent again is rejected at once. A key's `check` (the constraint's
+validation) runs on the worker before its compile, never on the caller's thread.
+
+xgrammar cannot cancel a compile. One that misses its deadline keeps running, and its key
+fails fast meanwhile, but it stops counting against `max_workers`: its thread is handed off
+and a fresh one serves the queue, so slow compiles cannot starve the others. At most
+`max_abandoned` such threads run at once; while that many do, a key not seen before is
+refused at once with a GrammarError (status 503: retry later), and cached keys still hit.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 
 from ..errors import GrammarError
 
@@ -38,9 +45,7 @@ class PendingGrammar:
         try:
             return self._future.result(timeout=max(0.0, self._deadline - time.monotonic()))
         except FutureTimeout:
-            raise GrammarError(
-                f"grammar compilation took longer than {self._timeout:g}s; simplify the "
-                "constraint") from None
+            raise _timeout_error(self._timeout) from None
 
 
 def wait_any(pending: list[PendingGrammar], timeout: float) -> None:
@@ -53,42 +58,80 @@ def wait_any(pending: list[PendingGrammar], timeout: float) -> None:
     wait_futures([p._future for p in pending], timeout=timeout, return_when=FIRST_COMPLETED)
 
 
+def _timeout_error(timeout: float) -> GrammarError:
+    return GrammarError(f"grammar compilation took longer than {timeout:g}s; simplify the "
+                        "constraint")
+
+
+def busy_error(why: str) -> GrammarError:
+    """A refusal for now, not a verdict on the constraint: status 503, never cached."""
+    error = GrammarError(f"the server is busy compiling other grammars ({why}); retry later")
+    error.status_code = 503
+    return error
+
+
+@dataclass(eq=False)
+class _Worker:
+    abandoned: bool = False  # past a deadline: no longer counted, exits when its job ends
+
+
+@dataclass(eq=False)
+class _Job:
+    key: Hashable
+    check: Callable[[], None] | None
+    future: Future
+    deadline: float
+    worker: _Worker | None = None
+    started: float = field(default=0.0)
+
+
 class CompileCache:
     def __init__(self, compile_fn: Callable[[Hashable], object], *, timeout: float,
-                 max_workers: int = 2, max_entries: int = 512,
-                 max_bytes: int = 512 * 1024 * 1024,
+                 max_workers: int = 2, max_abandoned: int | None = None,
+                 max_entries: int = 512, max_bytes: int = 512 * 1024 * 1024,
                  size_fn: Callable[[object], int] = lambda value: 0):
         self._compile_fn = compile_fn
         self._size_fn = size_fn
         self.timeout = timeout
+        self.max_workers = max_workers
+        self.max_abandoned = 2 * max_workers if max_abandoned is None else max_abandoned
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._entries: OrderedDict[Hashable, tuple[Future, float]] = OrderedDict()
         self._sizes: dict[Hashable, int] = {}
-        self.num_compiles = 0  # compiles started (a cache hit adds none)
+        self._queue: deque[_Job] = deque()
+        self._running: set[_Job] = set()
+        self._workers = 0  # counted worker threads alive
+        self._spawned = 0
+        self.num_abandoned = 0  # threads still running a compile past its deadline
+        self._closed = False
+        self._watchdog: threading.Thread | None = None
+        self.num_compiles = 0  # compiles started, past their check (a cache hit adds none)
         self.num_hits = 0
 
     def submit(self, key: Hashable,
                check: Callable[[], None] | None = None) -> PendingGrammar:
-        """The compile for `key`, started unless cached. `check` runs before a new compile
-        only: a key is cached once it has passed it, so a hit costs neither."""
-        with self._lock:
-            hit = self._hit(key)
-        if hit is not None:
-            return hit
-        if check is not None:
-            check()
+        """The compile for `key`, started unless cached. `check` runs on the worker before a
+        new compile only (a GrammarError it raises is cached like a compile error): a hit
+        costs neither. Raises GrammarError (503) when abandoned compiles fill their cap."""
         with self._lock:
             hit = self._hit(key)
             if hit is not None:
                 return hit
-            future = self._executor.submit(self._run, key)
+            if self._closed:
+                raise busy_error("shutting down")
+            if self.num_abandoned >= self.max_abandoned:
+                raise busy_error(f"{self.num_abandoned} compiles are past their "
+                                 f"{self.timeout:g}s deadline")
+            future: Future = Future()
             deadline = time.monotonic() + self.timeout
             self._entries[key] = (future, deadline)
-            self.num_compiles += 1
+            self._queue.append(_Job(key, check, future, deadline))
             self._evict()
+            self._dispatch()
+            self._cond.notify_all()
         return PendingGrammar(key, future, deadline, self.timeout)
 
     def _hit(self, key: Hashable) -> PendingGrammar | None:
@@ -108,23 +151,119 @@ class CompileCache:
             self._sizes.clear()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+            queued, self._queue = list(self._queue), deque()
+            self._cond.notify_all()
+        for job in queued:
+            job.future.cancel()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _run(self, key: Hashable):
-        start = time.monotonic()
-        value = self._compile_fn(key)  # GrammarError propagates into the future, cached
-        elapsed = time.monotonic() - start
+    @property
+    def num_threads(self) -> int:
+        """Compile threads alive: counted workers plus abandoned ones."""
+        return self._workers + self.num_abandoned
+
+    # ---- threads (the lock held where noted) ----
+
+    def _dispatch(self) -> None:
+        """Start workers for the queue, up to max_workers counted ones (lock held)."""
+        busy = sum(1 for job in self._running if not job.worker.abandoned)
+        idle = self._workers - busy
+        want = min(len(self._queue) - idle, self.max_workers - self._workers)
+        for _ in range(max(0, want)):
+            self._workers += 1
+            self._spawned += 1
+            threading.Thread(target=self._work, args=(_Worker(),), daemon=True,
+                             name=f"grammar-compile-{self._spawned}").start()
+        if self._watchdog is None and self._queue:
+            self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                              name="grammar-compile-watchdog")
+            self._watchdog.start()
+
+    def _work(self, me: _Worker) -> None:
+        while True:
+            with self._lock:
+                if me.abandoned:
+                    self.num_abandoned -= 1
+                    self._cond.notify_all()  # the watchdog may hand off another
+                    return
+                if self._closed or not self._queue:
+                    self._workers -= 1
+                    return
+                job = self._queue.popleft()
+                job.worker, job.started = me, time.monotonic()
+                self._running.add(job)
+                self._cond.notify_all()  # the watchdog: a new deadline to watch
+            self._run(job)
+
+    def _run(self, job: _Job) -> None:
+        try:
+            if job.check is not None:
+                job.check()
+            with self._lock:
+                self.num_compiles += 1
+            value = self._compile_fn(job.key)  # GrammarError propagates into the future
+        except BaseException as exc:
+            with self._lock:
+                self._running.discard(job)
+                self._cond.notify_all()
+            job.future.set_exception(exc)
+            return
+        elapsed = time.monotonic() - job.started
         if elapsed > self.timeout:
             logger.warning("grammar compile finished after %.1fs, past its %.1fs deadline",
                            elapsed, self.timeout)
         with self._lock:
-            if key in self._entries:
-                self._sizes[key] = self._size_fn(value)
+            self._running.discard(job)
+            self._cond.notify_all()
+            entry = self._entries.get(job.key)
+            if entry is not None and entry[0] is job.future:
+                self._sizes[job.key] = self._size_fn(value)
                 self._evict()
-        return value
+        job.future.set_result(value)
+
+    def _watch(self) -> None:
+        """Hands off the threads of compiles past their deadline, and fails queued jobs past
+        theirs (their keys are forgotten, so a later request tries again)."""
+        with self._lock:
+            while not self._closed:
+                now = time.monotonic()
+                expired = []
+                for job in sorted(self._running, key=lambda j: j.deadline):
+                    if (job.deadline <= now and not job.worker.abandoned
+                            and self.num_abandoned < self.max_abandoned):
+                        job.worker.abandoned = True
+                        self._workers -= 1
+                        self.num_abandoned += 1
+                        logger.warning("grammar compile past its %.1fs deadline: its thread is "
+                                       "handed off (%d such)", self.timeout,
+                                       self.num_abandoned)
+                while self._queue and any(j.deadline <= now for j in self._queue):
+                    job = next(j for j in self._queue if j.deadline <= now)
+                    self._queue.remove(job)
+                    entry = self._entries.get(job.key)
+                    if entry is not None and entry[0] is job.future:
+                        del self._entries[job.key]
+                    expired.append(job)
+                self._dispatch()
+                # (a compile past its deadline that the cap keeps counted waits for a notify)
+                deadlines = [j.deadline for j in self._queue] + [
+                    j.deadline for j in self._running
+                    if not j.worker.abandoned and j.deadline > now]
+                if expired:
+                    self._lock.release()
+                    try:
+                        for job in expired:
+                            job.future.set_exception(busy_error(
+                                f"no compile thread was free within {self.timeout:g}s"))
+                    finally:
+                        self._lock.acquire()
+                    continue
+                self._cond.wait(None if not deadlines else max(0.0, min(deadlines) - now)
+                                + 0.001)
 
     def _evict(self) -> None:
         """Drop least recently used finished entries beyond the count or byte budget."""

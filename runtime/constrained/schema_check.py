@@ -685,27 +685,26 @@ class _Overlap:
                     by_value.setdefault(key, []).append(i)
             else:
                 untagged.append(i)
-        best = None
         seen: set = set()
 
-        def compare(a: int, b: int) -> None:
-            nonlocal best
+        def overlap(a: int, b: int) -> bool:
             a, b = min(a, b), max(a, b)
             if a == b or (a, b) in seen or (second is not None and side[a] == side[b]):
-                return
+                return False
             seen.add((a, b))
             self.charge(1)
-            if not self._tags_disjoint(shapes[a], shapes[b]):
-                best = _least(best, (a, b))
+            return not self._tags_disjoint(shapes[a], shapes[b])
 
         for a in untagged:
             for b in members:
-                compare(a, b)
+                if overlap(a, b):
+                    return a, b
         for group in by_value.values():
             for n, a in enumerate(group):
                 for b in group[n + 1:]:
-                    compare(a, b)
-        return best
+                    if overlap(a, b):
+                        return a, b
+        return None
 
     def _tags_disjoint(self, a: _Shape, b: _Shape) -> bool:
         if not (a.tags and b.tags):

@@ -87,11 +87,12 @@ class SchedulerGrammar:
 
     def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int],
                  compile_timeout: float, jump_forward: bool, budget_safe: bool = True,
-                 context_len: int | None = None):
+                 context_len: int | None = None, compile_threads: int = 2):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.compile_timeout = compile_timeout
+        self.compile_threads = compile_threads  # --grammar-compile-threads
         self.jump_forward = jump_forward
         self.budget_safe = budget_safe  # the server's switch; requests have their own
         self.context_len = context_len
@@ -115,7 +116,7 @@ class SchedulerGrammar:
         try:
             self._backend.set_result(GrammarBackend(
                 self.tokenizer, self.vocab_size, compile_timeout=self.compile_timeout,
-                stop_token_ids=self.stop_token_ids))
+                compile_threads=self.compile_threads, stop_token_ids=self.stop_token_ids))
         except BaseException as exc:  # raised where the backend is asked for
             self._backend.set_exception(exc)
 
@@ -130,7 +131,8 @@ class SchedulerGrammar:
     # ---- compiling ----
 
     def submit(self, req: Req) -> Finish | None:
-        """Start compiling the request's constraint; an abort (400) if it is invalid."""
+        """Start compiling the request's constraint (its check runs on the compile thread,
+        not here); an abort (503) if compiles past their deadline fill their cap."""
         try:
             req.pending_grammar = self.backend.submit(*req.sampling.constraint)
         except GrammarError as exc:
