@@ -221,7 +221,10 @@ class CompileCache:
             self._cond.notify_all()
             entry = self._entries.get(job.key)
             if entry is not None and entry[0] is job.future:
-                self._sizes[job.key] = self._size_fn(value)
+                try:
+                    self._sizes[job.key] = self._size_fn(value)
+                except Exception:  # the future must still be set, and the thread go on
+                    logger.exception("grammar size unknown; counting it as 0 bytes")
                 self._evict()
         job.future.set_result(value)
 
