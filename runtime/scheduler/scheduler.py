@@ -84,6 +84,7 @@ class Scheduler:
         self.grammars = SchedulerGrammar(
             self.tokenizer, self.runner.vocab_size, stop_token_ids=sorted(self.eos_ids),
             compile_timeout=args.grammar_compile_timeout,
+            compile_threads=args.grammar_compile_threads,
             jump_forward=not args.disable_jump_forward,
             budget_safe=not args.disable_budget_safe_close, context_len=self.runner.context_len)
         self.reasoning = SchedulerReasoning(
