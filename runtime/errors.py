@@ -68,3 +68,22 @@ class InvariantBroken(RadixflowError, Fatal, RuntimeError):
     caused it and none can be trusted after it, so the scheduler process stops with this
     message and a non-zero exit (scheduler/process.py). Raised explicitly, never an `assert`
     (which `python -O` strips)."""
+
+
+class ServerBusy(RadixflowError):
+    """The server is full (a limit such as --max-queued-requests or --max-connections): a 503
+    whose response carries `Retry-After: <retry_after>` seconds. Nothing is wrong with the
+    request; the same one can be sent again later."""
+
+    status_code = 503
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class StreamBufferFull(ServerUnavailable):
+    """A request's output waiting for its (slow) client passed --max-stream-buffer-bytes, so
+    the request was aborted. A ServerUnavailable so that a stream already under way ends with
+    an error event, as it does when the server fails."""

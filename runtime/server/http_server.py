@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import ContextTooLong, RadixflowError
 from ..server_args import ServerArgs
 from . import native_routes, openai_api, tokenize_routes
+from .door import DoorMiddleware
 from .metrics import Metrics
 from .responses import error_response, validation_error
 from .scheduler_client import SchedulerClient
@@ -41,6 +42,10 @@ def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | Non
                                    tool_parser=_tool_parser(args, client))
     for exc_type, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
+    client.max_queued_requests = args.max_queued_requests
+    client.max_stream_buffer_bytes = args.max_stream_buffer_bytes
+    # The last added runs first: the API key is checked before the body is looked at.
+    app.add_middleware(DoorMiddleware, max_request_bytes=args.max_request_bytes)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
     app.include_router(openai_api.router)
@@ -83,10 +88,13 @@ class ApiKeyMiddleware:
 
 async def _radixflow_error(request: Request, exc: RadixflowError) -> Response:
     status = exc.status_code
-    if status >= 500:
+    retry_after = getattr(exc, "retry_after", None)
+    if status >= 500 and retry_after is None:  # a full server is no failure
         logger.error("%s %s failed: %s", request.method, request.url.path, exc)
     code = "context_length_exceeded" if isinstance(exc, ContextTooLong) else None
-    return error_response(status, str(exc), param=getattr(exc, "param", None), code=code)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return error_response(status, str(exc), param=getattr(exc, "param", None), code=code,
+                          headers=headers)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:

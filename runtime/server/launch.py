@@ -306,9 +306,15 @@ class _HttpProcess:
         processes = {"http": os.getpid(),
                      **{name: proc.pid for name, proc in self.children.procs.items()}}
         app = create_app(args, client, metrics, served_model_name=self.served, processes=processes)
+        from .door import door_protocol
+
+        # The door protocol: --http-header-timeout (slowloris) and --max-connections (a 503
+        # with Retry-After; uvicorn's own limit_concurrency sends a bare one).
+        protocol = door_protocol(header_timeout=args.http_header_timeout,
+                                 max_connections=args.max_connections)
         server = uvicorn.Server(uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-            timeout_graceful_shutdown=3, timeout_keep_alive=30))
+            timeout_graceful_shutdown=3, timeout_keep_alive=30, http=protocol))
         watcher = asyncio.create_task(self._watch(server, client))
         try:
             await server.serve()

@@ -26,8 +26,10 @@ def error_body(status: int, message: str, *, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, **kw: Any) -> OrjsonResponse:
-    return OrjsonResponse(error_body(status, message, **kw), status_code=status)
+def error_response(status: int, message: str, *, headers: dict[str, str] | None = None,
+                   **kw: Any) -> OrjsonResponse:
+    return OrjsonResponse(error_body(status, message, **kw), status_code=status,
+                          headers=headers)
 
 
 def validation_error(errors: list[dict]) -> InvalidRequest:

@@ -17,7 +17,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from ..errors import InvalidRequest, ServerUnavailable
+from ..errors import (
+    InvalidRequest,
+    RadixflowError,
+    ServerBusy,
+    ServerUnavailable,
+    StreamBufferFull,
+)
 from ..ipc import AsyncPullSocket, PushSocket, send_to_each
 from ..messages import (
     AbortReq,
@@ -30,6 +36,7 @@ from ..messages import (
     ProcessFailed,
     ReqTextOut,
     SchedulerStats,
+    SessionsClosed,
     TextBatchOut,
 )
 from ..reasoning import ReasoningParser
@@ -57,44 +64,90 @@ class _ReqState:
     first_token_time: float | None = None
 
 
+def _merge(into: ReqTextOut, out: ReqTextOut) -> None:
+    """Fold `out`, the next output of the same request, into `into` (not yet taken): text and
+    counts are the newer ones, the deltas (token ids, their logprobs) are joined."""
+    old, new = into.token, out.token
+    old.new_ids.extend(new.new_ids)
+    for name in ("output_logprobs", "output_top_logprobs"):
+        a, b = getattr(old, name), getattr(new, name)
+        if b is not None:
+            setattr(old, name, b if a is None else a + b)
+    for name in ("input_logprobs", "input_ids", "input_top_logprobs"):
+        if getattr(old, name) is None and getattr(new, name) is not None:
+            setattr(old, name, getattr(new, name))
+    old.prompt_tokens, old.cached_tokens = new.prompt_tokens, new.cached_tokens
+    old.completion_tokens, old.finish = new.completion_tokens, new.finish
+    into.text = out.text
+
+
 class RequestGroup:
-    """Requests answered together (a batch, or n samples); their outputs share one queue.
+    """Requests answered together (a batch, or n samples); their outputs wait in one place.
 
     Use as `async with client.submit(reqs) as group:`; leaving the block aborts whatever has
     not finished (client gone, error), so the scheduler frees its KV at once.
+
+    Outputs a consumer has not taken yet are coalesced, one per request (cumulative text, the
+    token deltas joined), so a slow client costs one item per request, not one per step; the
+    text it has waiting is bounded by the client's `max_stream_buffer_bytes` (SchedulerClient
+    aborts the request past it).
     """
 
     def __init__(self, client: SchedulerClient, reqs: list[GenerateReq]):
         self.client = client
         self.reqs = reqs
-        self.queue: asyncio.Queue[tuple[int, ReqTextOut] | None] = asyncio.Queue()
         self.unfinished = {r.rid for r in reqs}
-        self._held: list[tuple[int, ReqTextOut] | None] = []
+        self._pending: dict[int, ReqTextOut] = {}  # index in reqs -> its outputs not taken
+        self._taken_chars: dict[int, int] = {}  # index -> length of the text last taken
+        self._error: RadixflowError | None = None
+        self._wakeup = asyncio.Event()
+        self._held: list[tuple[int, ReqTextOut]] = []
 
     @property
     def done(self) -> bool:
         return not self.unfinished
 
-    async def _take(self) -> list[tuple[int, ReqTextOut] | None]:
-        items, self._held = self._held or [await self.queue.get()], []
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
-        if any(item is None for item in items):
-            raise ServerUnavailable(self.client.failure or "the server is shutting down")
+    def put(self, index: int, out: ReqTextOut) -> int:
+        """Add an output of reqs[index]; the characters of its text now waiting."""
+        pending = self._pending.get(index)
+        if pending is None:
+            self._pending[index] = out
+        else:
+            _merge(pending, out)
+        self._wakeup.set()
+        return len(out.text) - self._taken_chars.get(index, 0)
+
+    def fail(self, error: RadixflowError) -> None:
+        """The next take raises `error` (outputs not yet taken are dropped)."""
+        if self._error is None:
+            self._error = error
+        self._wakeup.set()
+
+    async def _take(self) -> list[tuple[int, ReqTextOut]]:
+        while not self._held and not self._pending and self._error is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self._error is not None:
+            raise self._error
+        items, self._held = self._held, []
+        for index, out in self._pending.items():
+            self._taken_chars[index] = len(out.text)
+            items.append((index, out))
+        self._pending = {}
         return items
 
     async def peek(self) -> list[tuple[int, ReqTextOut]]:
         """Wait for the first outputs without consuming them: `next` returns them again."""
         self._held = await self._take()
-        return self._held  # type: ignore[return-value]
+        return self._held
 
     async def next(self) -> list[tuple[int, ReqTextOut]]:
         """Every output that has arrived (at least one), as (index in reqs, output)."""
         items = await self._take()
-        for _, out in items:  # type: ignore[misc]
+        for _, out in items:
             if out.token.finish is not None:
                 self.unfinished.discard(out.token.rid)
-        return items  # type: ignore[return-value]
+        return items
 
     async def __aenter__(self) -> RequestGroup:
         return self
@@ -133,6 +186,10 @@ class SchedulerClient:
         self.session_replica: dict[str, int] = {}  # the replica each open session lives on
         self.detok_sock = PushSocket(self.send_ctx, detokenizer_addr, unbounded=True)
         self.states: dict[str, _ReqState] = {}
+        # Set from ServerArgs by create_app: requests waiting or running at most (past it a
+        # 503 with Retry-After), and text a request may have waiting for its client.
+        self.max_queued_requests: int = 4096
+        self.max_stream_buffer_bytes: int = 4 * 1024 * 1024
         self.stats_time: float | None = None
         self.failure: str | None = None
         self._flush_waiters: list[asyncio.Future[bool]] = []
@@ -158,8 +215,9 @@ class SchedulerClient:
         """Mark the pipeline dead: every waiting request ends with ServerUnavailable."""
         if self.failure is None:
             self.failure = message
+        error = ServerUnavailable(self.failure)
         for state in self.states.values():
-            state.group.queue.put_nowait(None)
+            state.group.fail(error)
         self.states.clear()
         for fut in [*self._flush_waiters, *self._session_waiters.values()]:
             if not fut.done():
@@ -185,6 +243,11 @@ class SchedulerClient:
             if req.rid in self.states:
                 raise InvalidRequest(f"a request with rid {req.rid!r} is already running",
                                      param="rid")
+        if len(self.states) + len(reqs) > self.max_queued_requests:
+            raise ServerBusy(
+                f"the server is full: {len(self.states)} requests are waiting or running, "
+                f"its limit is {self.max_queued_requests} (--max-queued-requests); retry later",
+                retry_after=1)
         group = RequestGroup(self, reqs)
         for i, req in enumerate(reqs):
             replica = self._replica_for(req)
@@ -266,7 +329,8 @@ class SchedulerClient:
         order)."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        self.sched_socks[self.session_replica.pop(msg.session_id, 0)].send(msg)
+        replica = self.session_replica.pop(msg.session_id, 0)
+        self.sched_socks[replica].send(msg)
 
     # -- receive loop ----------------------------------------------------------------------
 
@@ -291,6 +355,10 @@ class SchedulerClient:
                 fut = self._session_waiters.get(msg.session_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+            elif isinstance(msg, SessionsClosed):  # reaped by their timeout
+                for sid in msg.session_ids:
+                    if self.session_replica.get(sid) == msg.dp_rank:
+                        del self.session_replica[sid]
             elif isinstance(msg, ProcessFailed):
                 logger.error("the %s process failed: %s", msg.process, msg.message)
                 self.fail(f"the {msg.process} process failed: {msg.message}")
@@ -312,4 +380,13 @@ class SchedulerClient:
                 if self.metrics is not None:
                     self.metrics.request_finished(state.created, state.first_token_time, now,
                                                   out.token.completion_tokens)
-            state.group.queue.put_nowait((state.index, out))
+            waiting = state.group.put(state.index, out)
+            if out.token.finish is None and waiting > self.max_stream_buffer_bytes:
+                # The client reads slower than the model writes: stop, free the KV.
+                logger.warning("request %s aborted: %d characters of output wait for its client "
+                               "(--max-stream-buffer-bytes %d)", rid, waiting,
+                               self.max_stream_buffer_bytes)
+                self.abort(rid)
+                state.group.fail(StreamBufferFull(
+                    f"the request was aborted: more than {self.max_stream_buffer_bytes} bytes of "
+                    "its output waited for the client to read them (--max-stream-buffer-bytes)"))
