@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .constrained import validate_constraint
+from .constrained import check_once
 from .detokenize import decode_token_texts
 from .errors import ContextTooLong, InvalidRequest, rejection
 from .messages import CloseSessionReq, GenerateReq, OpenSessionReq, ReqTextOut, SessionParams
@@ -96,9 +96,10 @@ def fit_to_context(
 def check_constraint(sampling: SamplingParams) -> None:
     """Raise GrammarError (a 400) for an invalid or too big regex / JSON Schema / EBNF /
     choices / structural tag, before the request reaches the scheduler. (Compile errors that
-    only xgrammar finds come back as an abort with status_code 400.)"""
+    only xgrammar finds come back as an abort with status_code 400.) Verdicts are cached
+    (check_once): a repeated constraint costs a lookup. Thread-safe; call it off the loop."""
     if sampling.constraint is not None:
-        validate_constraint(*sampling.constraint)
+        check_once(*sampling.constraint)
 
 
 # SGLang /generate fields radixflow does not implement: a body that sets one is refused (400
@@ -126,8 +127,9 @@ def _opt_bool(body: dict, key: str) -> bool:
     return value
 
 
-def _prompts(body: dict, tokenizer: Any, vocab_size: int) -> tuple[list[list[int]], bool]:
-    """(token ids per prompt, whether the body was a batch)."""
+def _prompt_sources(body: dict, vocab_size: int) -> tuple[list[str] | list[list[int]], bool, str]:
+    """The body's prompts, checked but not tokenized yet: (texts or token id lists, whether
+    the body was a batch, the field they came in)."""
     text, input_ids = body.get("text"), body.get("input_ids")
     if body.get("input_embeds") is not None or body.get("image_data") is not None:
         raise InvalidRequest("only text and input_ids prompts are supported",
@@ -137,35 +139,51 @@ def _prompts(body: dict, tokenizer: Any, vocab_size: int) -> tuple[list[list[int
         raise InvalidRequest("exactly one of 'text' and 'input_ids' must be given", param="text")
     if text is not None:
         if isinstance(text, str):
-            texts, is_batch = [text], False
-        elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            texts, is_batch = text, True
-        else:
-            raise InvalidRequest("text must be a string or a non-empty list of strings",
-                                 param="text")
-        prompts = [tokenize_prompt(tokenizer, t) for t in texts]
-        param = "text"
+            return [text], False, "text"
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return list(text), True, "text"
+        raise InvalidRequest("text must be a string or a non-empty list of strings",
+                             param="text")
+    if isinstance(input_ids, list) and input_ids and all(_is_int(t) for t in input_ids):
+        prompts, is_batch = [list(input_ids)], False
+    elif (isinstance(input_ids, list) and input_ids
+          and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in input_ids)):
+        prompts, is_batch = [list(p) for p in input_ids], True
     else:
-        if isinstance(input_ids, list) and input_ids and all(_is_int(t) for t in input_ids):
-            prompts, is_batch = [list(input_ids)], False
-        elif (isinstance(input_ids, list) and input_ids
-              and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in input_ids)):
-            prompts, is_batch = [list(p) for p in input_ids], True
-        else:
-            raise InvalidRequest(
-                "input_ids must be a non-empty list of ints or a list of such lists",
-                param="input_ids")
-        for p in prompts:
-            bad = next((t for t in p if not 0 <= t < vocab_size), None)
-            if bad is not None:
-                raise InvalidRequest(f"input_ids holds token id {bad}, outside the vocabulary "
-                                     f"[0, {vocab_size})", param="input_ids")
-        param = "input_ids"
+        raise InvalidRequest(
+            "input_ids must be a non-empty list of ints or a list of such lists",
+            param="input_ids")
+    for p in prompts:
+        bad = next((t for t in p if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"input_ids holds token id {bad}, outside the vocabulary "
+                                 f"[0, {vocab_size})", param="input_ids")
+    return prompts, is_batch, "input_ids"
+
+
+def _tokenize_sources(sources: list[str] | list[list[int]], is_batch: bool, param: str,
+                      tokenizer: Any) -> list[list[int]]:
+    prompts = [tokenize_prompt(tokenizer, s) if isinstance(s, str) else s for s in sources]
     for i, p in enumerate(prompts):
         if not p:
             where = f"prompt {i}" if is_batch else "the prompt"
             raise InvalidRequest(f"{where} is empty (it has no tokens)", param=param)
-    return prompts, is_batch
+    return prompts
+
+
+def check_prompt_count(num_prompts: int, n: int | list[int], max_prompts: int | None, *,
+                       param: str) -> None:
+    """A 400 when one call asks for more generations (prompts x n) than
+    --max-prompts-per-request allows. `n`: one n for every prompt, or each prompt's n."""
+    if max_prompts is None:
+        return
+    total = sum(n) if isinstance(n, list) else num_prompts * n
+    if total <= max_prompts:
+        return
+    what = (f"{num_prompts} prompts" if isinstance(n, list) or n == 1
+            else f"{num_prompts} prompt(s) x n={n}")
+    raise InvalidRequest(f"this request asks for {total} generations ({what}); the limit is "
+                         f"{max_prompts} (--max-prompts-per-request)", param=param)
 
 
 def _sampling_list(body: dict, num_prompts: int) -> list[SamplingParams]:
@@ -277,20 +295,27 @@ def parse_close_session(body: Any) -> CloseSessionReq:
 
 def parse_generate(
     body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None,
-    reasoning: ReasoningParser | None = None,
+    reasoning: ReasoningParser | None = None, max_prompts: int | None = None,
 ) -> ParsedGenerate:
     """Validate a /generate body and build its GenerateReqs.
 
     Raises InvalidRequest (or ContextTooLong) naming the offending field. Unknown top-level
     keys are ignored, as SGLang's frontend requires; unknown sampling keys are errors.
+    `max_prompts` (--max-prompts-per-request): the most requests (prompts x n) one body may
+    make. Tokenizes and checks constraints, which may take a while on a large body: servers
+    call it off the event loop.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     if vocab_size is None:
         vocab_size = len(tokenizer)
     _refuse_unsupported(body)
-    prompts, is_batch = _prompts(body, tokenizer, vocab_size)
-    samplings = _sampling_list(body, len(prompts))
+    sources, is_batch, param = _prompt_sources(body, vocab_size)
+    # Counted before any tokenizing: a batch past the cap costs no work.
+    check_prompt_count(len(sources), 1, max_prompts, param=param)
+    samplings = _sampling_list(body, len(sources))
+    check_prompt_count(len(sources), [s.n for s in samplings], max_prompts, param=param)
+    prompts = _tokenize_sources(sources, is_batch, param, tokenizer)
     for sampling in samplings:
         sampling.check_vocab(vocab_size)
         check_constraint(sampling)

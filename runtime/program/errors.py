@@ -52,6 +52,12 @@ class ProgramError(RadixflowError, RuntimeError):
         self.index = index
 
 
+class ProgramCancelled(RadixflowError, RuntimeError):
+    """The run was stopped (its client hung up): no generation starts after it."""
+
+    status_code = 499
+
+
 class BranchError(ProgramError):
     """One branch of `s.fork(n)` failed; the other branches went on."""
 

@@ -28,13 +28,16 @@ _GEN_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_
 _TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
-def execute_program(program: dict, generate: Generate) -> dict:
+def execute_program(program: dict, generate: Generate, *,
+                    max_select_choices: int | None = None) -> dict:
     """Server side of POST /program: run `program` with `generate` (a native /generate call).
 
     Returns the response dict (wire.py), JSON-serialisable. Raises InvalidRequest if `program`
-    is malformed; errors while running are reported in "error".
+    is malformed (a select with more than `max_select_choices` choices, too); errors while
+    running are reported in "error". A `generate` that raises (ProgramCancelled: the client
+    hung up) ends the run: no node after it starts.
     """
-    validate_program(program)
+    validate_program(program, max_select_choices=max_select_choices)
     return ProgramExecutor(generate).run(program)
 
 

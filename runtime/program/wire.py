@@ -50,18 +50,20 @@ MAX_BRANCHES = 64
 MAX_DEPTH = 8
 
 
-def validate_program(program: Any) -> None:
-    """Raise InvalidRequest naming the first thing wrong with a /program body."""
+def validate_program(program: Any, *, max_select_choices: int | None = None) -> None:
+    """Raise InvalidRequest naming the first thing wrong with a /program body.
+    `max_select_choices` (the server's --max-select-choices): the most choices of one select."""
     if not isinstance(program, dict):
         raise InvalidRequest("a program must be a JSON object with 'nodes'")
     if not isinstance(program.get("text", ""), str):
         raise InvalidRequest("program 'text' must be a string", param="text")
-    count = _validate_nodes(program.get("nodes"), "nodes", depth=0)
+    count = _validate_nodes(program.get("nodes"), "nodes", depth=0,
+                            max_choices=max_select_choices)
     if count > MAX_NODES:
         raise InvalidRequest(f"a program may hold at most {MAX_NODES} nodes, got {count}")
 
 
-def _validate_nodes(nodes: Any, where: str, *, depth: int) -> int:
+def _validate_nodes(nodes: Any, where: str, *, depth: int, max_choices: int | None) -> int:
     """The number of nodes in `nodes` (branches included), checked."""
     if not isinstance(nodes, list):
         raise InvalidRequest(f"{where} must be a list of nodes", param=where)
@@ -72,12 +74,14 @@ def _validate_nodes(nodes: Any, where: str, *, depth: int) -> int:
         at = f"{where}[{i}]"
         if not isinstance(node, dict) or node.get("type") not in NODE_TYPES:
             raise InvalidRequest(f"{at} must be an object with 'type' in {NODE_TYPES}", param=at)
-        count += 1 + _validate_node(node, at, depth=depth, seen_fork=seen_fork)
+        count += 1 + _validate_node(node, at, depth=depth, seen_fork=seen_fork,
+                                    max_choices=max_choices)
         seen_fork = seen_fork or node["type"] == "fork"
     return count
 
 
-def _validate_node(node: dict, at: str, *, depth: int, seen_fork: bool) -> int:
+def _validate_node(node: dict, at: str, *, depth: int, seen_fork: bool,
+                   max_choices: int | None) -> int:
     """Check one node; the number of nodes in its branches."""
     def invalid(what: str) -> InvalidRequest:
         return InvalidRequest(f"{at} {what}", param=at)
@@ -102,13 +106,17 @@ def _validate_node(node: dict, at: str, *, depth: int, seen_fork: bool) -> int:
                 if (not isinstance(choices, list) or not choices
                         or not all(isinstance(c, str) and c for c in choices)):
                     raise invalid("'choices' must be a non-empty list of non-empty strings")
+                if max_choices is not None and len(choices) > max_choices:
+                    raise invalid(f"has {len(choices)} choices; the limit is {max_choices} "
+                                  f"(--max-select-choices)")
                 if node.get("method", "token_length_normalized") not in SELECT_METHODS:
                     raise invalid(f"'method' must be one of {SELECT_METHODS}")
         case "fork":
             branches = node.get("branches")
             if not isinstance(branches, list) or not 1 <= len(branches) <= MAX_BRANCHES:
                 raise invalid(f"'branches' must be a list of 1..{MAX_BRANCHES} node lists")
-            return sum(_validate_nodes(branch, f"{at}.branches[{b}]", depth=depth + 1)
+            return sum(_validate_nodes(branch, f"{at}.branches[{b}]", depth=depth + 1,
+                                       max_choices=max_choices)
                        for b, branch in enumerate(branches))
         case "join":
             if node.get("mode", "gather") not in JOIN_MODES:

@@ -4,7 +4,10 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +16,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable
 from ..native_api import (
+    ParsedGenerate,
     ResponseBuilder,
     describe_model,
     parse_close_session,
@@ -21,9 +25,10 @@ from ..native_api import (
     raise_if_rejected,
 )
 from ..program import execute_program
+from ..program.errors import ProgramCancelled
 from .data_parallel import replica_info
 from .metrics import CONTENT_TYPE
-from .respond import collect, respond
+from .respond import CLIENT_CLOSED, ClientGone, collect, respond, until_disconnect
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
 from .scheduler_client import RequestGroup, SchedulerClient
 from .state import ServerState, read_json, server_state
@@ -35,9 +40,15 @@ router = APIRouter()
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    client = server_state(request).client
-    parsed = parse_generate(await read_json(request), client.tokenizer, client.context_length,
-                            vocab_size=client.vocab_size, reasoning=client.reasoning)
+    state = server_state(request)
+    client = state.client
+    body = await read_json(request)
+    # Off the event loop: tokenizing a long prompt or checking a large schema takes a while,
+    # and the streams of other requests keep flowing meanwhile.
+    parsed = await asyncio.to_thread(
+        parse_generate, body, client.tokenizer, client.context_length,
+        vocab_size=client.vocab_size, reasoning=client.reasoning,
+        max_prompts=state.args.max_prompts_per_request)
     group = client.submit(parsed.reqs)
     builders = parsed.builders(client.tokenizer)
     return await respond(
@@ -63,16 +74,74 @@ async def native_stream(group: RequestGroup, builders: list[ResponseBuilder]
 
 
 async def generate_json(client: SchedulerClient, body: Any) -> Any:
-    """/generate for in-process callers (the /program executor): the response object."""
+    """/generate for in-process callers (/health_generate): the response object."""
+    return await run_parsed(client, _parse_json_body(client, body))
+
+
+def _parse_json_body(client: SchedulerClient, body: Any,
+                     max_prompts: int | None = None) -> ParsedGenerate:
     if isinstance(body, dict):
         body = {**body, "stream": False}
-    parsed = parse_generate(body, client.tokenizer, client.context_length,
-                            vocab_size=client.vocab_size, reasoning=client.reasoning)
+    return parse_generate(body, client.tokenizer, client.context_length,
+                          vocab_size=client.vocab_size, reasoning=client.reasoning,
+                          max_prompts=max_prompts)
+
+
+async def run_parsed(client: SchedulerClient, parsed: ParsedGenerate) -> Any:
+    """Submit `parsed`, wait for all of it: the response object. Cancelled: its requests are
+    aborted in the scheduler."""
     builders = parsed.builders(client.tokenizer)
     async with client.submit(parsed.reqs) as group:
         await collect(group, builders)
     raise_if_rejected(builders)
     return parsed.response([b.result() for b in builders])
+
+
+class ProgramRun:
+    """The /generate calls of one program, made from its thread (and its forks' threads).
+
+    `cancel()` (the client hung up) aborts the generations in flight and makes every later
+    call raise ProgramCancelled, so the program's thread comes back to the pool at once.
+    """
+
+    def __init__(self, state: ServerState, loop: asyncio.AbstractEventLoop):
+        self.client = state.client
+        self.loop = loop
+        # A select scores its choices in one batch: up to --max-select-choices prompts.
+        self.max_prompts = max(state.args.max_prompts_per_request,
+                               state.args.max_select_choices)
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._in_flight: set[concurrent.futures.Future] = set()
+
+    def generate(self, gen_body: dict) -> Any:
+        """One native /generate call (on a program thread: parsing happens here)."""
+        self._check()
+        parsed = _parse_json_body(self.client, gen_body, self.max_prompts)
+        self._check()
+        future = asyncio.run_coroutine_threadsafe(run_parsed(self.client, parsed), self.loop)
+        with self._lock:
+            self._in_flight.add(future)
+        if self.cancelled.is_set():
+            future.cancel()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise ProgramCancelled("the program was stopped: its client hung up") from None
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
+
+    def _check(self) -> None:
+        if self.cancelled.is_set():
+            raise ProgramCancelled("the program was stopped: its client hung up")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        with self._lock:
+            in_flight = list(self._in_flight)
+        for future in in_flight:
+            future.cancel()  # its task is cancelled on the loop: its requests are aborted
 
 
 @router.post("/program")
@@ -81,13 +150,20 @@ async def program(request: Request) -> Response:
     if not isinstance(body, dict):
         raise InvalidRequest("the program must be a JSON object")
     state = server_state(request)
-    loop = asyncio.get_running_loop()
-
-    def generate_sync(gen_body: dict) -> dict:
-        work = generate_json(state.client, gen_body)
-        return asyncio.run_coroutine_threadsafe(work, loop).result()
-
-    result = await loop.run_in_executor(state.program_pool, execute_program, body, generate_sync)
+    run = ProgramRun(state, asyncio.get_running_loop())
+    work = asyncio.get_running_loop().run_in_executor(
+        state.program_pool, functools.partial(
+            execute_program, body, run.generate,
+            max_select_choices=state.args.max_select_choices))
+    try:
+        result = await until_disconnect(work, request)
+    except ClientGone:
+        # Its generation in flight is aborted, no later one starts: the thread comes back.
+        run.cancel()
+        return Response(status_code=CLIENT_CLOSED)
+    except BaseException:
+        run.cancel()
+        raise
     return OrjsonResponse(result)
 
 

@@ -6,6 +6,7 @@ Each handler reads its body (openai_requests), submits the GenerateReqs and answ
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +14,7 @@ from starlette.responses import Response
 
 from ..native_api import ResponseBuilder
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
-from .openai_requests import Job, chat_job, completion_job, validate_body
+from .openai_requests import BuildLimits, Job, chat_job, completion_job, validate_body
 from .openai_responses import ChatFormat, CompletionFormat, openai_stream
 from .openai_tools import plan_tools
 from .respond import respond
@@ -35,8 +36,15 @@ async def models(request: Request) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     state = server_state(request)
-    body: CompletionRequest = await _read_body(request, state, CompletionRequest)
-    job = completion_job(state.client, body)
+    raw = await read_json(request)
+
+    def build() -> tuple[CompletionRequest, Job]:
+        body = _validate(raw, state, CompletionRequest)
+        return body, completion_job(state.client, body, BuildLimits.of(state.args))
+
+    # Off the event loop: tokenizing a long prompt or checking a large schema takes a while,
+    # and the streams of other requests keep flowing meanwhile.
+    body, job = await asyncio.to_thread(build)
     fmt = CompletionFormat(job, state.served_model_name, body)
     return await _answer(request, state, job, fmt, token_texts=body.logprobs is not None)
 
@@ -44,16 +52,22 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = server_state(request)
-    body: ChatCompletionRequest = await _read_body(request, state, ChatCompletionRequest)
-    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_parser)
-    job = chat_job(state.client, body, tools, state.tool_parser)
+    raw = await read_json(request)
+
+    def build() -> tuple[ChatCompletionRequest, Any, Job]:
+        body = _validate(raw, state, ChatCompletionRequest)
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
+                           state.tool_parser)
+        job = chat_job(state.client, body, tools, state.tool_parser, BuildLimits.of(state.args))
+        return body, tools, job
+
+    body, tools, job = await asyncio.to_thread(build)  # renders, tokenizes: off the loop
     fmt = ChatFormat(job, state.served_model_name, body, tools)
     return await _answer(request, state, job, fmt, token_texts=bool(body.logprobs))
 
 
-async def _read_body(request: Request, state: ServerState, model: type) -> Any:
-    return validate_body(await read_json(request), model,
-                         served_model_name=state.served_model_name,
+def _validate(raw: Any, state: ServerState, model: type) -> Any:
+    return validate_body(raw, model, served_model_name=state.served_model_name,
                          model_names=state.model_names)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,9 +11,16 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
-from ..native_api import check_constraint, fit_to_context, new_rid, tokenize_prompt
+from ..native_api import (
+    check_constraint,
+    check_prompt_count,
+    fit_to_context,
+    new_rid,
+    tokenize_prompt,
+)
 from ..reasoning import ReasoningParser
 from ..sampling_params import SamplingParams
+from .deadline import TimedOut, run_with_deadline
 from .openai_constraints import constraint_fields
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_tools import ToolPlan, with_tools
@@ -20,6 +29,27 @@ from .scheduler_client import SchedulerClient
 from .tool_parsers import ToolParser
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
+
+RENDER_TIMEOUT = 10.0  # seconds a chat template render may take
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What building one request may cost (docs/server-api.md, "Limits")."""
+
+    max_prompts: int | None = None  # --max-prompts-per-request: prompts x n
+    max_rendered_chars: int | None = None  # of a rendered chat prompt
+    render_timeout: float = RENDER_TIMEOUT
+
+    @classmethod
+    def of(cls, args: Any) -> BuildLimits:
+        """The limits of a server started with `args` (ServerArgs): a rendered prompt may be
+        twice the largest body, plus 64 KiB of template text."""
+        return cls(max_prompts=args.max_prompts_per_request,
+                   max_rendered_chars=2 * args.max_request_bytes + 65536)
+
+
+NO_LIMITS = BuildLimits()
 
 
 @dataclass
@@ -51,16 +81,28 @@ def validate_body(raw: Any, model: type[BaseModel], *, served_model_name: str,
                             f"{served_model_name!r}")
     return body
 
-def completion_job(client: SchedulerClient, body: CompletionRequest) -> Job:
+def completion_job(client: SchedulerClient, body: CompletionRequest,
+                   limits: BuildLimits = NO_LIMITS) -> Job:
+    """The GenerateReqs of a completions body: tokenizes and checks constraints, so servers
+    call it off the event loop."""
     if body.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
     if body.echo and body.stream:
         raise InvalidRequest("echo is not supported with stream", param="echo")
+    check_prompt_count(_num_prompts(body.prompt), body.n, limits.max_prompts,
+                       param="prompt" if body.n == 1 else "n")
     ids_list, texts = _completion_prompts(client, body.prompt)
     return _build_job(client, body, ids_list, texts, body.max_tokens, logprobs=body.logprobs,
                       echo=body.echo)
+
+
+def _num_prompts(prompt: Any) -> int:
+    """How many prompts a completions `prompt` holds (one string or one list of ids: 1)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def _completion_prompts(client: SchedulerClient, prompt: Any) -> tuple[list[list[int]], list[str]]:
@@ -91,10 +133,13 @@ def _completion_prompts(client: SchedulerClient, prompt: Any) -> tuple[list[list
 
 
 def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPlan | None,
-             tool_parser: ToolParser | None = None) -> Job:
+             tool_parser: ToolParser | None = None, limits: BuildLimits = NO_LIMITS) -> Job:
+    """The GenerateReqs of a chat body: renders the template, tokenizes and checks
+    constraints, so servers call it off the event loop."""
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-    text = render_chat(client.tokenizer, body, tools, tool_parser)
+    check_prompt_count(1, body.n, limits.max_prompts, param="n")
+    text = render_chat(client.tokenizer, body, tools, tool_parser, limits)
     if tools is not None and tools.parser.special_text:
         # the format's markers are special tokens: the text must keep them to be parsed
         body = body.model_copy(update={"skip_special_tokens": False})
@@ -157,13 +202,63 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
                reasoning=reasoning)
 
 
+# apply_chat_template's own arguments, and what the server passes itself: a client's
+# chat_template_kwargs may only hold the template's variables (enable_thinking, ...).
+_NOT_TEMPLATE_VARIABLES = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "sanitize_control_tokens", "tokenizer", "processor_kwargs",
+})
+_REQUEST_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", "messages")
+
+
+@functools.lru_cache(maxsize=8)
+def _template_arguments(tokenizer_type: type) -> frozenset[str]:
+    """The named parameters of `tokenizer_type.apply_chat_template`."""
+    try:
+        params = inspect.signature(tokenizer_type.apply_chat_template).parameters
+    except (AttributeError, TypeError, ValueError):
+        return frozenset()
+    return frozenset(name for name, p in params.items()
+                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self")
+
+
+def template_variables(tokenizer: Any, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A client's `chat_template_kwargs`, checked: a 400 naming the first key that is not a
+    template variable (a template of its own, a tokenizer option, a field the server sets)."""
+    if not kwargs:
+        return {}
+    reserved = _NOT_TEMPLATE_VARIABLES | _template_arguments(type(tokenizer))
+    for key in kwargs:
+        param = f"chat_template_kwargs.{key}"
+        if key == "chat_template":
+            raise InvalidRequest("chat_template_kwargs may not carry a chat template: the "
+                                 "server renders with the model's template, or the one its "
+                                 "operator set with --chat-template", param=param)
+        if key in _REQUEST_FIELDS:
+            raise InvalidRequest(f"chat_template_kwargs may not set {key!r}: it is the "
+                                 f"request's own field", param=param)
+        if key in reserved:
+            raise InvalidRequest(f"chat_template_kwargs may only hold template variables; "
+                                 f"{key!r} is an option of the tokenizer's "
+                                 f"apply_chat_template", param=param)
+        if not key.isidentifier() or key.startswith("_"):
+            raise InvalidRequest(f"chat_template_kwargs key {key!r} is not a template variable "
+                                 f"name", param=param)
+    return kwargs
+
+
 def render_chat(tokenizer: Any, body: ChatCompletionRequest, tools: ToolPlan | None = None,
-                tool_parser: ToolParser | None = None) -> str:
+                tool_parser: ToolParser | None = None,
+                limits: BuildLimits = NO_LIMITS) -> str:
     """The prompt text: the model's chat template applied to the messages (and tools; past
-    tool calls in `tool_parser`'s format)."""
+    tool calls in `tool_parser`'s format). The render is stopped past limits.render_timeout
+    and its text refused past limits.max_rendered_chars (400s)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions",
                              param="messages")
+    variables = template_variables(tokenizer, body.chat_template_kwargs)
     messages = []
     for m in body.messages:
         msg: dict[str, Any] = {"role": m.role, "content": m.text()}
@@ -175,14 +270,25 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest, tools: ToolPlan | N
     if continue_final and body.messages[-1].role != "assistant":
         raise InvalidRequest("continue_final_message needs a final assistant message",
                              param="continue_final_message")
-    try:
+
+    def render() -> str:
         return tokenizer.apply_chat_template(
             messages, tokenize=False,
             add_generation_prompt=body.add_generation_prompt and not continue_final,
-            continue_final_message=continue_final, **tool_kwargs,
-            **(body.chat_template_kwargs or {}))
+            continue_final_message=continue_final, **tool_kwargs, **variables)
+
+    try:
+        text = run_with_deadline(render, limits.render_timeout)
+    except TimedOut:
+        raise InvalidRequest(f"rendering the chat template took longer than "
+                             f"{limits.render_timeout:g} s, the limit; send fewer or shorter "
+                             f"messages", param="messages") from None
     except InvalidRequest:
         raise
     except Exception as exc:  # noqa: BLE001 -- any template error (jinja, raise_exception)
         raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                              param="messages") from None
+    if limits.max_rendered_chars is not None and len(text) > limits.max_rendered_chars:
+        raise InvalidRequest(f"the rendered chat prompt has {len(text)} characters; the limit "
+                             f"is {limits.max_rendered_chars}", param="messages")
+    return text

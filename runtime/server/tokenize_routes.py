@@ -4,6 +4,8 @@ count and the context length out; ids back to text (`prompt` for vLLM, `text` fo
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -11,7 +13,7 @@ from ..errors import InvalidRequest
 from ..native_api import tokenize_prompt
 from ..version import VERSION
 from .openai_protocol import DetokenizeRequest, TokenizeRequest
-from .openai_requests import render_chat, validate_body
+from .openai_requests import BuildLimits, render_chat, validate_body
 from .responses import OrjsonResponse
 from .state import ServerState, read_json, server_state
 
@@ -22,12 +24,18 @@ router = APIRouter()
 @router.post("/v1/tokenize")
 async def tokenize(request: Request) -> Response:
     state = server_state(request)
-    body: TokenizeRequest = await _read(request, state, TokenizeRequest)
+    raw = await read_json(request)
+    # Rendering and tokenizing a large body takes a while: off the event loop.
+    return OrjsonResponse(await asyncio.to_thread(_tokenize, raw, state))
+
+
+def _tokenize(raw: object, state: ServerState) -> dict:
+    body: TokenizeRequest = _validate(raw, state, TokenizeRequest)
     tokenizer = state.client.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("give either prompt or messages", param="prompt")
     if body.messages is not None:
-        text = render_chat(tokenizer, body, None, state.tool_parser)
+        text = render_chat(tokenizer, body, None, state.tool_parser, BuildLimits.of(state.args))
         ids_list = [tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))]
     else:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
@@ -40,14 +48,19 @@ async def tokenize(request: Request) -> Response:
     if body.return_token_strs:
         strs = [tokenizer.convert_ids_to_tokens(ids) for ids in ids_list]
         answer["token_strs"] = strs if isinstance(body.prompt, list) else strs[0]
-    return OrjsonResponse(answer)
+    return answer
 
 
 @router.post("/detokenize")
 @router.post("/v1/detokenize")
 async def detokenize(request: Request) -> Response:
     state = server_state(request)
-    body: DetokenizeRequest = await _read(request, state, DetokenizeRequest)
+    raw = await read_json(request)
+    return OrjsonResponse(await asyncio.to_thread(_detokenize, raw, state))  # off the loop
+
+
+def _detokenize(raw: object, state: ServerState) -> dict:
+    body: DetokenizeRequest = _validate(raw, state, DetokenizeRequest)
     batch = bool(body.tokens) and isinstance(body.tokens[0], list)
     ids_list = body.tokens if batch else [body.tokens]
     vocab = state.client.vocab_size
@@ -58,7 +71,7 @@ async def detokenize(request: Request) -> Response:
     texts = [state.client.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)
              for ids in ids_list]
     text = texts if batch else texts[0]
-    return OrjsonResponse({"prompt": text, "text": text})
+    return {"prompt": text, "text": text}
 
 
 @router.get("/version")
@@ -72,8 +85,7 @@ def _encode(tokenizer, prompt: str, add_special_tokens: bool | None) -> list[int
     return tokenize_prompt(tokenizer, prompt)  # as /generate tokenizes a prompt
 
 
-async def _read(request: Request, state: ServerState, model: type) -> object:
-    raw = await read_json(request)
+def _validate(raw: object, state: ServerState, model: type) -> object:
     if isinstance(raw, dict) and raw.get("model") is None:
         raw = {**raw, "model": state.served_model_name}  # `model` is optional here
     return validate_body(raw, model, served_model_name=state.served_model_name,
