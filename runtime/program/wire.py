@@ -31,7 +31,8 @@ Response::
 
 An error while running is reported in-band in "error" (the text before it is kept); a
 malformed program raises InvalidRequest. A failed branch reports its own "error"; the other
-branches go on.
+branches go on. The server refuses (400) a select with more choices than --max-select-choices;
+a program whose client hangs up is stopped (its gen in flight aborted, no later one started).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ a /program its client abandoned, and request building that would stall every str
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import threading
@@ -113,6 +114,17 @@ def test_render_is_stopped_at_its_deadline():
     time.sleep(0.2)
     with pytest.raises(TimedOut):
         run_with_deadline(lambda: time.sleep(0.5) or [None for _ in range(10**9)], 0.2)
+
+
+def test_operator_template_render_is_stopped(tokenizer):
+    """Through transformers' apply_chat_template too: a template that never ends, 400."""
+    slow = copy.deepcopy(tokenizer)
+    slow.chat_template = ENDLESS
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": CHAT})
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match="rendering the chat template took longer"):
+        render_chat(slow, body, limits=BuildLimits(render_timeout=0.5))
+    assert time.monotonic() - t0 < 3
 
 
 def test_rendered_prompt_size_is_bounded(tokenizer):
