@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -64,21 +65,19 @@ class _ReqState:
     first_token_time: float | None = None
 
 
-def _merge(into: ReqTextOut, out: ReqTextOut) -> None:
-    """Fold `out`, the next output of the same request, into `into` (not yet taken): text and
-    counts are the newer ones, the deltas (token ids, their logprobs) are joined."""
-    old, new = into.token, out.token
-    old.new_ids.extend(new.new_ids)
+def _merge(first: ReqTextOut, then: ReqTextOut) -> ReqTextOut:
+    """One output for two successive ones of a request: the text, counts and finish of the
+    later, the deltas (token ids, their logprobs) joined, prompt logprobs from either."""
+    old, new = first.token, then.token
+    joined: dict[str, Any] = {"new_ids": old.new_ids + new.new_ids}
     for name in ("output_logprobs", "output_top_logprobs"):
         a, b = getattr(old, name), getattr(new, name)
-        if b is not None:
-            setattr(old, name, b if a is None else a + b)
+        if a is not None:
+            joined[name] = a if b is None else a + b
     for name in ("input_logprobs", "input_ids", "input_top_logprobs"):
-        if getattr(old, name) is None and getattr(new, name) is not None:
-            setattr(old, name, getattr(new, name))
-    old.prompt_tokens, old.cached_tokens = new.prompt_tokens, new.cached_tokens
-    old.completion_tokens, old.finish = new.completion_tokens, new.finish
-    into.text = out.text
+        if getattr(new, name) is None and getattr(old, name) is not None:
+            joined[name] = getattr(old, name)
+    return ReqTextOut(token=msgspec.structs.replace(new, **joined), text=then.text)
 
 
 class RequestGroup:
@@ -110,10 +109,7 @@ class RequestGroup:
     def put(self, index: int, out: ReqTextOut) -> int:
         """Add an output of reqs[index]; the characters of its text now waiting."""
         pending = self._pending.get(index)
-        if pending is None:
-            self._pending[index] = out
-        else:
-            _merge(pending, out)
+        self._pending[index] = out if pending is None else _merge(pending, out)
         self._wakeup.set()
         return len(out.text) - self._taken_chars.get(index, 0)
 
@@ -337,33 +333,42 @@ class SchedulerClient:
     async def _recv_loop(self) -> None:
         while True:
             msg = await self.recv_sock.recv()
-            if isinstance(msg, TextBatchOut):
-                self._route(msg.outputs)
-            elif isinstance(msg, SchedulerStats):
-                if msg.dp_rank < len(self.replica_stats):
-                    self.replica_stats[msg.dp_rank], self.stats_time = msg, time.time()
-            elif isinstance(msg, FlushCacheDone):
-                self._flush_acks.append(msg.success)
-                if len(self._flush_acks) < len(self.sched_socks):
-                    continue  # every replica answers
-                flushed, self._flush_acks = all(self._flush_acks), []
-                waiters, self._flush_waiters = self._flush_waiters, []
-                for fut in waiters:
-                    if not fut.done():
-                        fut.set_result(flushed)
-            elif isinstance(msg, OpenSessionDone):
-                fut = self._session_waiters.get(msg.session_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-            elif isinstance(msg, SessionsClosed):  # reaped by their timeout
-                for sid in msg.session_ids:
-                    if self.session_replica.get(sid) == msg.dp_rank:
-                        del self.session_replica[sid]
-            elif isinstance(msg, ProcessFailed):
-                logger.error("the %s process failed: %s", msg.process, msg.message)
-                self.fail(f"the {msg.process} process failed: {msg.message}")
-            else:
-                logger.warning("unexpected message from the detokenizer: %s", type(msg).__name__)
+            try:
+                self._handle(msg)
+            except Exception as exc:  # a bug here would hang every request: fail them instead
+                logger.exception("the HTTP process could not handle a %s", type(msg).__name__)
+                self.fail(f"the HTTP process failed on a {type(msg).__name__}: "
+                          f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, msg: Any) -> None:
+        """One message from the detokenizer (outputs, stats, acknowledgements)."""
+        if isinstance(msg, TextBatchOut):
+            self._route(msg.outputs)
+        elif isinstance(msg, SchedulerStats):
+            if msg.dp_rank < len(self.replica_stats):
+                self.replica_stats[msg.dp_rank], self.stats_time = msg, time.time()
+        elif isinstance(msg, FlushCacheDone):
+            self._flush_acks.append(msg.success)
+            if len(self._flush_acks) < len(self.sched_socks):
+                return  # every replica answers
+            flushed, self._flush_acks = all(self._flush_acks), []
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(flushed)
+        elif isinstance(msg, OpenSessionDone):
+            fut = self._session_waiters.get(msg.session_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, SessionsClosed):  # reaped by their timeout
+            for sid in msg.session_ids:
+                if self.session_replica.get(sid) == msg.dp_rank:
+                    del self.session_replica[sid]
+        elif isinstance(msg, ProcessFailed):
+            logger.error("the %s process failed: %s", msg.process, msg.message)
+            self.fail(f"the {msg.process} process failed: {msg.message}")
+        else:
+            logger.warning("unexpected message from the detokenizer: %s", type(msg).__name__)
 
     def _route(self, outputs: list[ReqTextOut]) -> None:
         now = time.monotonic()
