@@ -255,11 +255,13 @@ def test_abandoned_programs_do_not_lock_program_out(server):
 @pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions"])
 def test_streams_flow_beside_a_costly_request(server, path):
     wait_idle(server)
-    # ~4 MB: seconds of tokenizing, then too long for the context (a 400).
-    text = "the quick brown fox jumps over the lazy dog " * 90000
-    costly = ({"text": text, "sampling_params": {"max_new_tokens": 1}} if path == "/generate"
+    # ~4 MB to tokenize (seconds), then a 400: the logprob window starts past every prompt,
+    # or the chat prompt is too long for the context.
+    text = "the quick brown fox jumps over the lazy dog " * 90
+    costly = ({"text": [text] * 1000, "sampling_params": {"max_new_tokens": 1},
+               "return_logprob": True, "logprob_start_len": 100000} if path == "/generate"
               else {"model": "tiny", "max_tokens": 1,
-                    "messages": [{"role": "user", "content": text}]})
+                    "messages": [{"role": "user", "content": text * 400}]})
     answer: dict = {}
 
     def send_costly() -> None:
