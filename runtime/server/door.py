@@ -1,7 +1,8 @@
 """Limits at the door: what a request may send before any route sees it.
 
-- `DoorMiddleware` (ASGI): a body sent with a Content-Type other than JSON is a 415 (a web
-  page cannot POST `text/plain` JSON cross-site); a body over --max-request-bytes is a 413,
+- `DoorMiddleware` (ASGI): a request a browser marks cross-site (`Sec-Fetch-Site`) is a 403;
+  a body sent with a Content-Type other than JSON, or none, is a 415 (a web page cannot POST
+  `text/plain` JSON cross-site); a body over --max-request-bytes is a 413,
   at once when Content-Length says so, else as soon as a chunked body passes the limit
   (counted while it streams in, never buffered past the limit).
 - `door_protocol` (uvicorn's HTTP protocol, subclassed): a connection that has not sent a
@@ -42,9 +43,19 @@ class DoorMiddleware:
         self.max_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
+        if headers.get(b"sec-fetch-site") == b"cross-site":
+            # A browser says another site's page sent this (a form, an <img>, a fetch()): no
+            # route here is meant for that, and GET routes such as /flush_cache have effects.
+            response = error_response(
+                403, "cross-site requests are refused: a web page of another site cannot use "
+                     "this server (call it from your own code or a same-site page)",
+                code="cross_site_request")
+            return await response(scope, receive, send)
+        if scope["method"] not in BODY_METHODS:
+            return await self.app(scope, receive, send)
         length_header = headers.get(b"content-length")
         try:
             length = int(length_header) if length_header is not None else None
@@ -54,11 +65,13 @@ class DoorMiddleware:
         if not chunked and not length:
             return await self.app(scope, receive, send)  # no body (POST /flush_cache)
         content_type = headers.get(b"content-type")
-        # No Content-Type at all is taken as JSON (curl-like clients that send none).
-        if content_type is not None and not is_json(content_type.decode("latin-1")):
-            shown = content_type.decode("latin-1").split(";", 1)[0].strip()[:100]
+        # No Content-Type is refused too: a page's fetch() of a typeless Blob sends none, and
+        # needs no CORS preflight.
+        if content_type is None or not is_json(content_type.decode("latin-1")):
+            shown = (repr(content_type.decode("latin-1").split(";", 1)[0].strip()[:100])
+                     if content_type is not None else "(none)")
             response = error_response(
-                415, f"unsupported Content-Type {shown!r}: send the body as application/json "
+                415, f"unsupported Content-Type {shown}: send the body as application/json "
                      "(header 'Content-Type: application/json')",
                 code="unsupported_media_type")
             return await response(scope, receive, send)

@@ -65,6 +65,17 @@ class _ReqState:
     first_token_time: float | None = None
 
 
+def _delta_bytes(token: Any) -> int:
+    """About what an output's token deltas take in memory and on the wire: an id, a logprob,
+    each top-logprob pair (prompt logprobs come once, with the first output)."""
+    size = 8 * len(token.new_ids)
+    if token.output_logprobs is not None:
+        size += 8 * len(token.output_logprobs)
+    if token.output_top_logprobs is not None:
+        size += 16 * sum(len(top or ()) for top in token.output_top_logprobs)
+    return size
+
+
 def _merge(first: ReqTextOut, then: ReqTextOut) -> ReqTextOut:
     """One output for two successive ones of a request: the text, counts and finish of the
     later, the deltas (token ids, their logprobs) joined, prompt logprobs from either."""
@@ -87,9 +98,9 @@ class RequestGroup:
     not finished (client gone, error), so the scheduler frees its KV at once.
 
     Outputs a consumer has not taken yet are coalesced, one per request (cumulative text, the
-    token deltas joined), so a slow client costs one item per request, not one per step; the
-    text it has waiting is bounded by the client's `max_stream_buffer_bytes` (SchedulerClient
-    aborts the request past it).
+    token deltas joined), so a slow client costs one item per request, not one per step; what
+    the group has waiting (text, token ids, logprobs: `waiting_bytes`, an estimate) is bounded
+    by the client's `max_stream_buffer_bytes` (SchedulerClient aborts the group past it).
     """
 
     def __init__(self, client: SchedulerClient, reqs: list[GenerateReq]):
@@ -98,6 +109,7 @@ class RequestGroup:
         self.unfinished = {r.rid for r in reqs}
         self._pending: dict[int, ReqTextOut] = {}  # index in reqs -> its outputs not taken
         self._taken_chars: dict[int, int] = {}  # index -> length of the text last taken
+        self.waiting_bytes = 0  # an estimate of what _pending holds beyond what was taken
         self._error: RadixflowError | None = None
         self._wakeup = asyncio.Event()
         self._held: list[tuple[int, ReqTextOut]] = []
@@ -107,16 +119,21 @@ class RequestGroup:
         return not self.unfinished
 
     def put(self, index: int, out: ReqTextOut) -> int:
-        """Add an output of reqs[index]; the characters of its text now waiting."""
+        """Add an output of reqs[index]; the bytes the group now has waiting (an estimate)."""
+        if self._error is not None:
+            return self.waiting_bytes  # failed: nothing more is kept
         pending = self._pending.get(index)
+        before = len(pending.text) if pending is not None else self._taken_chars.get(index, 0)
         self._pending[index] = out if pending is None else _merge(pending, out)
+        self.waiting_bytes += max(0, len(out.text) - before) + _delta_bytes(out.token)
         self._wakeup.set()
-        return len(out.text) - self._taken_chars.get(index, 0)
+        return self.waiting_bytes
 
     def fail(self, error: RadixflowError) -> None:
-        """The next take raises `error` (outputs not yet taken are dropped)."""
+        """The next take raises `error`; outputs not yet taken are dropped."""
         if self._error is None:
             self._error = error
+        self._pending, self._held, self.waiting_bytes = {}, [], 0
         self._wakeup.set()
 
     async def _take(self) -> list[tuple[int, ReqTextOut]]:
@@ -129,7 +146,7 @@ class RequestGroup:
         for index, out in self._pending.items():
             self._taken_chars[index] = len(out.text)
             items.append((index, out))
-        self._pending = {}
+        self._pending, self.waiting_bytes = {}, 0
         return items
 
     async def peek(self) -> list[tuple[int, ReqTextOut]]:
@@ -239,6 +256,10 @@ class SchedulerClient:
             if req.rid in self.states:
                 raise InvalidRequest(f"a request with rid {req.rid!r} is already running",
                                      param="rid")
+        if len(reqs) > self.max_queued_requests:
+            raise InvalidRequest(
+                f"the request asks for {len(reqs)} generations; the server holds at most "
+                f"{self.max_queued_requests} at once (--max-queued-requests)")
         if len(self.states) + len(reqs) > self.max_queued_requests:
             raise ServerBusy(
                 f"the server is full: {len(self.states)} requests are waiting or running, "
@@ -385,13 +406,15 @@ class SchedulerClient:
                 if self.metrics is not None:
                     self.metrics.request_finished(state.created, state.first_token_time, now,
                                                   out.token.completion_tokens)
-            waiting = state.group.put(state.index, out)
-            if out.token.finish is None and waiting > self.max_stream_buffer_bytes:
-                # The client reads slower than the model writes: stop, free the KV.
-                logger.warning("request %s aborted: %d characters of output wait for its client "
+            group = state.group
+            waiting = group.put(state.index, out)
+            if waiting > self.max_stream_buffer_bytes and any(
+                    r in self.states for r in group.unfinished):  # (one still generating)
+                # The client reads slower than the model writes: stop the group, free its KV.
+                logger.warning("request %s aborted: ~%d bytes of output wait for its client "
                                "(--max-stream-buffer-bytes %d)", rid, waiting,
                                self.max_stream_buffer_bytes)
-                self.abort(rid)
-                state.group.fail(StreamBufferFull(
+                self.release(group)
+                group.fail(StreamBufferFull(
                     f"the request was aborted: more than {self.max_stream_buffer_bytes} bytes of "
                     "its output waited for the client to read them (--max-stream-buffer-bytes)"))

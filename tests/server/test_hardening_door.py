@@ -59,6 +59,25 @@ def raw_request(path: str, body: bytes) -> bytes:
     return raw_head(path, len(body)) + body
 
 
+def read_response(s: socket.socket) -> bytes:
+    """One whole response (head and its Content-Length body) from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
 def error_of(r: requests.Response) -> dict:
     err = r.json()["error"]
     assert isinstance(err["message"], str) and err["message"]
@@ -129,7 +148,7 @@ def test_huge_body_is_413_at_once_while_a_stream_runs(door):
         s.sendall(raw_head("/generate", size))
         s.sendall(b"{" + b" " * (1024 * 1024))
         s.settimeout(5)
-        answer = s.recv(65536)
+        answer = read_response(s)
         answered = time.monotonic() - t0
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"--max-request-bytes" in answer
@@ -179,6 +198,30 @@ def test_non_json_bodies_are_415(door, content_type):
                           headers={"Content-Type": content_type}, timeout=30)
         assert r.status_code == 415, (path, r.status_code, r.text[:300])
         assert "application/json" in error_of(r)["message"]
+
+
+def test_a_body_without_content_type_is_415(door):
+    """A page's fetch() of a typeless Blob sends no Content-Type (and needs no preflight)."""
+    r = requests.Request("POST", door.url + "/generate", data=json.dumps(gen_body(2))).prepare()
+    r.headers.pop("Content-Type", None)
+    with requests.Session() as session:
+        answer = session.send(r, timeout=30)
+    assert answer.status_code == 415, answer.text[:300]
+    assert "application/json" in error_of(answer)["message"]
+
+
+@pytest.mark.parametrize("method, path", [("get", "/flush_cache"), ("get", "/open_session"),
+                                          ("post", "/generate"), ("get", "/get_server_info")])
+def test_cross_site_requests_are_403(door, method, path):
+    headers = {"Sec-Fetch-Site": "cross-site", "Content-Type": "application/json"}
+    r = getattr(requests, method)(door.url + path, headers=headers, timeout=30,
+                                  **({"data": json.dumps(gen_body(2))} if method == "post"
+                                     else {}))
+    assert r.status_code == 403, r.text[:300]
+    assert "cross-site" in error_of(r)["message"]
+    same = requests.get(door.url + "/get_server_info", headers={"Sec-Fetch-Site": "same-site"},
+                        timeout=30)
+    assert same.status_code == 200  # a page of the developer's own (localhost) site
 
 
 def test_json_content_types_and_bodyless_posts_pass(door):
@@ -244,7 +287,7 @@ def test_connections_past_the_limit_get_503(door):
         socks.append(extra)
         extra.settimeout(3)
         t0 = time.monotonic()
-        answer = extra.recv(65536)
+        answer = read_response(extra)
         assert time.monotonic() - t0 < 1.0
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), answer[:300]
@@ -289,9 +332,19 @@ def test_full_queue_is_503_with_retry_after(door):
     wait_idle(door)
 
 
+def test_a_batch_bigger_than_the_queue_is_400(door):
+    r = requests.post(door.url + "/generate", timeout=30,
+                      json={**gen_body(2), "text": ["a"] * (MAX_QUEUED + 1)})
+    assert r.status_code == 400, r.text[:300]  # never fits: retrying would not help
+    assert "--max-queued-requests" in error_of(r)["message"]
+
+
 def test_a_stream_nobody_reads_is_aborted_and_frees_its_kv(door):
     # Logprobs make each event big, so the socket buffers between us fill up soon.
-    body = json.dumps({**gen_body(3000, stream=True), "return_logprob": True}).encode()
+    # Two samples (n=2) in one stream: the whole stream is aborted, both samples' KV freed.
+    body = gen_body(3000, stream=True)
+    body["sampling_params"]["n"] = 2
+    body = json.dumps({**body, "return_logprob": True}).encode()
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(host_port(door))

@@ -137,7 +137,8 @@ def test_errors_name_the_field(server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "temperature" and "temperature" in err["message"]
-    r = requests.post(server.url + "/generate", data=b"\xff\xfe", timeout=30)
+    r = requests.post(server.url + "/generate", data=b"\xff\xfe", timeout=30,
+                      headers={"Content-Type": "application/json"})
     assert r.status_code == 400
     assert requests.get(server.url + "/no_such_route", timeout=30).status_code == 404
 

@@ -97,7 +97,8 @@ def test_proxies_generate_and_info(router, workers):
     models = requests.get(router.url + "/v1/models", timeout=30).json()
     assert models["data"][0]["id"] == "tiny"
     assert requests.get(router.url + "/health", timeout=30).status_code == 200
-    bad = requests.post(router.url + "/generate", data=b"{not json", timeout=30)
+    bad = requests.post(router.url + "/generate", data=b"{not json", timeout=30,
+                        headers={"Content-Type": "application/json"})
     assert bad.status_code == 400  # the worker's answer, relayed
 
 
