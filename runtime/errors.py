@@ -83,6 +83,13 @@ class ServerBusy(RadixflowError):
         self.retry_after = retry_after
 
 
+class TooManyOpen(ServerBusy):
+    """A cap on things a client keeps open (sessions: --max-open-sessions) is reached: a 429
+    with Retry-After; one closing (or timing out) makes room."""
+
+    status_code = 429
+
+
 class StreamBufferFull(ServerUnavailable):
     """A request's output waiting for its (slow) client passed --max-stream-buffer-bytes, so
     the request was aborted. A ServerUnavailable so that a stream already under way ends with

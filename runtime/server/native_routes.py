@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
-from ..errors import InvalidRequest, ServerUnavailable
+from ..errors import InvalidRequest, ServerUnavailable, TooManyOpen
 from ..native_api import (
     ParsedGenerate,
     ResponseBuilder,
@@ -231,7 +231,10 @@ async def open_session(request: Request) -> Response:
     msg = parse_open_session(await read_json(request))
     done = await server_state(request).client.open_session(msg)
     if not done.success:
-        raise InvalidRequest(done.message or "the session was not opened", param="session_id")
+        message = done.message or "the session was not opened"
+        if done.status_code == 429:  # past --max-open-sessions: one closing makes room
+            raise TooManyOpen(message, retry_after=1)
+        raise InvalidRequest(message, param="session_id")
     return OrjsonResponse(done.session_id)
 
 

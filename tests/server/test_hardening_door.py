@@ -35,7 +35,7 @@ def door(tiny_model_dir):
                        served_model_name="tiny", log_level="warning", start_timeout=300,
                        max_request_bytes=MAX_BODY, http_header_timeout=HEADER_TIMEOUT,
                        max_connections=MAX_CONNECTIONS, max_queued_requests=MAX_QUEUED,
-                       max_stream_buffer_bytes=STREAM_BUFFER)
+                       max_stream_buffer_bytes=STREAM_BUFFER, max_open_sessions=2)
     yield rt
     assert rt.shutdown() == 0
 
@@ -330,6 +330,27 @@ def test_full_queue_is_503_with_retry_after(door):
             assert r.headers.get("Retry-After", "").isdigit(), r.headers
             assert "--max-queued-requests" in error_of(r)["message"]
     wait_idle(door)
+
+
+def test_sessions_past_the_cap_are_429_until_one_closes(door):
+    opened = [requests.post(door.url + "/open_session", json={"capacity_of_str_len": 64},
+                            timeout=30) for _ in range(2)]
+    assert [r.status_code for r in opened] == [200, 200], [r.text for r in opened]
+    try:
+        r = requests.post(door.url + "/open_session", json={"capacity_of_str_len": 64},
+                          timeout=30)
+        assert r.status_code == 429, r.text[:300]
+        assert r.headers.get("Retry-After", "").isdigit()
+        assert "--max-open-sessions" in error_of(r)["message"]
+        requests.post(door.url + "/close_session", json={"session_id": opened.pop().json()},
+                      timeout=30).raise_for_status()
+        again = requests.post(door.url + "/open_session", json={"capacity_of_str_len": 64},
+                              timeout=30)
+        assert again.status_code == 200, again.text[:300]
+        opened.append(again)
+    finally:
+        for r in opened:
+            requests.post(door.url + "/close_session", json={"session_id": r.json()}, timeout=30)
 
 
 def test_a_batch_bigger_than_the_queue_is_400(door):
