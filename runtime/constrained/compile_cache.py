@@ -4,11 +4,13 @@ A hit costs no compile; concurrent requests for one key share one compile; error
 too, so a bad grammar sent again is rejected at once. A key's `check` (the constraint's
 validation) runs on the worker before its compile, never on the caller's thread.
 
-xgrammar cannot cancel a compile. One that misses its deadline keeps running, and its key
-fails fast meanwhile, but it stops counting against `max_workers`: its thread is handed off
-and a fresh one serves the queue, so slow compiles cannot starve the others. At most
-`max_abandoned` such threads run at once; while that many do, a key not seen before is
-refused at once with a GrammarError (status 503: retry later), and cached keys still hit.
+xgrammar cannot cancel a compile. One still running `SLOW_COMPILE_S` after it started (or at
+its deadline, if sooner) stops counting against `max_workers`: its thread is handed off and a
+fresh one serves the queue, so slow compiles cannot starve the others (most compiles take
+milliseconds). A handed-off compile may still finish within its deadline and serve its
+requests; past the deadline its key fails fast, and the thread exits when the compile ends.
+At most `max_abandoned` such threads run at once; while that many do, a key not seen before
+is refused at once with a GrammarError (status 503: retry later), and cached keys still hit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from dataclasses import dataclass, field
 from ..errors import GrammarError
 
 logger = logging.getLogger(__name__)
+
+# A compile running this long no longer holds one of the max_workers threads.
+SLOW_COMPILE_S = 1.0
 
 
 class PendingGrammar:
@@ -72,7 +77,7 @@ def busy_error(why: str) -> GrammarError:
 
 @dataclass(eq=False)
 class _Worker:
-    abandoned: bool = False  # past a deadline: no longer counted, exits when its job ends
+    abandoned: bool = False  # slow: no longer counted, exits when its job ends
 
 
 @dataclass(eq=False)
@@ -83,6 +88,11 @@ class _Job:
     deadline: float
     worker: _Worker | None = None
     started: float = field(default=0.0)
+
+    @property
+    def handoff_at(self) -> float:
+        """When its thread stops counting against max_workers (it started running)."""
+        return min(self.deadline, self.started + SLOW_COMPILE_S)
 
 
 class CompileCache:
@@ -105,7 +115,7 @@ class CompileCache:
         self._running: set[_Job] = set()
         self._workers = 0  # counted worker threads alive
         self._spawned = 0
-        self.num_abandoned = 0  # threads still running a compile past its deadline
+        self.num_abandoned = 0  # threads handed off, still running a slow compile
         self._closed = False
         self._watchdog: threading.Thread | None = None
         self.num_compiles = 0  # compiles started, past their check (a cache hit adds none)
@@ -123,8 +133,7 @@ class CompileCache:
             if self._closed:
                 raise busy_error("shutting down")
             if self.num_abandoned >= self.max_abandoned:
-                raise busy_error(f"{self.num_abandoned} compiles are past their "
-                                 f"{self.timeout:g}s deadline")
+                raise busy_error(f"{self.num_abandoned} slow compiles are running")
             future: Future = Future()
             deadline = time.monotonic() + self.timeout
             self._entries[key] = (future, deadline)
@@ -235,14 +244,14 @@ class CompileCache:
             while not self._closed:
                 now = time.monotonic()
                 expired = []
-                for job in sorted(self._running, key=lambda j: j.deadline):
-                    if (job.deadline <= now and not job.worker.abandoned
+                for job in sorted(self._running, key=lambda j: j.handoff_at):
+                    if (job.handoff_at <= now and not job.worker.abandoned
                             and self.num_abandoned < self.max_abandoned):
                         job.worker.abandoned = True
                         self._workers -= 1
                         self.num_abandoned += 1
-                        logger.warning("grammar compile past its %.1fs deadline: its thread is "
-                                       "handed off (%d such)", self.timeout,
+                        logger.warning("a grammar compile runs past %.1fs: its thread is "
+                                       "handed off (%d such)", now - job.started,
                                        self.num_abandoned)
                 while self._queue and any(j.deadline <= now for j in self._queue):
                     job = next(j for j in self._queue if j.deadline <= now)
@@ -254,8 +263,8 @@ class CompileCache:
                 self._dispatch()
                 # (a compile past its deadline that the cap keeps counted waits for a notify)
                 deadlines = [j.deadline for j in self._queue] + [
-                    j.deadline for j in self._running
-                    if not j.worker.abandoned and j.deadline > now]
+                    j.handoff_at for j in self._running
+                    if not j.worker.abandoned and j.handoff_at > now]
                 if expired:
                     self._lock.release()
                     try:

@@ -238,6 +238,28 @@ def test_slow_compiles_past_their_deadline_do_not_starve_the_others():
         cache.shutdown()
 
 
+def test_slow_compiles_stop_holding_threads_long_before_their_deadline(monkeypatch):
+    """Two slow compiles with a 30 s deadline: a third, fast one is compiled once they have
+    run SLOW_COMPILE_S, not after their deadline."""
+    from radixflow.runtime.constrained import compile_cache
+
+    monkeypatch.setattr(compile_cache, "SLOW_COMPILE_S", 0.2)
+    compiler = Compiler()
+    cache = CompileCache(compiler, timeout=30, max_workers=2)
+    try:
+        slow = [cache.submit("slow-1"), cache.submit("slow-2")]  # both workers pinned
+        start = time.perf_counter()
+        assert cache.get("fast-1") == "compiled:fast-1"
+        assert time.perf_counter() - start < 5  # (about 0.2 s; 30 s before the hand-off)
+        assert cache.num_abandoned == 2
+        compiler.release.set()
+        # handed off, not failed: they finish within their deadline and serve their requests
+        assert [p.result() for p in slow] == ["compiled:slow-1", "compiled:slow-2"]
+    finally:
+        compiler.release.set()
+        cache.shutdown()
+
+
 def test_check_runs_on_the_compile_thread_and_its_error_is_cached():
     compiler = Compiler()
     cache = CompileCache(compiler, timeout=5)
