@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import Fatal, GrammarError, InvariantBroken
-from ..messages import Finish, GenerateReq
-from .grammar import rejected
+from ..errors import Fatal, InvariantBroken
+from ..messages import GenerateReq
+from .grammar import internal_error
 from .kv_cache import cat_slots
 from .req import Req, ReqStatus
 
@@ -38,11 +38,6 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-def internal_error(exc: BaseException) -> Finish:
-    return Finish(type="abort", status_code=500,
-                  message=f"internal error: {type(exc).__name__}: {exc}")
 
 
 class ForwardFailed(Exception):
@@ -157,35 +152,6 @@ class Failures:
             if req is None or req.arrival != sched._arrivals:  # not in yet
                 req = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
             self.fail(req, exc)
-
-    def resolve_grammars(self, waiting: list[Req], *, block: bool):
-        """SchedulerGrammar.resolve, a request at a time, so that a compile that raised
-        something other than a GrammarError fails its request only."""
-        grammars = self.sched.grammars
-        pending = [r for r in waiting if r.pending_grammar is not None]
-        if not pending:
-            return [], []
-        if block:
-            from ..constrained import wait_any
-            from .grammar import COMPILE_POLL_S
-
-            wait_any([r.pending_grammar for r in pending], COMPILE_POLL_S)
-        ready, failed = [], []
-        for req in pending:
-            try:
-                r, f = grammars.resolve([req], block=False)
-            except Fatal:
-                raise
-            except Exception as exc:
-                req.pending_grammar = None
-                logger.error("request %s: its constraint failed to compile: %s: %s", req.rid,
-                             type(exc).__name__, exc, exc_info=exc)
-                failed.append((req, rejected(exc) if isinstance(exc, GrammarError)
-                               else internal_error(exc)))
-                continue
-            ready += r
-            failed += f
-        return ready, failed
 
     # ---- a whole step ----
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import GrammarError
+from ..errors import Fatal, GrammarError
 from ..messages import Finish
 
 if TYPE_CHECKING:
@@ -163,6 +163,12 @@ class SchedulerGrammar:
                 ready.append(req)
             except GrammarError as exc:
                 failed.append((req, rejected(exc)))
+            except Fatal:
+                raise
+            except Exception as exc:  # the compile crashed: it fails this request alone
+                logger.error("request %s: its constraint failed to compile: %s: %s", req.rid,
+                             type(exc).__name__, exc, exc_info=exc)
+                failed.append((req, internal_error(exc)))
             req.pending_grammar = None
         return ready, failed
 
@@ -345,3 +351,9 @@ class SchedulerGrammar:
 
 def rejected(exc: GrammarError) -> Finish:
     return Finish(type="abort", message=str(exc), status_code=exc.status_code)
+
+
+def internal_error(exc: BaseException) -> Finish:
+    """The finish of a request that failed inside the server (a 500 naming the error)."""
+    return Finish(type="abort", status_code=500,
+                  message=f"internal error: {type(exc).__name__}: {exc}")

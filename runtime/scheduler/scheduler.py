@@ -246,7 +246,7 @@ class Scheduler:
         """Requests whose constraint compiled become admissible; failed compiles finish."""
         has_work = self.prefilling or self.running or any(
             r.pending_grammar is None for r in self.waiting)
-        ready, failed = self.failures.resolve_grammars(self.waiting, block=not has_work)
+        ready, failed = self.grammars.resolve(self.waiting, block=not has_work)
         for req, finish in failed:
             self._finish(req, finish)
         for req in ready:
