@@ -130,3 +130,33 @@ def wait_idle(server, timeout: float = 60.0) -> dict:
             return info
         time.sleep(0.1)
     raise AssertionError(f"server not idle after {timeout} s: {info}")
+
+
+class RouterProcess:
+    """`radixflow router <flags>` on a free port, healthy when built; `stop()` returns its
+    exit code."""
+
+    def __init__(self, *flags: str, timeout: float = 120.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "radixflow.runtime.cli", "router", "--port", str(self.port),
+             "--log-level", "warning", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            if wait_healthy(self.proc, self.url, timeout):
+                return
+        except RuntimeError as exc:
+            raise RuntimeError(f"router: {exc}: {self.proc.stdout.read()}") from None
+        self.stop()
+        raise RuntimeError("the router did not come up")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

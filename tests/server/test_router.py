@@ -18,39 +18,12 @@ import time
 import pytest
 import requests
 from helpers.http_stub import ServedApp
-from helpers.live_server import wait_healthy
+from helpers.live_server import RouterProcess
 
 from radixflow.runtime.server.process import ServerProcess, free_port
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 ADMIN = "router-admin-key"
-
-
-class RouterProcess:
-    def __init__(self, *flags: str, timeout: float = 120.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixflow.runtime.cli", "router", "--port", str(self.port),
-             "--log-level", "warning", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            if wait_healthy(self.proc, self.url, timeout):
-                return
-        except RuntimeError as exc:
-            raise RuntimeError(f"router: {exc}: {self.proc.stdout.read()}") from None
-        self.stop()
-        raise RuntimeError("the router did not come up")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ record the headers they receive, but for the last test.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 import requests
 from fastapi import FastAPI, Request
 from helpers.http_stub import ServedApp
-from helpers.live_server import wait_healthy
+from helpers.live_server import RouterProcess as Router
 from starlette.responses import JSONResponse, Response
 
 from radixflow.runtime.router.args import RouterArgs, check_worker_url
@@ -28,32 +27,6 @@ from radixflow.runtime.server.process import ServerProcess, free_port
 ADMIN = "admin-secret"
 CLIENT = "client-secret"
 WORKER = "worker-secret"
-
-
-class Router:
-    def __init__(self, *flags: str, timeout: float = 60.0):
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixflow.runtime.cli", "router", "--port",
-             self.url.rsplit(":", 1)[1], "--log-level", "warning", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            if wait_healthy(self.proc, self.url, timeout):
-                return
-        except RuntimeError as exc:
-            raise RuntimeError(f"router: {exc}: {self.proc.stdout.read()}") from None
-        self.stop()
-        raise RuntimeError("the router did not come up")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 class StubWorker:
