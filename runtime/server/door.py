@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .responses import error_body, error_response
 
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 RETRY_AFTER_S = 1
 # A refused connection is read (and its bytes dropped) this long at most before it is closed,
 # so that a client still sending its request receives the 503 rather than a reset.
@@ -36,7 +35,8 @@ def is_json(content_type: str) -> bool:
 
 
 class DoorMiddleware:
-    """415 for a non-JSON body, 413 for a body over `max_request_bytes` (see the module)."""
+    """403 cross-site; for a request with a body, whatever its method (GET /open_session
+    reads one too): 415 unless JSON, 413 over `max_request_bytes` (see the module)."""
 
     def __init__(self, app: ASGIApp, max_request_bytes: int):
         self.app = app
@@ -54,8 +54,6 @@ class DoorMiddleware:
                      "this server (call it from your own code or a same-site page)",
                 code="cross_site_request")
             return await response(scope, receive, send)
-        if scope["method"] not in BODY_METHODS:
-            return await self.app(scope, receive, send)
         length_header = headers.get(b"content-length")
         try:
             length = int(length_header) if length_header is not None else None

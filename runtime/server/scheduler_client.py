@@ -414,7 +414,8 @@ class SchedulerClient:
                 logger.warning("request %s aborted: ~%d bytes of output wait for its client "
                                "(--max-stream-buffer-bytes %d)", rid, waiting,
                                self.max_stream_buffer_bytes)
-                self.release(group)
+                for r in list(group.unfinished):  # (kept unfinished: the reader sees why)
+                    self.abort(r)
                 group.fail(StreamBufferFull(
                     f"the request was aborted: more than {self.max_stream_buffer_bytes} bytes of "
                     "its output waited for the client to read them (--max-stream-buffer-bytes)"))

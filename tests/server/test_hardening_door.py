@@ -200,6 +200,15 @@ def test_non_json_bodies_are_415(door, content_type):
         assert "application/json" in error_of(r)["message"]
 
 
+def test_a_get_with_a_huge_body_is_413(door):
+    """GET /open_session reads a JSON body too: the limit is the body's, not the method's."""
+    with socket.create_connection(host_port(door)) as s:
+        s.sendall(raw_head("/open_session", 50 * 1024 * 1024).replace(b"POST", b"GET", 1))
+        s.settimeout(5)
+        answer = read_response(s)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
 def test_a_body_without_content_type_is_415(door):
     """A page's fetch() of a typeless Blob sends no Content-Type (and needs no preflight)."""
     r = requests.Request("POST", door.url + "/generate", data=json.dumps(gen_body(2))).prepare()
