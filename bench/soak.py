@@ -257,6 +257,8 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--out", default=None,
+                    help="the report's file name in bench/results (default soak-<date>.md)")
     args = ap.parse_args()
     from radixflow.runtime.server.process import ServerProcess
 
@@ -265,9 +267,9 @@ def main() -> None:
                                          args.concurrency, args.sample_s, args.seed))
     cmd = "python -m bench.soak " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-        if v not in (None, False) and k != "no_write")
+        if v not in (None, False) and k not in ("no_write", "out"))
     text = report(samples, load, args, cmd)
-    out = None if args.no_write else RESULTS / f"soak-{datetime.date.today()}.md"
+    out = None if args.no_write else RESULTS / (args.out or f"soak-{datetime.date.today()}.md")
     if out is not None and plot(samples, out.with_suffix(".png")):
         text += f"\n![RSS over time]({out.with_suffix('.png').name})\n"
     publish(text, out, {"samples": samples, "done": load.done, "failed": load.failed})
