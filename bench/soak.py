@@ -242,7 +242,7 @@ def plot(samples: list[dict], path: Path) -> bool:
     ax.plot([s["t_s"] / 60 for s in samples], [s["rss_bytes"] / 2**20 for s in samples])
     ax.set_xlabel("minutes")
     ax.set_ylabel("RSS of the process tree (MiB)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(s["rss_bytes"] for s in samples) / 2**20 * 1.15)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
