@@ -54,6 +54,7 @@ class Req:
     reported_input_logprobs: bool = False
     session_node: Any = None  # its node in a session (sessions.py) while it runs
     thinking: Any = None  # Thinking (reasoning.py) of a request that separates its reasoning
+    announced: bool = False  # its first output, which says how to decode it, went out
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:
