@@ -4,6 +4,7 @@ applies it)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -157,6 +158,12 @@ class GrammarBackend:
             after()
 
         return self._fill_pool.submit(fill_then)
+
+    def wait_fills(self, timeout: float = 60.0) -> None:
+        """Wait for the bitmask fills submitted so far (they read their states)."""
+        if self._fill_pool is not None:
+            with contextlib.suppress(Exception):  # a shut-down pool, a fill past the timeout
+                self._fill_pool.submit(lambda: None).result(timeout=timeout)
 
     def shutdown(self) -> None:
         self._cache.shutdown()
