@@ -5,8 +5,9 @@ as plain OpenAI chat calls against the naive HF baseline (bench/hf_baseline_serv
 server at a time. Also: a 5-gen straight-line program through /program (one round trip) vs one
 /generate per call, median latency ratio. Targets: >= 3x over cache-off, >= 10x over the baseline.
 
-    python -m bench.agent                          # 32 programs: bench/results/agent-<date>.md
-    python -m bench.agent --programs 4 --trials 3  # smoke run: agent-smoke-<date>.md
+    python -m bench.agent                          # 32 programs: a section of
+                                                   # bench/results/agent.md
+    python -m bench.agent --programs 4 --trials 3  # smoke run: its section <date>-smoke
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import requests
 
 import radixflow as rf
-from bench.report import RESULTS, publish
+from bench.report import Run, publish, run_key
 
 STEPS, GEN_TOKENS, STRAIGHT_GENS, STRAIGHT_TOKENS = 3, 24, 5, 16
 ACTIONS = ["calculator", "search", "finish"]
@@ -359,8 +360,8 @@ def main() -> None:
     print("hf baseline", json.dumps(raw["hf_baseline"]), flush=True)
 
     text = report(args, raw)
-    smoke = "-smoke" if args.programs < 16 else ""
-    publish(text, args.out or RESULTS / f"agent{smoke}-{raw['date']}.md", raw)
+    smoke = "smoke" if args.programs < 16 else ""
+    publish(text, args.out or Run("agent", run_key(raw["date"], smoke)), raw)
 
 
 if __name__ == "__main__":

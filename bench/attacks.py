@@ -6,7 +6,7 @@ template in `chat_template_kwargs`, a `text/plain` body, a 50 MB Content-Length,
 batch past --max-prompts-per-request and a cross-site request. For each: the status and how
 long the answer took; for the stream: its longest inter-token gap while the attacks ran.
 
-    python -m bench.attacks            # -> bench/results/attacks-<date>.md
+    python -m bench.attacks            # -> a section of bench/results/attacks.md
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import requests
 
-from .report import RESULTS, fmt, publish
+from .report import Run, fmt, publish
 
 JINJA = ("{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}")
 
@@ -113,8 +113,7 @@ def main() -> None:
              "The schemas are accepted (their consts are disjoint) and compiled, each new; the "
              "200s include generating 4 tokens under them.", ""]
     text = "\n".join(lines)
-    out = None if args.no_write else RESULTS / f"attacks-{datetime.date.today()}.md"
-    publish(text, out)
+    publish(text, None if args.no_write else Run("attacks", str(datetime.date.today())))
 
 
 if __name__ == "__main__":

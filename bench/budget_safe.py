@@ -7,7 +7,7 @@ concurrency. Cost: the scheduler's time in budget checks and closings (GrammarSt
 .budget_check_s, on its critical path) per decode pass and per checked token, against the
 mean decode pass; then the check alone, replayed over the outputs with the engine idle.
 
-    python -m bench.budget_safe                  # -> bench/results/budget-safe-<date>.md
+    python -m bench.budget_safe                  # -> a section of bench/results/budget-safe.md
     python -m bench.budget_safe --requests 4     # smoke run
 """
 
@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.report import RESULTS
+from bench.report import Run, publish
 from bench.structured import chat_prompts, flush
 from bench.workloads import PROFILE_SCHEMA, validate_profile
 
@@ -146,10 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                 for safe in (False, True)]
         replay = replay_cost(engine, runs[-1]["outputs"], BUDGETS[-1])
     text = markdown(runs, replay, args, isa)
-    out = args.out or RESULTS / f"budget-safe-{datetime.date.today()}.md"
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}")
+    publish(text, args.out or Run("budget-safe", str(datetime.date.today())))
 
 
 if __name__ == "__main__":

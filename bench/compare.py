@@ -45,7 +45,7 @@ def ratio_table(runs: dict[str, dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     first = runs[base]
     cfg = first["config"]
-    title = (f"# {first['workload']}: {', '.join(names)}\n\n{cfg['requests']} requests, "
+    title = (f"## {first['workload']}: {', '.join(names)}\n\n{cfg['requests']} requests, "
              f"concurrency {cfg['concurrency']}, seed {cfg['seed']}, scale {cfg['scale']}; "
              f"servers run one after another.\n\n")
     return title + "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ token sampled: the per-token cost of masks alone).
 Mixed batch: half the requests constrained, half free, submitted together; reports how many
 decode passes ran in the C step (the rest fell back to torch ops).
 
-    python -m bench.constrained_speed   # -> bench/results/constrained-speed-<date>.md
+    python -m bench.constrained_speed   # -> a section of bench/results/constrained-speed.md
     python -m bench.constrained_speed --prompts 2 --no-write   # smoke run
 """
 
@@ -23,8 +23,9 @@ import datetime
 import json
 import statistics
 import time
+from pathlib import Path
 
-from bench.report import RESULTS, publish
+from bench.report import Run, publish, run_key
 from bench.workloads import PROFILE_SCHEMA, json_extract, validate_profile
 
 MAX_NEW_TOKENS = 128
@@ -142,7 +143,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", type=Path, default=None, help="a markdown file instead")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
@@ -165,9 +166,9 @@ def main() -> None:
             raw[f"mixed_jump_{jump}"] = mixed_batch(engine, prompts[:args.batch])
             print(jump, json.dumps(raw[f"single_jump_{jump}"]),
                   json.dumps(raw[f"mixed_jump_{jump}"]))
-    level = "" if args.cpu_isa == "auto" else f"-{args.cpu_isa}"
+    level = "" if args.cpu_isa == "auto" else args.cpu_isa
     publish(report(args, raw), None if args.no_write else
-            args.out or RESULTS / f"constrained-speed{level}-{raw['date']}.md", raw)
+            args.out or Run("constrained-speed", run_key(raw["date"], level)), raw)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ the mean of `--steps` decode steps.
 - prefix per request (with --shared-prefix and the C step): the requests' shared prefix
   attended by each request alone instead of by all of them together (decode.c's cascade off).
 
-    python -m bench.decode_step            # writes bench/results/decode-step-<date>.md
-    python -m bench.decode_step --batch 8 --context 600   # ...-batch8.md
-    python -m bench.decode_step --cpu-isa avx2    # what an AVX2 machine runs: ...-avx2.md
-    python -m bench.decode_step --batch 16 --shared-prefix 1000   # ...-batch16-shared1000.md
+    python -m bench.decode_step            # a section of bench/results/decode-step.md
+    python -m bench.decode_step --batch 8 --context 600   # its section <date>-batch8
+    python -m bench.decode_step --cpu-isa avx2    # what an AVX2 machine runs: <date>-avx2
+    python -m bench.decode_step --batch 16 --shared-prefix 1000   # <date>-batch16-shared1000
 
 The report names the CPU and its level, and sets the step against the memory-bandwidth bound
 of the bytes it reads (weights, once a step, measured here with a large copy); for the C step,
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .report import RESULTS, publish
+from .report import Run, publish, run_key
 
 _NONE = object()  # an attribute whose value is None, to restore
 
@@ -308,12 +308,12 @@ def main() -> None:
                       f"{paired:.1f}x)."]
         lines.append("")
         lines += product_rates(c_step.step, args.batch, med["as served"], info)
-    publish("\n".join(lines), None if args.no_write else
-            RESULTS / f"decode-step-{date}{'-compiled' if args.compile else ''}"
-                      f"{f'-{args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
-                      f"{f'-batch{args.batch}' if args.batch > 1 else ''}"
-                      f"{f'-shared{args.shared_prefix}' if args.shared_prefix else ''}"
-                      f"{f'-threads{args.threads}' if args.threads else ''}.md")
+    key = run_key(date, "compiled" if args.compile else "",
+                  args.cpu_isa if args.cpu_isa != "auto" else "",
+                  f"batch{args.batch}" if args.batch > 1 else "",
+                  f"shared{args.shared_prefix}" if args.shared_prefix else "",
+                  f"threads{args.threads}" if args.threads else "")
+    publish("\n".join(lines), None if args.no_write else Run("decode-step", key))
 
 
 def shared_prefix_slots(sched) -> int:

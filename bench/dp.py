@@ -12,6 +12,9 @@ Workloads, with several distinct system prompts:
   each turn re-sends the history.
 
     python -m bench.dp --workloads shared_prefix multi_turn --sessions 16 --concurrency 8
+
+Each run adds a section to bench/results/dp-router.md; each method's own reports and raw JSON go
+under bench/results/raw/dp-router/ (out of git).
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ import httpx
 
 from . import workloads as wl
 from .loadgen import run_workload, write_run
-from .report import fmt
-
-RESULTS = Path(__file__).parent / "results"
+from .report import Run, fmt, publish, raw_dir
 
 
 def grouped_shared_prefix(num: int, groups: int, seed: int, scale: float) -> list[wl.Session]:
@@ -165,17 +166,18 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="multi_turn: turns per conversation")
     ap.add_argument("--scale", type=float, default=0.5, help="prompt size factor")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", type=Path, default=RESULTS / "dp")
-    ap.add_argument("--output", type=Path, default=None, help="the markdown summary")
+    ap.add_argument("--out-dir", type=Path, default=raw_dir("dp-router"),
+                    help="each method's own reports and raw JSON")
+    ap.add_argument("--output", type=Path, default=None,
+                    help="a markdown file for the summary (default: its section of "
+                         "bench/results/dp-router.md)")
     args = ap.parse_args()
 
     load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     results = {method: run_method(method, args) for method in args.methods}
     load_after = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     text = report(results, args, f"{load_before} / {load_after}")
-    out = args.output or RESULTS / f"dp-router-{datetime.date.today().isoformat()}.md"
-    out.write_text(text)
-    print(text)
+    publish(text, args.output or Run("dp-router", datetime.date.today().isoformat()))
 
 
 if __name__ == "__main__":

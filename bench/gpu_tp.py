@@ -13,7 +13,7 @@ it also runs --tp-size 2:
    TP=1 on the default model when it is cached here (SmolLM2's 9 heads split over 3 GPUs
    only). The collectives' share is not reported: NCCL calls return before the GPU is done.
 
-    python -m bench.gpu_tp                 # writes bench/results/gpu-tp-<date>.md
+    python -m bench.gpu_tp                 # a section of bench/results/gpu-tp.md
     python -m bench.gpu_tp --tokens 32 --skip-correctness
 """
 
@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from .report import RESULTS, fmt, publish
+from .report import Run, fmt, publish
 from .tp import measure, random_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small",
@@ -93,7 +93,7 @@ def main() -> None:
         lines.append(f"| {r['model']} | {r['tp']} | {fmt(r['startup_s'])} | "
                      f"{fmt(r['prefill_s'])} | {fmt(r['tpot_ms'])} | {fmt(r['batch_tok_s'])} |")
     lines += ["", f"Whole run: {time.monotonic() - started:.0f} s."]
-    out = args.out or RESULTS / f"gpu-tp-{datetime.date.today().isoformat()}.md"
+    out = args.out or Run("gpu-tp", datetime.date.today().isoformat())
     publish("\n".join(lines) + "\n", out, raw)
 
 

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 
 from . import workloads as wl
-from .report import fmt
+from .report import fmt, raw_dir
 
-DEFAULT_OUT = Path(__file__).parent / "results"
+DEFAULT_OUT = raw_dir("loadgen")  # a one-off run's files, out of git
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The baseline is written the way a typical user would: `model.generate` on one prompt at a
 time, greedy, the same prompts and output lengths. Runs one after the other, never at once.
 
-    python -m bench.offline        # all workloads, writes bench/results/offline-<date>.md
+    python -m bench.offline        # all workloads: a section of bench/results/offline.md
     python -m bench.offline --workloads single --requests 8
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import workloads as wl
-from .report import RESULTS, publish
+from .report import Run, publish, run_key
 
 WORKLOADS = ("shared_prefix", "random_short")
 
@@ -256,7 +256,9 @@ def main() -> None:
     if profile:
         lines += ["", "## Where a decode step's time goes", "", profile]
     text = "\n".join(lines) + "\n"
-    publish(text, args.out or RESULTS / f"offline-{raw['date']}.md", raw)
+    key = run_key(raw["date"], "" if args.quantization == "auto" else args.quantization,
+                  "compiled" if args.compile else "")
+    publish(text, args.out or Run("offline", key), raw)
 
 
 if __name__ == "__main__":

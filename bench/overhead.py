@@ -6,7 +6,7 @@ the same time, so the machine's drift over minutes hits both sides alike; one bl
 requests are dropped so the other side's worker threads have gone to sleep. The request body
 is the same native /generate body on both sides (the Engine parses and tokenizes it too).
 
-    python -m bench.overhead                 # writes bench/results/overhead-<date>.md
+    python -m bench.overhead                 # a section of bench/results/overhead.md
     python -m bench.overhead --blocks 4 --per-block 8 --no-write
 """
 
@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from .report import RESULTS, publish
+from .report import Run, publish
 
 WARMUP_PER_BLOCK = 2
 
@@ -99,7 +99,7 @@ def main() -> None:
              "each), the paths taking turns block by block; one request at a time. "
              "`added` is the path's latency minus the in-process Engine's.", "",
              *summarize(times, "Engine (in-process)"), ""]
-    publish("\n".join(lines), None if args.no_write else RESULTS / f"overhead-{date}.md")
+    publish("\n".join(lines), None if args.no_write else Run("overhead", date))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ one's start is the time the model idles while the scheduler does its CPU work. R
 median pass, the median and p90 gap, the gap's share of the decode timeline, and tokens/s;
 draws a timeline of a few passes of each mode (PNG).
 
-    python -m bench.overlap                      # -> bench/results/overlap-<date>.md (+ .png)
+    python -m bench.overlap                      # -> bench/results/overlap.md (+ a .png)
     python -m bench.overlap --batches 1 --rounds 1 --tokens 32 --no-write   # smoke run
 """
 
@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .report import RESULTS, publish
+from .report import Run, publish
 
 
 def run_once(engine, batch: int, tokens: int) -> dict:
@@ -122,10 +122,10 @@ def main() -> None:
                          f"{med(batch, mode, 'gap_ms'):.2f} | {med(batch, mode, 'gap_p90_ms'):.2f}"
                          f" | {med(batch, mode, 'gap_share') * 100:.1f}% | "
                          f"{med(batch, mode, 'tok_per_s'):.1f} |")
-    out = None if args.no_write else RESULTS / f"overlap-{date}.md"
+    out = None if args.no_write else Run("overlap", date)
     if out is not None:
-        plot(raw, out.with_suffix(".png"))
-        lines += ["", f"Timeline: `{out.with_suffix('.png').name}`"]
+        plot(raw, out.chart)
+        lines += ["", f"![Timeline]({out.chart.name})"]
     for runs in raw["runs"].values():
         for r in runs[1:]:
             r.pop("timeline")

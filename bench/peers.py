@@ -13,7 +13,9 @@ workloads, one server at a time: start it, run every workload, stop it, next ser
     python -m bench.peers --llama-server ... --cpu-isa avx2 --alternate   # AVX2 level, and
         # every server twice in the order radixflow, peers, peers, radixflow
 
-Each file names the CPU and the level radixflow ran at.
+Each run adds a section to bench/results/peers.md naming the CPU and the level radixflow ran
+at; each server's own report, the raw JSON and a chart per workload go under
+bench/results/raw/peers/ (out of git).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from pathlib import Path
 from . import workloads as wl
 from .compare import write_comparison
 from .loadgen import run_workload, write_run
+from .report import RESULTS, Run, publish, raw_dir, run_key
 from .serve import wait_healthy
 
-RESULTS = Path(__file__).parent / "results"
 PEERS_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "peers"
 
 
@@ -122,7 +124,8 @@ def main() -> None:
     ap.add_argument("--alternate", action="store_true", help="run every server twice, in the "
                     "order radixflow, peers, peers reversed, radixflow (a drifting machine then "
                     "cannot make the result)")
-    ap.add_argument("--out-dir", type=Path, default=RESULTS / "peers")
+    ap.add_argument("--out-dir", type=Path, default=raw_dir("peers"),
+                    help="each server's report, the raw JSON and the charts")
     args = ap.parse_args()
     if args.llama_args is None:
         args.llama_args = default_llama_args()
@@ -205,18 +208,19 @@ def main() -> None:
              f"CPU: {cpu.describe()}, {args.threads} threads{caps}.", "",
              *[f"- {s}" for s in setups], "",
              "Streaming chat completions, greedy, fixed output lengths (ignore_eos); one server "
-             "at a time, each running every workload before the next starts.", ""]
+             "at a time, each running every workload before the next starts. Each server's "
+             "own report, the raw JSON and a chart per workload: "
+             f"`{os.path.relpath(args.out_dir, RESULTS)}/` (not in git).", ""]
     for name in args.workloads:
         by_server = {server: res[name] for server, res in runs.items()}
         for server, run in by_server.items():
             write_run(run, server.replace(" #", "-run").replace(" ", "-"), args.out_dir)
-        table, paths = write_comparison(by_server, args.out_dir)
-        lines += [table, f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
-    out = RESULTS / (f"peers-{peers}-{'-'.join(args.workloads)}-c{args.concurrency}"
-                     f"{'-compiled' if args.compile else ''}"
-                     f"{f'-{args.cpu_isa}' if args.cpu_isa != 'auto' else ''}-{date}.md")
-    out.write_text("\n".join(lines))
-    print("\n".join(lines))
+        table, _ = write_comparison(by_server, args.out_dir)
+        lines += [table, ""]
+    key = run_key(date, peers, "-".join(args.workloads), f"c{args.concurrency}",
+                  "compiled" if args.compile else "",
+                  args.cpu_isa if args.cpu_isa != "auto" else "")
+    publish("\n".join(lines), Run("peers", key))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ how running streams keep their pace while long prompts arrive; radixflow and the
     python -m bench.prefill --llama-server /work/peers/llamacpp/build/bin/llama-server \\
         --vllm-venv /work/peers/vllm-venv --alternate
     python -m bench.prefill --trials 2 --no-write            # radixflow alone, smoke run
+
+Each run adds a section to bench/results/prefill.md.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import httpx
 from . import workloads as wl
 from .loadgen import discover_model, percentile
 from .peers import PEERS_DIR, default_llama_args, llama_cpp_command, serving, torch_capped_to
-from .report import RESULTS, publish
+from .report import Run, publish, run_key
 
 # wl.words' sizes assume 1.3 tokens a word; the default model's tokenizer makes ~1.0: these
 # come out at ~1,000 and ~30 of its tokens (the report shows the counts the servers gave)
@@ -231,9 +233,9 @@ def main() -> None:
                     + (f" --cpu-isa {args.cpu_isa}" if args.cpu_isa != "auto" else "")
                     + (f" --serve-args={args.serve_args!r}" if args.serve_args else "")
                     + (" --alternate" if args.alternate else ""))
-    level = "" if args.cpu_isa == "auto" else f"-{args.cpu_isa}"
+    level = "" if args.cpu_isa == "auto" else args.cpu_isa
     publish(report(args, runs, cpu.describe(), setups),
-            None if args.no_write else RESULTS / f"prefill{level}-{args.date}.md", runs)
+            None if args.no_write else Run("prefill", run_key(args.date, level)), runs)
 
 
 def type_of(flag: str):

@@ -6,7 +6,7 @@ tokens alone (causal) and N tokens after a cached prefix; one layer, median of `
 GFLOP/s of the causal work (2 x 2 x heads x head_dim per visible query-key pair) against this
 CPU's measured peak for the level's instruction (bench.cpu_peak: vdpbf16ps, vfmadd231ps ymm).
 
-    python -m bench.prefill_attention          # -> bench/results/prefill-attention-<date>.md
+    python -m bench.prefill_attention          # -> bench/results/prefill-attention.md
     python -m bench.prefill_attention --level avx2 --no-write --repeats 3
 """
 
@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .report import RESULTS, publish
+from .report import Run, publish, run_key
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 CASES = [(128, 0), (512, 0), (1024, 0), (2048, 0), (30, 1000), (256, 1024)]  # (new, prefix)
@@ -107,7 +107,7 @@ def main() -> None:
             "F.scaled_dot_product_attention (causal alone, a boolean mask after a prefix).\n\n"
             "| new tokens | cached prefix | kernel (ms) | kernel GFLOP/s (of peak) | torch (ms) "
             "| speed-up |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
-    publish(text, None if args.no_write else RESULTS / f"prefill-attention-{level}-{date}.md",
+    publish(text, None if args.no_write else Run("prefill-attention", run_key(date, level)),
             {"level": level, "peak_gflops": peak, "rows": raw})
 
 

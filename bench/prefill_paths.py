@@ -7,7 +7,7 @@
   dense bf16 copy, at avx512; int4 throughout at avx2).
 Each level runs in its own process with torch's kernels capped to it (bench/peers.py's caps).
 
-    python -m bench.prefill_paths            # -> bench/results/prefill-paths-<date>.md
+    python -m bench.prefill_paths            # -> a section of bench/results/prefill-paths.md
     python -m bench.prefill_paths --levels avx2 --tokens 128 --repeats 1 --no-write
 """
 
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from .report import RESULTS, publish
+from .report import Run, publish
 
 
 def measure(level: str, path: str, tokens: list[int], repeats: int) -> dict[int, float]:
@@ -97,7 +97,7 @@ def main() -> None:
         lines.append(f"| {level} | {path} | "
                      + " | ".join(f"{run['ms'][str(n)]:.0f}" for n in args.tokens) + " |")
     publish("\n".join(lines) + "\n",
-            None if args.no_write else RESULTS / f"prefill-paths-{date}.md", raw)
+            None if args.no_write else Run("prefill-paths", date), raw)
 
 
 if __name__ == "__main__":

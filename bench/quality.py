@@ -12,7 +12,7 @@ time as decode steps, through radixflow's C decode step (what a lone request's d
 at each CPU level this machine runs (kernels/cpu/features.py): avx512 (bf16 model, x split into
 16-bit integers), avx2 (fp32 model, x quantized to 8-bit groups).
 
-    python -m bench.quality                # writes bench/results/quality-<date>.md
+    python -m bench.quality                # a section of bench/results/quality.md
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .report import RESULTS, publish
+from .report import Run, publish
 
 FORMATS = {
     "fp32": {"dtype": "float32", "quantization": "none"},
@@ -108,7 +108,7 @@ def main() -> None:
              "matmul inputs split into 16-bit integers per group at avx512, closer to fp32 than "
              "the bf16 model's own ops; quantized to 8-bit groups at avx2, as llama.cpp does).",
              "", *rows, ""]
-    publish("\n".join(lines), None if args.no_write else RESULTS / f"quality-{date}.md")
+    publish("\n".join(lines), None if args.no_write else Run("quality", date))
 
 
 if __name__ == "__main__":

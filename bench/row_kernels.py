@@ -3,7 +3,7 @@ each) against the same work as torch ops: one extend forward of an N-token promp
 model, the two alternating in one process (a drifting machine moves both), median of
 `--repeats` pairs; each level in its own process with torch's kernels capped to it.
 
-    python -m bench.row_kernels               # -> bench/results/row-kernels-<date>.md
+    python -m bench.row_kernels               # -> a section of bench/results/row-kernels.md
     python -m bench.row_kernels --levels avx2 --tokens 128 --repeats 4 --no-write
 """
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from .report import RESULTS, publish
+from .report import Run, publish
 
 WAYS = ("row kernels", "torch ops")
 
@@ -98,7 +98,7 @@ def main() -> None:
             f"{run['ms']['row kernels'][str(n)] / run['ms']['torch ops'][str(n)]:.2f}"
             for n in args.tokens) + " |")
     publish("\n".join(lines) + "\n",
-            None if args.no_write else RESULTS / f"row-kernels-{date}.md", raw)
+            None if args.no_write else Run("row-kernels", date), raw)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ generator, stop it. Then a ratio table per workload (bench/compare.py) and the c
 radixflow's /metrics reports. (The HTTP + IPC overhead of one request is bench/overhead.py.)
 
     python -m bench.serve --workloads shared_prefix multi_turn --num-requests 64 --concurrency 64
+
+Each run adds a section to bench/results/serve.md.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ import httpx
 from . import workloads as wl
 from .compare import write_comparison
 from .loadgen import run_workload, write_run
-
-RESULTS = Path(__file__).parent / "results"
+from .report import RESULTS, Run, publish, raw_dir, run_key
 
 
 def wait_healthy(url: str, timeout: float = 600.0, proc: subprocess.Popen | None = None,
@@ -71,9 +72,15 @@ def main() -> None:
                     help="sessions the one-at-a-time HF server runs "
                          "(its rates do not depend on it)")
     ap.add_argument("--no-baseline", action="store_true")
-    ap.add_argument("--out-dir", type=Path, default=RESULTS / "serve")
-    ap.add_argument("--tag", default="", help="suffix of the summary file name")
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="each server's report, the raw JSON and the charts (default: "
+                         "bench/results/raw/serve/, out of git)")
+    ap.add_argument("--tag", default="", help="what sets this run apart: its section's key in "
+                                              "bench/results/serve.md is <date>-<tag>")
     args = ap.parse_args()
+    date = datetime.date.today().isoformat()
+    run = Run("serve", run_key(date, args.tag))
+    args.out_dir = args.out_dir or raw_dir("serve")
 
     from radixflow.runtime.server.process import ServerProcess
 
@@ -99,7 +106,6 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
 
-    date = datetime.date.today().isoformat()
     lines = [f"# Serving benchmark, {date}", "",
              f"Command: `python -m bench.serve --workloads {' '.join(args.workloads)} "
              f"--num-requests {args.num_requests} --concurrency {args.concurrency} "
@@ -111,18 +117,16 @@ def main() -> None:
              "the same seeded sessions.", "",
              f"Default model (SmolLM2-135M-Instruct, {weights}), 2-core CPU, streaming chat "
              "completions, greedy, fixed output lengths (ignore_eos). One server running at a "
-             "time.", ""]
+             f"time. Each server's own report, the raw JSON and a chart per workload: "
+             f"`{os.path.relpath(args.out_dir, RESULTS)}/` (not in git).", ""]
     for workload_name in args.workloads:
         runs = {name: res[workload_name] for name, res in results.items()}
-        table, paths = write_comparison(runs, args.out_dir)
-        lines += [f"## {workload_name}", "", table, "",
-                  f"Chart: `{os.path.relpath(paths[-1], RESULTS)}`", ""]
+        table, _ = write_comparison(runs, args.out_dir)
+        lines += [table, ""]
     lines += ["## radixflow cache", "",
               f"- Cache hit rate over the whole run (/metrics): {hit / max(prompt, 1):.1%} "
               f"({hit:.0f} of {prompt:.0f} prompt tokens).", ""]
-    out = RESULTS / f"serve-{date}{'-' + args.tag if args.tag else ''}.md"
-    out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    publish("\n".join(lines), run)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ KV tokens in use, requests done and failed, and how long /health takes to answer
 gives RSS at the start and end of the second half, its slope over the second half (after
 warm-up), and a plot.
 
-    python -m bench.soak                          # 60 minutes -> bench/results/soak-<date>.md
+    python -m bench.soak                          # 60 minutes -> bench/results/soak.md
     python -m bench.soak --minutes 2 --no-write   # smoke run
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from .report import RESULTS, fmt, publish
+from .report import Run, fmt, publish, run_key
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
@@ -257,8 +257,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--out", default=None,
-                    help="the report's file name in bench/results (default soak-<date>.md)")
+    ap.add_argument("--variant", default="",
+                    help="what sets this run apart, after the date in its section's key "
+                         "(\"hour\": the section 2026-12-02-hour of bench/results/soak.md)")
     args = ap.parse_args()
     from radixflow.runtime.server.process import ServerProcess
 
@@ -267,11 +268,12 @@ def main() -> None:
                                          args.concurrency, args.sample_s, args.seed))
     cmd = "python -m bench.soak " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-        if v not in (None, False) and k not in ("no_write", "out"))
+        if v not in (None, False, "") and k not in ("no_write", "variant"))
     text = report(samples, load, args, cmd)
-    out = None if args.no_write else RESULTS / (args.out or f"soak-{datetime.date.today()}.md")
-    if out is not None and plot(samples, out.with_suffix(".png")):
-        text += f"\n![RSS over time]({out.with_suffix('.png').name})\n"
+    out = None if args.no_write else Run("soak", run_key(str(datetime.date.today()),
+                                                         args.variant))
+    if out is not None and plot(samples, out.chart):
+        text += f"\n![RSS over time]({out.chart.name})\n"
     publish(text, out, {"samples": samples, "done": load.done, "failed": load.failed})
 
 

@@ -7,7 +7,7 @@ time to first token of a never-seen schema (compiled on the request's path) vs a
 "Forward passes per token" counts each request once per forward it takes part in, so 1.0 is
 one forward per sampled token and jump-forward brings it below that.
 
-    python -m bench.structured               # 64 requests -> bench/results/structured-<date>.md
+    python -m bench.structured               # 64 requests -> bench/results/structured.md
     python -m bench.structured --requests 4  # smoke run
 """
 
@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.report import RESULTS, publish
+from bench.report import Run, publish
 from bench.workloads import PROFILE_SCHEMA, json_extract
 
 MAX_NEW_TOKENS = 128
@@ -209,7 +209,7 @@ def main() -> None:
         print("jump off", json.dumps(raw["jump_off"]), "\nttft", json.dumps(raw["ttft"]))
 
     text = report(args, raw)
-    publish(text, args.out or RESULTS / f"structured-{raw['date']}.md", raw)
+    publish(text, args.out or Run("structured", raw["date"]), raw)
 
 
 if __name__ == "__main__":

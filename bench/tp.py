@@ -11,7 +11,7 @@ SmolLM2-135M splits over 1 or 3 ranks (9 heads, 3 KV heads); --tp-size 2 does no
 9 heads, so TP=2 runs a same-shaped model with 8 heads (--tp2-heads 8, random weights, same
 sizes otherwise): its timings stand for TP=2, its outputs mean nothing.
 
-    python -m bench.tp                      # writes bench/results/tp-<date>.md
+    python -m bench.tp                      # a section of bench/results/tp.md
     python -m bench.tp --dtype float32 --tp 1 3 --tokens 16
 """
 
@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .report import RESULTS, fmt, publish
+from .report import Run, fmt, publish, run_key
 
 PROMPT_TEXT = ("The cache keeps every prefix that two requests share, so the second request "
                "starts where the first one stopped.")
@@ -276,7 +276,7 @@ def main() -> None:
         lines += ["", "gloo all_reduce of one token's hidden state ([1, 576] fp32) between "
                   "processes doing nothing else, per call: " + ", ".join(
                       f"{w} ranks {1e3 * t:.2f} ms" for w, t in latencies.items()) + "."]
-    out = args.out or RESULTS / f"tp-{date}.md"
+    out = args.out or Run("tp", run_key(date, "" if args.dtype == "auto" else args.dtype))
     publish("\n".join(lines) + "\n", out, {"rows": rows, "allreduce_s": latencies,
                                           "args": vars(args) | {"out": str(out)}})
 
