@@ -7,10 +7,14 @@ import dataclasses
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from .router.policy import PolicyConfig
+# Leaves only (tests/test_layers.py): the configuration every process reads loads no feature.
+from .balance.config import PolicyConfig
+from .chat_template import chat_template_text
+from .parallel_flags import check_parallel_flags
+from .reasoning import check_parser_name as check_reasoning_parser
+from .tool_call_formats import check_parser_name as check_tool_call_parser
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -184,7 +188,7 @@ class ServerArgs:
                              "contradict each other")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
-        self._check_tensor_parallel()
+        check_parallel_flags(self)
         self.policy_config()  # bad routing flags: start-up errors naming them
         if self.cpu_isa != "auto" and self.device != "cuda":
             from radixflow.kernels.cpu.features import check_level
@@ -197,13 +201,9 @@ class ServerArgs:
         if self.chat_template is not None:
             chat_template_text(self.chat_template)  # a bad template: a start-up error
         if self.tool_call_parser is not None:
-            from .server.tool_parsers import check_parser_name as check_tool_parser
-
-            self.tool_call_parser = check_tool_parser(self.tool_call_parser)
+            self.tool_call_parser = check_tool_call_parser(self.tool_call_parser)
         if self.reasoning_parser is not None:
-            from .reasoning import check_parser_name
-
-            self.reasoning_parser = check_parser_name(self.reasoning_parser)
+            self.reasoning_parser = check_reasoning_parser(self.reasoning_parser)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name, hint in typing.get_type_hints(type(self)).items():
@@ -211,30 +211,6 @@ class ServerArgs:
             if typing.get_origin(hint) is Literal and getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of "
                                  f"{choices}, got {getattr(self, name)!r}")
-
-    def _check_tensor_parallel(self) -> None:
-        """--tp-size, --nnodes, --node-rank, --dist-init-addr that cannot work together. (That
-        the model's heads and sizes split is checked when it loads: runtime/distributed.)"""
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank must be in [0, {self.nnodes - 1}] with --nnodes "
-                             f"{self.nnodes}, got {self.node_rank}")
-        if self.tp_size % self.nnodes:
-            raise ValueError(f"--tp-size {self.tp_size} cannot be spread evenly over --nnodes "
-                             f"{self.nnodes}: each node runs tp_size / nnodes ranks")
-        if self.nnodes > 1 and not self.dist_init_addr:
-            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT, the address of "
-                             "node 0 every node can reach")
-        if self.dist_init_addr is not None:
-            host, _, port = self.dist_init_addr.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"--dist-init-addr must be HOST:PORT, got "
-                                 f"{self.dist_init_addr!r}")
-            from .distributed.rendezvous import check_dist_init_addr
-
-            check_dist_init_addr(self)  # an unauthenticated store on a network: opt in
-        if self.tp_size > 1 and self.dp_size > 1:
-            raise ValueError("--tp-size > 1 with --dp-size > 1 is not supported yet: run "
-                             "either several replicas or one model split over ranks")
 
     @property
     def served_model_names(self) -> list[str]:
@@ -244,8 +220,6 @@ class ServerArgs:
 
     def policy_config(self) -> PolicyConfig:
         """How the HTTP process routes requests over the --dp-size replicas."""
-        from .router.policy import PolicyConfig
-
         return PolicyConfig(method=self.load_balance_method,
                             cache_threshold=self.cache_threshold,
                             balance_abs_threshold=self.balance_abs_threshold,
@@ -321,22 +295,3 @@ def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str
                          "the server (`radixflow serve --dp-size N`, or rf.Runtime(dp_size=N))")
     return args
 
-
-def chat_template_text(spec: str) -> str:
-    """The Jinja text of --chat-template: a file's contents, or the text itself. Raises
-    ValueError when it is neither a readable file nor a template that parses."""
-    import os
-
-    text = spec
-    if os.path.isfile(spec):
-        with open(spec, encoding="utf-8") as f:
-            text = f.read()
-    elif "{{" not in spec and "{%" not in spec:
-        raise ValueError(f"--chat-template {spec!r}: no such file, and not a Jinja template")
-    import jinja2
-
-    try:
-        jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"--chat-template does not parse: {exc}") from None
-    return text

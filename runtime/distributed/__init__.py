@@ -10,8 +10,9 @@
 - worker.py: ranks 1..N-1, which run rank 0's plans; launch.py starts them (Engine: as
   subprocesses of this process; the server: as children of its launcher, on every node);
 - watch.py: node 0's watch over ranks on other nodes;
-- rendezvous.py: --dist-init-addr must be loopback unless --dist-trusted-network (the store
-  has no authentication); rank 0's store listens on that address only.
+- rendezvous.py: rank 0's store listens on --dist-init-addr only (the store has no
+  authentication; that address must be loopback unless --dist-trusted-network:
+  runtime/parallel_flags.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ _WHERE = {"RankLost": "parallel_state", "TensorParallel": "parallel_state",
 
 
 def __getattr__(name: str) -> Any:
-    # lazy: ServerArgs imports rendezvous.py, which needs no torch
+    # lazy: importing a module of this package runs no torch
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib

@@ -2,7 +2,7 @@
 
 - `tp_args(args)`: before anything starts, check that the model splits (naming the numbers
   when it does not), refuse a --dist-init-addr that is not loopback without
-  --dist-trusted-network (rendezvous.py), and fill in --dist-init-addr (a free port on
+  --dist-trusted-network (runtime/parallel_flags.py), and fill in --dist-init-addr (a free port on
   127.0.0.1 on one node).
 - `TPWorkers.start(args)`: Engine's ranks 1.. of node 0 as subprocesses
   (`python -m radixflow.runtime.distributed.worker`); rank 0 is the Engine's own process.
@@ -25,9 +25,9 @@ import time
 from typing import Any
 
 from ..errors import ServerUnavailable
+from ..parallel_flags import check_dist_init_addr
 from ..server_args import ServerArgs
 from .parallel_state import Layout, current
-from .rendezvous import check_dist_init_addr
 
 logger = logging.getLogger(__name__)
 

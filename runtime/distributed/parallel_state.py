@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from ..errors import Fatal
 from ..models.config import ModelArgs
-from .rendezvous import check_dist_init_addr, loopback_only, serve_store
+from ..parallel_flags import check_dist_init_addr
+from .rendezvous import loopback_only, serve_store
 from .sharding import ShardSpec
 
 logger = logging.getLogger(__name__)

@@ -3,10 +3,9 @@
 torch.distributed's TCPStore has no authentication: whoever connects to it can read and
 write its keys, join the group or break it. So:
 
-- `check_dist_init_addr(args)`: a --dist-init-addr whose host is not a loopback address
-  (127.0.0.0/8, ::1, localhost) is refused unless --dist-trusted-network says the network
-  between the nodes is trusted (a private network, a VPN, a firewall that admits only the
-  nodes). It imports nothing heavy, so ServerArgs can call it.
+- a --dist-init-addr whose host is not a loopback address is refused unless
+  --dist-trusted-network: `check_dist_init_addr` in runtime/parallel_flags.py, a leaf that
+  ServerArgs calls as well;
 - `serve_store(...)`: rank 0's store listens on the --dist-init-addr host only; torch's own
   TCPStore(is_master=True) listens on every interface ([::]) whatever host it is given, so
   the socket is bound here and handed to it (master_listen_fd).
@@ -19,51 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import os
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "localhost.localdomain"})
+from ..parallel_flags import is_loopback_host
 
 
 def split_addr(addr: str) -> tuple[str, int]:
     """'HOST:PORT' or '[V6]:PORT' -> (host, port)."""
     host, _, port = addr.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def is_loopback_host(host: str) -> bool:
-    """127.0.0.0/8, ::1 (and ::ffff:127.x.y.z), or localhost. Other names are not looked up:
-    what a name resolves to can change."""
-    host = host.strip("[]").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-def check_dist_init_addr(args: Any) -> None:
-    """ValueError for a --dist-init-addr that is not loopback without --dist-trusted-network
-    (only with --tp-size > 1: otherwise there is no store)."""
-    addr = getattr(args, "dist_init_addr", None)
-    if not addr or getattr(args, "tp_size", 1) <= 1 or getattr(args, "dist_trusted_network",
-                                                                 False):
-        return
-    host, _, _ = addr.rpartition(":")
-    if host and not is_loopback_host(host):
-        raise ValueError(
-            f"--dist-init-addr {addr} is not a loopback address: the ranks meet through "
-            f"torch.distributed's store, which has no authentication, so any host that can "
-            f"reach {addr} could join or disrupt the job and read what the ranks exchange. "
-            f"Add --dist-trusted-network if the network between the nodes is trusted "
-            f"(private, firewalled to the nodes), or use a 127.0.0.1 address on one node")
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .policy import METHODS, PolicyConfig
+from ..balance.config import METHODS, PolicyConfig
 
 _DEFAULTS = PolicyConfig()
 STR_FLAGS = frozenset({"worker_urls", "api_key", "admin_api_key", "worker_api_key"})

@@ -3,9 +3,10 @@
 Each replica is a scheduler process with its own model copy, KV pool and radix cache, reading
 its own socket (IpcAddrs.schedulers). All of them write to the one detokenizer, whose outputs
 the SchedulerClient routes back by request id, as with one replica. The SchedulerClient
-picks a replica for each request with runtime/router/policy.py (--load-balance-method) and
-sends its aborts to that replica; a cache flush goes to every replica; each replica tags its
-stats with its rank, and /get_server_info and /metrics show them per replica.
+picks a replica for each request with the balancing policy that `radixflow router` uses too
+(runtime/balance/, --load-balance-method; keys are token ids) and sends its aborts to that
+replica; a cache flush goes to every replica; each replica tags its stats with its rank,
+and /get_server_info and /metrics show them per replica.
 """
 
 from __future__ import annotations

@@ -18,11 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from radixflow.runtime.distributed.rendezvous import (
-    check_dist_init_addr,
-    is_loopback_host,
-    serve_store,
-)
+from radixflow.runtime.distributed.rendezvous import serve_store
+from radixflow.runtime.parallel_flags import check_dist_init_addr, is_loopback_host
 from radixflow.runtime.server.process import free_port
 
 

@@ -9,26 +9,16 @@ template.
     pythonic      [f(a=1), g(b="x")]                                    Llama 3.2 / 4 pythonic
     qwen3_coder   <tool_call><function=f><parameter=a>1</parameter>...  Qwen3-Coder, Qwen3.5
 
-vLLM's and SGLang's names for the same formats are accepted too (ALIASES).
+vLLM's and SGLang's names for the same formats are accepted too (ALIASES). The names and
+where each parser lives are in runtime/tool_call_formats.py, a leaf ServerArgs reads.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from ...tool_call_formats import ALIASES, DEFAULT, PARSERS, check_parser_name
 from .base import ArgsDelta, CallStart, Event, Text, ToolParser, ToolStream
-
-PARSERS = {  # name -> "module:class"
-    "hermes": "hermes:HermesParser",
-    "llama3": "llama3:Llama3Parser",
-    "mistral": "mistral:MistralParser",
-    "pythonic": "pythonic:PythonicParser",
-    "qwen3_coder": "qwen3_coder:Qwen3CoderParser",
-}
-ALIASES = {"qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3_json": "llama3",
-           "llama": "llama3", "llama4_pythonic": "pythonic", "qwen3coder": "qwen3_coder",
-           "qwen3_xml": "qwen3_coder"}
-DEFAULT = "hermes"
 
 # Marks of each format in a chat template (all of the first, none of the second), most
 # specific first: Qwen3-Coder's template also holds <tool_call>, and GLM's XML calls sit in
@@ -43,17 +33,6 @@ _TEMPLATE_MARKS = (
 
 __all__ = ["ALIASES", "DEFAULT", "PARSERS", "ArgsDelta", "CallStart", "Event", "Text",
            "ToolParser", "ToolStream", "check_parser_name", "choose_parser", "get_parser"]
-
-
-def check_parser_name(name: str) -> str:
-    """The canonical name of a parser; ValueError listing the choices for an unknown one."""
-    key = name.strip().lower().replace("-", "_") if isinstance(name, str) else name
-    key = ALIASES.get(key, key)
-    if key not in PARSERS:
-        raise ValueError(f"--tool-call-parser {name!r} is not a tool-call parser; the choices "
-                         f"are {', '.join(PARSERS)} (or vLLM's/SGLang's names "
-                         f"{', '.join(ALIASES)})")
-    return key
 
 
 def get_parser(name: str, template: str | None = None) -> ToolParser:

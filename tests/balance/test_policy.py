@@ -1,4 +1,4 @@
-"""The routing policy (runtime/router/policy.py) and its approximate prefix tree."""
+"""The routing policy (runtime/balance/policy.py) and its approximate prefix tree."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from radixflow.runtime.router.policy import LoadBalancer, NoWorker, PolicyConfig
-from radixflow.runtime.router.prefix_tree import PrefixTree, common_prefix_len, token_key
+from radixflow.runtime.balance.config import PolicyConfig
+from radixflow.runtime.balance.policy import LoadBalancer, NoWorker
+from radixflow.runtime.balance.prefix_tree import PrefixTree, common_prefix_len, token_key
 
 
 def balancer(method: str = "cache_aware", workers=("a", "b", "c"), **config) -> LoadBalancer:

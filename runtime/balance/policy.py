@@ -1,8 +1,9 @@
 """Which worker gets a request: round robin, shortest queue, or cache aware.
 
 One `LoadBalancer` serves both the HTTP process of `radixflow serve --dp-size N` (workers are
-the replica ranks 0..N-1, keys are token ids) and `radixflow router` (workers are URLs, keys
-are prompt text). A worker's load is its requests in flight: `select` counts one more on the
+the replica ranks 0..N-1, keys are token ids; server/data_parallel.py) and `radixflow router`
+(workers are URLs, keys are prompt text; router/), with the knobs of a PolicyConfig
+(config.py). A worker's load is its requests in flight: `select` counts one more on the
 worker it picks, `done` one less when the request ends (whatever the outcome).
 
 cache_aware is SGLang's router policy (sgl-router `cache_aware`):
@@ -23,47 +24,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 
+from .config import PolicyConfig
 from .prefix_tree import PrefixTree
-
-METHODS = ("round_robin", "shortest_queue", "cache_aware")
 
 Worker = Hashable
 
 
 class NoWorker(LookupError):
     """Every worker is excluded or gone."""
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Defaults: sglang_router's launch_router."""
-
-    method: str = "cache_aware"
-    cache_threshold: float = 0.5
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.0001
-    eviction_interval: float = 60.0
-    max_tree_size: int = 2 ** 24
-
-    def __post_init__(self) -> None:
-        """ValueError naming the flag of a bad value."""
-        if self.method not in METHODS:
-            raise ValueError(f"--load-balance-method must be one of {', '.join(METHODS)}, "
-                             f"got {self.method!r}")
-        if not 0.0 <= self.cache_threshold <= 1.0:
-            raise ValueError(f"--cache-threshold must be in [0, 1], got {self.cache_threshold}")
-        if self.balance_abs_threshold < 0:
-            raise ValueError("--balance-abs-threshold must be >= 0, got "
-                             f"{self.balance_abs_threshold}")
-        if self.balance_rel_threshold < 1.0:
-            raise ValueError("--balance-rel-threshold must be >= 1 (a max/min load ratio), got "
-                             f"{self.balance_rel_threshold}")
-        if self.eviction_interval <= 0:
-            raise ValueError(f"--eviction-interval must be > 0, got {self.eviction_interval}")
-        if self.max_tree_size <= 0:
-            raise ValueError(f"--max-tree-size must be > 0, got {self.max_tree_size}")
 
 
 class LoadBalancer:
