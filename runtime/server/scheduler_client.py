@@ -18,6 +18,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from ..balance.config import PolicyConfig
+from ..balance.policy import LoadBalancer
+from ..balance.prefix_tree import token_key
 from ..errors import (
     InvalidRequest,
     RadixflowError,
@@ -41,8 +44,6 @@ from ..messages import (
     TextBatchOut,
 )
 from ..reasoning import ReasoningParser
-from ..router.policy import LoadBalancer, PolicyConfig
-from ..router.prefix_tree import token_key
 from .data_parallel import total_stats
 
 logger = logging.getLogger(__name__)
