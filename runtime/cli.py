@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             args = ServerArgs.from_cli_args(ns)
         except ValueError as exc:
             parser.error(str(exc))
-        from .server.launch import fast_exit, serve
+        from .processes import fast_exit
+        from .server.launch import serve
 
         # serve() has stopped the children and cleaned up by the time it returns.
         fast_exit(serve(args))
@@ -49,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             router_args = RouterArgs.from_cli_args(ns)
         except ValueError as exc:
             parser.error(str(exc))
+        from .processes import fast_exit
         from .router.app import run_router
-        from .server.launch import fast_exit
 
         fast_exit(run_router(router_args))
     parser.error(f"unknown command {ns.command!r}")

@@ -10,11 +10,11 @@ which makes the launcher stop the server (it stops whenever a child dies).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import timedelta
 from typing import Any
 
+from ..processes import fast_exit
 from ..server_args import ServerArgs
 from .parallel_state import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY, Layout, parse_addr
 
@@ -57,8 +57,7 @@ def run_watch(args: ServerArgs, ready: Any = None) -> None:
                 logger.error("tensor-parallel rank %d (node %d) has not answered for %.0f s: "
                              "that node's ranks are gone, and the model cannot run without "
                              "them; the server stops", rank, layout.node_of(rank), limit)
-                logging.shutdown()
-                os._exit(1)
+                fast_exit(1)
 
 
 def _idle() -> None:

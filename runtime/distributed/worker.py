@@ -9,12 +9,11 @@ part of the weights and of the KV pool, and its copy of req_to_token (kept by th
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import signal
 import sys
 from typing import Any
 
+from ..processes import become_child, fast_exit
 from ..server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -32,10 +31,10 @@ def run_worker(args: ServerArgs, rank: int, ready: Any = None) -> None:
         runner = ModelRunner(args, folder, load_config(folder), tp_rank=rank)
     except (ValueError, TimeoutError, RankLost) as exc:
         logger.error("tensor-parallel rank %d failed to start: %s", rank, exc)
-        _exit(1)
+        fast_exit(1)
     except Exception:
         logger.exception("tensor-parallel rank %d failed to start", rank)
-        _exit(1)
+        fast_exit(1)
     if ready is not None:
         ready.close()  # (the launcher needs no word: rank 0 is ready only once every rank is)
     tp, table = runner.tp, runner.req_to_token_pool.req_to_token
@@ -46,20 +45,13 @@ def run_worker(args: ServerArgs, rank: int, ready: Any = None) -> None:
             forwards += 1
     except RankLost as exc:
         logger.error("%s; rank %d exits", exc, rank)
-        _exit(1)
+        fast_exit(1)
     except Exception:
         logger.exception("tensor-parallel rank %d failed in a forward", rank)
-        _exit(1)
+        fast_exit(1)
     logger.debug("rank %d: shut down after %d forwards", rank, forwards)
     tp.close()
-    _exit(0)
-
-
-def _exit(code: int) -> None:
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown: nothing to clean, and torch's takes seconds
+    fast_exit(0)
 
 
 def main() -> None:
@@ -67,15 +59,9 @@ def main() -> None:
     (ServerArgs, rank, log level, parent pid)."""
     import multiprocessing
 
-    from ..server.launch import _set_parent_death_signal, setup_logging, watch_parent
-
     args, rank, log_level, parent_pid = pickle.load(sys.stdin.buffer)
     multiprocessing.current_process().name = f"tp-rank-{rank}"  # in its log lines
-    _set_parent_death_signal()
-    watch_parent(parent_pid, lambda: os._exit(1))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the Engine's process
-    signal.signal(signal.SIGTERM, lambda *_: _exit(0))
-    setup_logging(log_level)
+    become_child(parent_pid, log_level)  # Ctrl-C reaches the Engine's process, not this one
     run_worker(args, rank)
 
 

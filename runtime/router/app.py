@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -562,11 +561,10 @@ def run_router(args: RouterArgs) -> int:
     import uvicorn
     import uvloop
 
-    from ..server.launch import _terminate_on_signal, setup_logging
+    from ..processes import setup_logging, stop_on_sigterm
 
     setup_logging(args.log_level)
-    # SIGTERM stops us like Ctrl-C (uvicorn re-raises the signal it shut down for).
-    signal.signal(signal.SIGTERM, _terminate_on_signal)
+    stop_on_sigterm()
     router = Router(args)
     code = 0
     serving = False

@@ -1,29 +1,27 @@
 """`radixflow serve`: start the scheduler and detokenizer processes, then the HTTP server.
 
 Shutdown rules: SIGINT/SIGTERM stop everything cleanly; children die with their parent
-(PR_SET_PDEATHSIG plus a watcher thread); a child that dies makes the server unhealthy and
-then exit with a message, instead of hanging.
+(runtime/processes.py); a child that dies makes the server unhealthy and then exit with a
+message, instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import multiprocessing as mp
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ..chat_template import chat_template_text
 from ..errors import ModelDownloadError, ModelNotFound, ServerUnavailable
 from ..ipc import IpcAddrs
-from ..server_args import ServerArgs, chat_template_text
+from ..processes import Children, setup_logging, stop_on_sigterm, watch_parent
+from ..server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -32,128 +30,6 @@ DEFAULT_SCHEDULER_ENTRY = "radixflow.runtime.scheduler.process:run_scheduler"
 SCHEDULER_ENTRY_ENV = "RADIXFLOW_SCHEDULER_ENTRY"
 # Set by radixflow.Runtime: the server shuts down when this process is gone.
 PARENT_PID_ENV = "RADIXFLOW_PARENT_PID"
-CHILD_STOP_TIMEOUT_S = 5.0
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr, force=True,
-        format="%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s")
-
-
-def _resolve(entry: str) -> Callable[..., Any]:
-    module, _, name = entry.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _set_parent_death_signal() -> None:
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable; relying on the watcher thread")
-
-
-def watch_parent(parent_pid: int, on_gone: Callable[[], None], interval: float = 0.5) -> None:
-    """Call on_gone (once) from a daemon thread when parent_pid is no longer our parent."""
-
-    def loop() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval)
-        on_gone()
-
-    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
-
-
-def _child_main(entry: str, log_level: str, parent_pid: int, *args: Any, **kwargs: Any) -> None:
-    """Every child process starts here: no orphans, quiet Ctrl-C, SIGTERM exits cleanly."""
-    _set_parent_death_signal()
-    watch_parent(parent_pid, lambda: os._exit(1))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    signal.signal(signal.SIGTERM, lambda *_: fast_exit(0))
-    setup_logging(log_level)
-    _resolve(entry)(*args, **kwargs)
-
-
-def fast_exit(code: int) -> None:
-    """Exit now, skipping interpreter teardown: with torch and transformers loaded, its
-    garbage collection takes seconds, and there is nothing left to clean up."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-@dataclass
-class Children:
-    """The server's child processes, started and stopped together."""
-
-    log_level: str
-    procs: dict[str, mp.process.BaseProcess] = field(default_factory=dict)
-
-    def start(self, name: str, entry: str, *args: Any, **kwargs: Any) -> Any:
-        """Start a child running entry(*args, ready_conn, **kwargs); return the parent's end."""
-        ctx = mp.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child_main, name=name, kwargs=kwargs,
-                           args=(entry, self.log_level, os.getpid(), *args, child_conn))
-        proc.start()
-        child_conn.close()
-        self.procs[name] = proc
-        return parent_conn
-
-    def wait_ready(self, name: str, conn: Any, on_progress: Callable[[dict], None] | None = None
-                   ) -> Any:
-        """The child's ready message; raise ServerUnavailable if it dies or reports an error.
-
-        A child may send progress dicts ({"progress": done, "total": n}) before it is ready.
-        """
-        proc = self.procs[name]
-        while True:
-            if conn.poll(0.1):
-                try:
-                    msg = conn.recv()
-                except EOFError:
-                    msg = None
-                if isinstance(msg, dict) and "progress" in msg:
-                    if on_progress is not None:
-                        on_progress(msg)
-                    continue
-                if isinstance(msg, dict) and msg.get("ok") is False:
-                    raise ServerUnavailable(f"the {name} process failed to start: "
-                                            f"{msg.get('error')}")
-                if isinstance(msg, dict) and "model_info" in msg:
-                    return msg["model_info"]
-                if msg is not None:
-                    return msg
-            if not proc.is_alive():
-                proc.join()
-                raise ServerUnavailable(f"the {name} process exited during start-up "
-                                        f"(exit code {proc.exitcode}); see the log above")
-
-    def dead(self) -> tuple[str, int | None] | None:
-        for name, proc in self.procs.items():
-            if not proc.is_alive():
-                return name, proc.exitcode
-        return None
-
-    def stop(self) -> None:
-        logger.debug("stopping %s", ", ".join(self.procs) or "no children")
-        for proc in self.procs.values():
-            if proc.is_alive():
-                proc.terminate()
-        deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
-        for name, proc in self.procs.items():
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                logger.warning("the %s process did not stop in time; killing it", name)
-                proc.kill()
-                proc.join()
-        logger.debug("children stopped")
 
 
 class _LoadingBar:
@@ -182,15 +58,10 @@ class _LoadingBar:
         self.bar.close()
 
 
-def _terminate_on_signal(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def serve(args: ServerArgs) -> int:
     """Run the server until SIGINT/SIGTERM or a child's death. Returns the exit code."""
     setup_logging(args.log_level)
-    # During start-up (before uvicorn owns the signals) SIGTERM stops us like Ctrl-C.
-    signal.signal(signal.SIGTERM, _terminate_on_signal)
+    stop_on_sigterm()
     parent_pid = os.environ.get(PARENT_PID_ENV)
     if parent_pid:
         watch_parent(int(parent_pid), lambda: os.kill(os.getpid(), signal.SIGTERM))
@@ -300,7 +171,7 @@ class _HttpProcess:
                           replicas=lambda: replica_info(client) if client is not None else [])
         client = SchedulerClient(self.tokenizer, self.model_info,
                                  scheduler_addr=addrs.schedulers(args.dp_size),
-                                 detokenizer_addr=addrs.detokenizer, recv_addr=addrs.client,
+                                 recv_addr=addrs.client,
                                  metrics=metrics, policy=args.policy_config())
         client.start()
         processes = {"http": os.getpid(),

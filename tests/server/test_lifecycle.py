@@ -122,7 +122,7 @@ def test_dead_scheduler_fails_requests_and_stops_server(keyed_server):
 
 PARENT = textwrap.dedent("""
     import sys, time
-    from radixflow.runtime.server.launch import Children
+    from radixflow.runtime.processes import Children
     children = Children(log_level="warning")
     conn = children.start("sleeper", "helpers.sleeper:run", 600.0)
     children.wait_ready("sleeper", conn)
