@@ -41,9 +41,9 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
+from ..balance.policy import LoadBalancer, NoWorker
+from ..balance.prefix_tree import token_key
 from .args import RouterArgs, check_worker_url
-from .policy import LoadBalancer, NoWorker
-from .prefix_tree import token_key
 
 logger = logging.getLogger(__name__)
 
