@@ -14,30 +14,31 @@ replacement characters is offered.
 The public text only ever grows by appending; it holds back any suffix that could still
 become a stop string or a match of a stop regex (the `regex` package's partial matching), and
 stops growing for good once a stop string or a regex match appears.
+
+Stops are searched once, in the scheduler (its `Req.stop_checker` is an IncrementalDetokenizer
+with the stops); each of its outputs says how much of the text may be shown
+(`ReqTokenOut.text_len`, see scheduler/output.py) and `Detokenizer` only applies that cut.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import regex
-
-from .messages import AbortReq, GenerateReq, Message, ReqTextOut, ReqTokenOut, TokenBatchOut
+from .messages import Message, ReqTextOut, ReqTokenOut, TokenBatchOut
+from .stop_search import StopSearch
 
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as decoding context for the first output tokens (as vLLM and SGLang do).
 PROMPT_CONTEXT_TOKENS = 5
-PENDING_TIMEOUT_S = 60.0
-FORGET_ABORTED = 10_000  # how many aborted rids to remember, to drop their late outputs
-# One stop_regex search may take this long; a slower pattern (catastrophic backtracking) ends
-# the request instead of stalling the scheduler (see IncrementalDetokenizer.error).
-REGEX_TIMEOUT_S = 0.05
+# A stop checker knows how long its text was after each of its last this many tokens
+# (`text_len_at`): an output that holds tokens back (jump-forward holds
+# scheduler/grammar.py's HOLD_BACK_TOKENS) is cut where the text of the tokens it sends ends.
+TEXT_LENS_KEPT = 16
 
 
 def _decode(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool,
@@ -72,14 +73,10 @@ class IncrementalDetokenizer:
         A Hugging Face tokenizer (anything with `decode(ids, skip_special_tokens=...,
         clean_up_tokenization_spaces=...)`).
     stop:
-        Stop strings, searched only in the generated text; the earliest occurrence wins
-        (at equal positions, the shorter string, which completes first).
+        Stop strings, searched only in the generated text (which wins: StopSearch).
     stop_regex:
         Stop regexes (`regex` syntax), searched only in the generated text: the output ends
-        at the first match found, cut at the match's start like a stop string. The earliest
-        match wins among those complete at once; a stop string that may still complete
-        earlier is waited for, a regex that may still match earlier is not (it could wait
-        forever: ``a.*z``), but the text it could match is held back from the stream.
+        at the first match found, cut at the match's start like a stop string.
     skip_special_tokens:
         Leave special tokens (e.g. ``<|im_end|>``) out of the text.
     spaces_between_special_tokens:
@@ -103,16 +100,10 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
     ):
         self._tokenizer = tokenizer
-        self._stop = tuple(s for s in stop if s)
-        self._max_stop_len = max((len(s) for s in self._stop), default=0)
-        self._regexes = [regex.compile(p) for p in stop_regex]
-        # Per regex: no match can start before this position of the text (it was searched
-        # with partial matching and nothing, not even an unfinished match, started there).
-        self._regex_from = [0] * len(self._regexes)
+        self._stops = StopSearch(stop, stop_regex)
         self._skip_special_tokens = skip_special_tokens
         self._spaces_between_special_tokens = spaces_between_special_tokens
         self._no_stop_trim = no_stop_trim
-        self.error: str | None = None  # set when a stop regex took too long to search
 
         context = [int(i) for i in prompt_ids[len(prompt_ids) - PROMPT_CONTEXT_TOKENS :]]
         self._context_len = len(context)
@@ -121,10 +112,12 @@ class IncrementalDetokenizer:
         self._read_offset = len(context)
         self._prefix_text = self._decode(context) if context else ""
         self._committed = ""  # output text of ids[:read_offset]
-        self._searched_len = 0  # how much of the candidate text was searched for stops
         self._text = ""
         self._matched_stop: str | None = None
+        self._matched_end: int | None = None  # where the matched stop ends in the text
         self._finished = False
+        # (output tokens appended, len(text) then) after each of a stop checker's last tokens
+        self._text_lens: deque[tuple[int, int]] = deque([(0, 0)], maxlen=TEXT_LENS_KEPT)
 
     @property
     def text(self) -> str:
@@ -137,14 +130,57 @@ class IncrementalDetokenizer:
         return self._matched_stop
 
     @property
+    def error(self) -> str | None:
+        """Set when a stop regex took too long to search (its search is then given up)."""
+        return self._stops.error
+
+    @property
+    def matched_end(self) -> int | None:
+        """Where the matched stop ends in the decoded text (the text's end with
+        no_stop_trim), or None."""
+        return self._matched_end
+
+    @property
     def num_tokens(self) -> int:
         """Output tokens appended so far (prompt context excluded)."""
         return len(self._ids) - self._context_len
+
+    def text_len_at(self, num_tokens: int) -> int:
+        """len(text) as it was right after the first `num_tokens` output tokens were appended:
+        the text those tokens show whatever follows them. A stop checker knows it for its last
+        TEXT_LENS_KEPT tokens (ValueError for older ones)."""
+        if num_tokens >= self.num_tokens:
+            return len(self._text)
+        for count, length in reversed(self._text_lens):
+            if count == num_tokens:
+                return length
+        raise ValueError(f"the text length after {num_tokens} tokens is no longer known "
+                         f"(only after each of the last {TEXT_LENS_KEPT})")
 
     def append(self, new_ids: Sequence[int]) -> str:
         """Add output tokens; return the newly stable text (possibly "")."""
         if self._finished:
             raise RuntimeError("append() after finish()")
+        if not self._stops.active:
+            return self._append(new_ids)
+        # A stop checker takes its last few tokens one at a time, to know text_len_at each.
+        split = max(0, len(new_ids) - TEXT_LENS_KEPT)
+        delta = self._append(new_ids[:split]) if split else ""
+        for token in new_ids[split:]:
+            if self._matched_stop is not None:
+                break
+            delta += self._append([token])
+            self._text_lens.append((self.num_tokens, len(self._text)))
+        return delta
+
+    def finish_with(self, ids: Sequence[int]) -> str:
+        """`finish`, once the whole output is `ids`: its tokens not appended yet (those that
+        ended it unchecked: an EOS, a stop token id) are appended, and searched, first."""
+        if not self._finished:
+            self.append(ids[self.num_tokens:])
+        return self.finish()
+
+    def _append(self, new_ids: Sequence[int]) -> str:
         if self._matched_stop is not None or not new_ids:
             return ""
         self._ids.extend(int(i) for i in new_ids)
@@ -178,18 +214,13 @@ class IncrementalDetokenizer:
 
     def _publish(self, candidate: str, *, final: bool) -> str:
         """Make `candidate`'s stable part the public text; return what was added."""
-        held = 0 if final else self._held_back_len(candidate)
-        hits = [h for h in (self._find_stop(candidate), self._find_regex(candidate, final))
-                if h is not None]
-        hit = min(hits, default=None)  # (start, end, matched): the earliest, then the shortest
-        # A stop string that starts before the found hit may still complete: wait for it,
-        # so the earliest occurrence wins however the text was split into tokens.
-        if hit is not None and len(candidate) - held >= hit[0]:
+        hit, stable_len = self._stops.search(candidate, final=final)
+        if hit is not None:
             start, end, matched = hit
-            self._matched_stop = matched
+            self._matched_stop, self._matched_end = matched, end
             stable = candidate[: end if self._no_stop_trim else start]
         else:
-            stable = candidate[: min(len(candidate) - held, self._regex_held_from(candidate))]
+            stable = candidate[:stable_len]
         if not stable.startswith(self._text):
             # Only a tokenizer whose windows decode unlike the full text gets here.
             logger.warning("detokenized text changed behind the stream; keeping the old text")
@@ -198,115 +229,41 @@ class IncrementalDetokenizer:
         self._text = stable
         return delta
 
-    def _find_stop(self, candidate: str) -> tuple[int, int, str] | None:
-        """Earliest stop string in the part of `candidate` not searched before:
-        (start, end, stop)."""
-        if not self._stop:
-            return None
-        # A new occurrence must end in the new text, so it starts at most
-        # max_stop_len - 1 characters before it.
-        search_from = max(0, self._searched_len - self._max_stop_len + 1)
-        self._searched_len = len(candidate)
-        best: tuple[int, int, str] | None = None
-        for stop in self._stop:
-            start = candidate.find(stop, search_from)
-            if start >= 0 and (best is None or (start, start + len(stop)) < best[:2]):
-                best = (start, start + len(stop), stop)
-        return best
-
-    def _find_regex(self, candidate: str, final: bool) -> tuple[int, int, str] | None:
-        """Earliest complete stop-regex match in `candidate`: (start, end, pattern).
-
-        Moves each regex's `_regex_from` up to where its earliest unfinished match starts
-        (partial matching), or to the end of the text when none can start anywhere."""
-        best: tuple[int, int, str] | None = None
-        for i, rx in enumerate(self._regexes):
-            try:
-                m = rx.search(candidate, self._regex_from[i], partial=not final,
-                              timeout=REGEX_TIMEOUT_S)
-                if m is not None and m.partial:
-                    self._regex_from[i] = m.start()
-                    # a complete match may start later than the unfinished one
-                    m = rx.search(candidate, m.start() + 1, timeout=REGEX_TIMEOUT_S)
-                elif m is None:
-                    self._regex_from[i] = len(candidate)
-            except TimeoutError:
-                self.error = (f"stop_regex {rx.pattern!r} took longer than "
-                              f"{REGEX_TIMEOUT_S:g} s to search the output")
-                self._regexes, self._regex_from = [], []
-                return None
-            if m is not None and (best is None or (m.start(), m.end()) < best[:2]):
-                best = (m.start(), m.end(), rx.pattern)
-        return best
-
-    def _regex_held_from(self, candidate: str) -> int:
-        """Where the text a stop regex could still match starts (len(candidate): nowhere)."""
-        return min(self._regex_from, default=len(candidate))
-
-    def _held_back_len(self, candidate: str) -> int:
-        """Length of the longest suffix of `candidate` that is a proper prefix of a stop."""
-        held = 0
-        for stop in self._stop:
-            for size in range(min(len(stop) - 1, len(candidate)), held, -1):
-                if candidate.endswith(stop[:size]):
-                    held = size
-                    break
-        return held
-
 
 class Detokenizer:
-    """Every request's IncrementalDetokenizer, fed the same messages the scheduler gets.
+    """Every running request's text, from the scheduler's outputs alone.
 
-    A request is announced by its GenerateReq (stop strings, prompt context); outputs that
-    overtake their announcement wait in `pending`. Free of sockets: the detokenizer process
-    and the in-process Engine both drive it.
+    A request's first output says how to decode its tokens (`ReqTokenOut.decode`); an output's
+    `text_len`, when set, is how much of the text the scheduler's stop check lets through; its
+    last output (a finish) ends it. Free of sockets: the detokenizer process and the
+    in-process Engine both drive it.
     """
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.states: dict[str, IncrementalDetokenizer] = {}
-        self.pending: dict[str, tuple[float, list[ReqTokenOut]]] = {}
-        self.aborted: OrderedDict[str, None] = OrderedDict()
 
     def handle(self, msg: Message) -> tuple[list[ReqTextOut], Message | None]:
         """(text outputs, a message to forward as is)."""
-        if isinstance(msg, GenerateReq):
-            s = msg.sampling
-            self.states[msg.rid] = IncrementalDetokenizer(
-                self.tokenizer, stop=list(s.stop), stop_regex=list(s.stop_regex),
-                skip_special_tokens=s.skip_special_tokens,
-                spaces_between_special_tokens=s.spaces_between_special_tokens,
-                no_stop_trim=s.no_stop_trim, prompt_ids=msg.input_ids)
-            _, early = self.pending.pop(msg.rid, (0.0, []))
-            return [self._text_out(o) for o in early], None
-        if isinstance(msg, AbortReq):
-            self.states.pop(msg.rid, None)
-            self.pending.pop(msg.rid, None)
-            self.aborted[msg.rid] = None
-            if len(self.aborted) > FORGET_ABORTED:
-                self.aborted.popitem(last=False)
-            return [], None
-        if isinstance(msg, TokenBatchOut):
-            outs = []
-            for out in msg.outputs:
-                if out.rid in self.states:
-                    outs.append(self._text_out(out))
-                elif out.rid not in self.aborted:
-                    self.pending.setdefault(out.rid, (time.monotonic(), []))[1].append(out)
-            self._expire_pending()
-            return outs, None
-        return [], msg
+        if not isinstance(msg, TokenBatchOut):
+            return [], msg
+        texts = [self._text_out(out) for out in msg.outputs]
+        return [t for t in texts if t is not None], None
 
-    def _text_out(self, out: ReqTokenOut) -> ReqTextOut:
-        det = self.states[out.rid]
+    def _text_out(self, out: ReqTokenOut) -> ReqTextOut | None:
+        if out.decode is not None:
+            spec = out.decode
+            self.states[out.rid] = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=spec.skip_special_tokens,
+                spaces_between_special_tokens=spec.spaces_between_special_tokens,
+                prompt_ids=spec.context_ids)
+        det = self.states.get(out.rid)
+        if det is None:  # a scheduler bug: nothing of a request follows its finish
+            logger.warning("dropping an output of request %s: it has no first output", out.rid)
+            return None
         det.append(out.new_ids)
         if out.finish is not None:
             det.finish()
             del self.states[out.rid]
-        return ReqTextOut(token=out, text=det.text)
-
-    def _expire_pending(self) -> None:
-        now = time.monotonic()
-        for rid in [r for r, (t, _) in self.pending.items() if now - t > PENDING_TIMEOUT_S]:
-            logger.warning("dropping outputs of request %s: it was never announced", rid)
-            del self.pending[rid]
+        text = det.text if out.text_len is None else det.text[:out.text_len]
+        return ReqTextOut(token=out, text=text)

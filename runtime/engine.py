@@ -84,7 +84,8 @@ class Engine(GenerateAPI):
         self.model_info = describe_model(self.scheduler.model_info(), self.tokenizer,
                                          tokenizer_path=self.args.tokenizer)
         self._inbox = LocalInbox()
-        self._detokenizer = Detokenizer(self.tokenizer)  # used by the scheduler thread only
+        # Fed the scheduler's outputs only, as the detokenizer process is; the thread's own.
+        self._detokenizer = Detokenizer(self.tokenizer)
         self._pending: dict[str, _Pending] = {}
         self._control: queue.Queue = queue.Queue()  # replies to flush_cache
         self._opening: dict[str, queue.Queue] = {}  # session id -> its open_session's reply
@@ -258,12 +259,6 @@ class Engine(GenerateAPI):
                 if any(m is _SHUTDOWN for m in msgs):
                     self.scheduler.shutdown()
                     return
-                # As in the server, the detokenizer learns of a request before the scheduler.
-                # NOTE: unlike the server's, it is not told of aborts: a caller may still wait
-                # for the aborted request's last output (abort by rid).
-                for msg in msgs:
-                    if isinstance(msg, GenerateReq):
-                        self._detokenize(msg)
                 for out in self.scheduler.step(msgs):
                     self._detokenize(out)
         except Exception as exc:  # the loop must not die silently: fail every waiter

@@ -1,11 +1,10 @@
 """ZMQ plumbing shared by the server's processes: addresses and typed PUSH/PULL sockets.
 
-Convention: the receiving end of each link binds, senders connect.
+Convention: the receiving end of each link binds, senders connect. The links make one line:
 
-    SchedulerClient --PUSH--> scheduler_addr (Scheduler PULL binds; one per replica)
-    SchedulerClient --PUSH--> detokenizer_addr (GenerateReq/AbortReq: stop strings, cleanup)
-    Scheduler        --PUSH--> detokenizer_addr (Detokenizer PULL binds; every replica)
-    Detokenizer      --PUSH--> client_addr      (SchedulerClient PULL binds)
+    SchedulerClient --PUSH--> scheduler_addr   (Scheduler PULL binds; one per replica)
+    Scheduler       --PUSH--> detokenizer_addr (Detokenizer PULL binds; every replica)
+    Detokenizer     --PUSH--> client_addr      (SchedulerClient PULL binds)
 
 Every socket of the server is one of these wrappers, and only `messages.decode` ever turns
 received bytes into objects: nothing is unpickled.
@@ -76,13 +75,6 @@ class PushSocket:
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` lets queued messages (a last ProcessFailed) still go out."""
         self.sock.close(linger=linger_ms)
-
-
-def send_to_each(msg: Message, *socks: PushSocket) -> None:
-    """One message to several sockets, encoded once."""
-    data = messages.encode(msg)
-    for push in socks:
-        push.sock.send(data, copy=False)
 
 
 class PullSocket:

@@ -1,10 +1,15 @@
 """Everything that crosses a ZMQ socket: tagged msgspec structs, encoded as msgpack.
 
 Nothing received is ever unpickled; `decode` only builds the classes in `Message`.
+One straight line, each process sending to the next only:
 
     HTTP/SchedulerClient --GenerateReq/AbortReq/FlushCacheReq/Open-/CloseSessionReq--> Scheduler
     Scheduler --TokenBatchOut/SchedulerStats--> Detokenizer --TextBatchOut/...--> SchedulerClient
     (FlushCacheDone, OpenSessionDone, SessionsClosed: the detokenizer passes them on unchanged)
+
+The detokenizer hears of a request from its first ReqTokenOut alone (its DecodeSpec), and of
+where its stop strings cut the text from each output's `text_len`; an abort reaches only the
+scheduler, which finishes the request with an abort output (nothing follows a finish).
 """
 
 from __future__ import annotations
@@ -107,6 +112,15 @@ class Finish(_Msg):
         return out
 
 
+class DecodeSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """How a request's tokens become text: the scheduler's stop check decodes them this way,
+    and so does the detokenizer, so the stop cuts the scheduler sends fit its text."""
+
+    context_ids: list[int]  # the prompt's last tokens: decoding context, never text
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
 class ReqTokenOut(_Msg):
     """New tokens of one request from one scheduler step (a delta)."""
 
@@ -123,6 +137,12 @@ class ReqTokenOut(_Msg):
     input_logprobs: list[float | None] | None = None
     input_ids: list[int] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # Only in the first output of a request: how the detokenizer decodes it.
+    decode: DecodeSpec | None = None
+    # A request with stop strings or regexes: how many characters of its cumulative text
+    # may be shown (what could still become a stop is held back; the cut at the stop, or
+    # after it with no_stop_trim). None: all of it.
+    text_len: int | None = None
 
 
 class TokenBatchOut(_Msg):

@@ -7,7 +7,20 @@ from helpers.tiny_models import make_tiny_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixflow.runtime.detokenize import IncrementalDetokenizer, decode_token_texts
+from radixflow.runtime.detokenize import (
+    PROMPT_CONTEXT_TOKENS,
+    TEXT_LENS_KEPT,
+    Detokenizer,
+    IncrementalDetokenizer,
+    decode_token_texts,
+)
+from radixflow.runtime.messages import (
+    DecodeSpec,
+    Finish,
+    FlushCacheDone,
+    ReqTokenOut,
+    TokenBatchOut,
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -332,9 +345,9 @@ def test_a_stop_string_starting_earlier_wins_over_a_regex():
 
 
 def test_a_stop_regex_too_slow_to_search_is_an_error(monkeypatch):
-    from radixflow.runtime import detokenize
+    from radixflow.runtime import stop_search
 
-    monkeypatch.setattr(detokenize, "REGEX_TIMEOUT_S", 1e-7)
+    monkeypatch.setattr(stop_search, "REGEX_TIMEOUT_S", 1e-7)
     tok = tokenizer()
     detok = IncrementalDetokenizer(tok, stop_regex=[r"(a|aa)+b"])
     for _ in range(5):
@@ -361,3 +374,70 @@ def test_spaces_between_special_tokens_reaches_the_tokenizer():
         # A fast tokenizer has no such option: the text is the same either way (as in SGLang).
         assert detok.finish() == "Hi<|im_end|> there"
         assert set(seen) == ({None} if flag else {False})
+
+
+# ---- what the scheduler's stop checker tells the detokenizer ----
+
+
+def test_a_stop_checker_knows_its_text_after_each_recent_token():
+    tok = tokenizer()
+    ids = encode(tok, "hello wor") + encode(tok, "ld?")
+    detok = IncrementalDetokenizer(tok, stop=["world!"])
+    lengths = []
+    for i in ids:
+        detok.append([i])
+        lengths.append(len(detok.text))
+    assert [detok.text_len_at(n + 1) for n in range(len(ids))] == lengths
+    assert detok.text_len_at(0) == 0
+    many = IncrementalDetokenizer(tok, stop=["zebra"])
+    long_ids = encode(tok, "the cat sat on the mat " * 10)
+    many.append(long_ids)  # one append: its last TEXT_LENS_KEPT tokens still count one by one
+    for n in range(len(long_ids) - TEXT_LENS_KEPT + 1, len(long_ids) + 1):
+        assert many.text_len_at(n) == len(decode(tok, long_ids[:n]))
+    with pytest.raises(ValueError):
+        many.text_len_at(1)
+
+
+def test_finish_with_searches_the_tokens_that_ended_the_output():
+    tok = tokenizer()
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = encode(tok, "Hi there") + [eos]
+    checker = IncrementalDetokenizer(tok, stop=["<|im_"], skip_special_tokens=False)
+    stream(checker, ids[:-1])  # the scheduler ends on the EOS before its stop check
+    assert checker.finish_with(ids) == "Hi there" and checker.matched_stop == "<|im_"
+    assert checker.matched_end == len("Hi there<|im_")
+    assert checker.finish_with(ids) == "Hi there"  # again: the same
+
+
+def first_output(rid: str, new_ids: list[int], **fields) -> ReqTokenOut:
+    return ReqTokenOut(rid=rid, new_ids=new_ids, prompt_tokens=3, cached_tokens=0,
+                       completion_tokens=len(new_ids), **fields)
+
+
+def test_the_detokenizer_needs_no_announcement():
+    tok = tokenizer()
+    prompt, output = encode(tok, "The capital of"), encode(tok, " France is Paris é")
+    detok = Detokenizer(tok)
+    spec = DecodeSpec(context_ids=prompt[-PROMPT_CONTEXT_TOKENS:])
+    texts, forward = detok.handle(TokenBatchOut(outputs=[
+        first_output("a", output[:3], decode=spec)]))
+    assert forward is None and texts[0].text == decode(tok, output[:3])
+    texts, _ = detok.handle(TokenBatchOut(outputs=[
+        first_output("a", output[3:], finish=Finish(type="length", length=9))]))
+    assert texts[0].text == decode(tok, prompt + output)[len(decode(tok, prompt)):]
+    assert detok.states == {}
+    # nothing of a request follows its finish: a stray output is dropped, not kept
+    assert detok.handle(TokenBatchOut(outputs=[first_output("a", [5])])) == ([], None)
+    assert detok.states == {}
+
+
+def test_the_detokenizer_cuts_where_the_scheduler_says():
+    tok = tokenizer()
+    ids = encode(tok, "Paris is the capital")
+    detok = Detokenizer(tok)
+    texts, _ = detok.handle(TokenBatchOut(outputs=[
+        first_output("a", ids, decode=DecodeSpec(context_ids=[], skip_special_tokens=False),
+                     text_len=5)]))
+    assert texts[0].text == "Paris"
+    passed = FlushCacheDone(success=True)
+    assert detok.handle(passed) == ([], passed)

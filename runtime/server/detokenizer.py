@@ -1,8 +1,9 @@
 """Detokenizer process: token deltas from the scheduler -> cumulative, stop-trimmed text.
 
-The tokenizer manager announces each request (its GenerateReq: stop strings and detokenizer
-options) on the same socket the scheduler writes to. `Detokenizer` (shared with the
-in-process Engine) does the work; stats and flush acknowledgements pass through unchanged.
+It hears only from the scheduler (every replica under --dp-size): a request's first output
+says how to decode it, and the scheduler's stop check says where its text is cut.
+`Detokenizer` (shared with the in-process Engine) does the work; stats and acknowledgements
+pass through unchanged to the HTTP process.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ class TokenizerJsonDecoder:
         self._tokenizer = Tokenizer.from_file(str(path))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool = False) -> str:
+               clean_up_tokenization_spaces: bool = False,
+               spaces_between_special_tokens: bool = True) -> str:
+        # spaces_between_special_tokens: a slow tokenizer's option, which a fast one ignores
         if clean_up_tokenization_spaces:
             raise ValueError("TokenizerJsonDecoder does not clean up tokenization spaces")
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

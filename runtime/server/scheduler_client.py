@@ -1,8 +1,9 @@
 """SchedulerClient: the HTTP process's side of the pipeline.
 
 Owns the tokenizer, sends GenerateReq/AbortReq/FlushCacheReq (and session opens/closes) to the
-scheduler over ZMQ, receives TextBatchOut (plus stats and acknowledgements) from the detokenizer
-and routes each output to the queue of the request group that waits for it.
+scheduler over ZMQ (and to nothing else: the line is HTTP -> scheduler -> detokenizer -> HTTP),
+receives TextBatchOut (plus stats and acknowledgements) from the detokenizer and routes each
+output to the request group that waits for it (request_group.py).
 """
 
 from __future__ import annotations
@@ -10,25 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from ..balance.config import PolicyConfig
 from ..balance.policy import LoadBalancer
 from ..balance.prefix_tree import token_key
-from ..errors import (
-    InvalidRequest,
-    RadixflowError,
-    ServerBusy,
-    ServerUnavailable,
-    StreamBufferFull,
-)
-from ..ipc import AsyncPullSocket, PushSocket, send_to_each
+from ..errors import InvalidRequest, ServerBusy, ServerUnavailable, StreamBufferFull
+from ..ipc import AsyncPullSocket, PushSocket
 from ..messages import (
     AbortReq,
     CloseSessionReq,
@@ -45,6 +38,7 @@ from ..messages import (
 )
 from ..reasoning import ReasoningParser
 from .data_parallel import total_stats
+from .request_group import RequestGroup, RequestState
 
 logger = logging.getLogger(__name__)
 
@@ -56,124 +50,9 @@ def load_tokenizer(path: str) -> Any:
     return load_folder_tokenizer(Path(path))
 
 
-@dataclass(eq=False)
-class _ReqState:
-    req: GenerateReq
-    index: int
-    group: RequestGroup
-    replica: int = 0  # the scheduler replica (--dp-size) that runs it
-    created: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-
-
-def _delta_bytes(token: Any) -> int:
-    """About what an output's token deltas take in memory and on the wire: an id, a logprob,
-    each top-logprob pair (prompt logprobs come once, with the first output)."""
-    size = 8 * len(token.new_ids)
-    if token.output_logprobs is not None:
-        size += 8 * len(token.output_logprobs)
-    if token.output_top_logprobs is not None:
-        size += 16 * sum(len(top or ()) for top in token.output_top_logprobs)
-    return size
-
-
-def _merge(first: ReqTextOut, then: ReqTextOut) -> ReqTextOut:
-    """One output for two successive ones of a request: the text, counts and finish of the
-    later, the deltas (token ids, their logprobs) joined, prompt logprobs from either."""
-    old, new = first.token, then.token
-    joined: dict[str, Any] = {"new_ids": old.new_ids + new.new_ids}
-    for name in ("output_logprobs", "output_top_logprobs"):
-        a, b = getattr(old, name), getattr(new, name)
-        if a is not None:
-            joined[name] = a if b is None else a + b
-    for name in ("input_logprobs", "input_ids", "input_top_logprobs"):
-        if getattr(new, name) is None and getattr(old, name) is not None:
-            joined[name] = getattr(old, name)
-    return ReqTextOut(token=msgspec.structs.replace(new, **joined), text=then.text)
-
-
-class RequestGroup:
-    """Requests answered together (a batch, or n samples); their outputs wait in one place.
-
-    Use as `async with client.submit(reqs) as group:`; leaving the block aborts whatever has
-    not finished (client gone, error), so the scheduler frees its KV at once.
-
-    Outputs a consumer has not taken yet are coalesced, one per request (cumulative text, the
-    token deltas joined), so a slow client costs one item per request, not one per step; what
-    the group has waiting (text, token ids, logprobs: `waiting_bytes`, an estimate) is bounded
-    by the client's `max_stream_buffer_bytes` (SchedulerClient aborts the group past it).
-    """
-
-    def __init__(self, client: SchedulerClient, reqs: list[GenerateReq]):
-        self.client = client
-        self.reqs = reqs
-        self.unfinished = {r.rid for r in reqs}
-        self._pending: dict[int, ReqTextOut] = {}  # index in reqs -> its outputs not taken
-        self._taken_chars: dict[int, int] = {}  # index -> length of the text last taken
-        self.waiting_bytes = 0  # an estimate of what _pending holds beyond what was taken
-        self._error: RadixflowError | None = None
-        self._wakeup = asyncio.Event()
-        self._held: list[tuple[int, ReqTextOut]] = []
-
-    @property
-    def done(self) -> bool:
-        return not self.unfinished
-
-    def put(self, index: int, out: ReqTextOut) -> int:
-        """Add an output of reqs[index]; the bytes the group now has waiting (an estimate)."""
-        if self._error is not None:
-            return self.waiting_bytes  # failed: nothing more is kept
-        pending = self._pending.get(index)
-        before = len(pending.text) if pending is not None else self._taken_chars.get(index, 0)
-        self._pending[index] = out if pending is None else _merge(pending, out)
-        self.waiting_bytes += max(0, len(out.text) - before) + _delta_bytes(out.token)
-        self._wakeup.set()
-        return self.waiting_bytes
-
-    def fail(self, error: RadixflowError) -> None:
-        """The next take raises `error`; outputs not yet taken are dropped."""
-        if self._error is None:
-            self._error = error
-        self._pending, self._held, self.waiting_bytes = {}, [], 0
-        self._wakeup.set()
-
-    async def _take(self) -> list[tuple[int, ReqTextOut]]:
-        while not self._held and not self._pending and self._error is None:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        if self._error is not None:
-            raise self._error
-        items, self._held = self._held, []
-        for index, out in self._pending.items():
-            self._taken_chars[index] = len(out.text)
-            items.append((index, out))
-        self._pending, self.waiting_bytes = {}, 0
-        return items
-
-    async def peek(self) -> list[tuple[int, ReqTextOut]]:
-        """Wait for the first outputs without consuming them: `next` returns them again."""
-        self._held = await self._take()
-        return self._held
-
-    async def next(self) -> list[tuple[int, ReqTextOut]]:
-        """Every output that has arrived (at least one), as (index in reqs, output)."""
-        items = await self._take()
-        for _, out in items:
-            if out.token.finish is not None:
-                self.unfinished.discard(out.token.rid)
-        return items
-
-    async def __aenter__(self) -> RequestGroup:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.client.release(self)
-
-
 class SchedulerClient:
     def __init__(self, tokenizer: Any, model_info: dict, *, scheduler_addr: str | list[str],
-                 detokenizer_addr: str, recv_addr: str, metrics: Any = None,
-                 policy: PolicyConfig | None = None):
+                 recv_addr: str, metrics: Any = None, policy: PolicyConfig | None = None):
         """`scheduler_addr`: one scheduler, or a list of --dp-size replicas, which `policy`
         (default: round robin) chooses between for each request."""
         self.tokenizer = tokenizer
@@ -198,8 +77,7 @@ class SchedulerClient:
                                      PolicyConfig(method="round_robin") if one else policy)
         self.replica_stats: list[SchedulerStats | None] = [None] * len(addrs)
         self.session_replica: dict[str, int] = {}  # the replica each open session lives on
-        self.detok_sock = PushSocket(self.send_ctx, detokenizer_addr, unbounded=True)
-        self.states: dict[str, _ReqState] = {}
+        self.states: dict[str, RequestState] = {}
         # Set from ServerArgs by create_app: requests waiting or running at most (past it a
         # 503 with Retry-After), and text a request may have waiting for its client.
         self.max_queued_requests: int = 4096
@@ -269,9 +147,8 @@ class SchedulerClient:
         group = RequestGroup(self, reqs)
         for i, req in enumerate(reqs):
             replica = self._replica_for(req)
-            self.states[req.rid] = _ReqState(req=req, index=i, group=group, replica=replica)
-            # The detokenizer learns the stop strings first; then the scheduler starts.
-            send_to_each(req, self.detok_sock, self.sched_socks[replica])
+            self.states[req.rid] = RequestState(req=req, index=i, group=group, replica=replica)
+            self.sched_socks[replica].send(req)
         if self.metrics is not None:
             self.metrics.requests_started(len(reqs))
         return group
@@ -291,7 +168,7 @@ class SchedulerClient:
         if state is None or self.failure is not None:
             return
         self.balancer.done(state.replica)
-        send_to_each(AbortReq(rid=rid), self.sched_socks[state.replica], self.detok_sock)
+        self.sched_socks[state.replica].send(AbortReq(rid=rid))
         if self.metrics is not None:
             self.metrics.request_aborted()
 
@@ -307,7 +184,8 @@ class SchedulerClient:
             fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._flush_waiters.append(fut)
             self._flush_acks = []
-            send_to_each(FlushCacheReq(), *self.sched_socks)
+            for sock in self.sched_socks:
+                sock.send(FlushCacheReq())
             flushed = await asyncio.wait_for(fut, timeout)
         if flushed:
             self.balancer.clear_cache()
