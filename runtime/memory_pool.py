@@ -1,6 +1,10 @@
 """Token-granular memory: the request -> KV-slot table and the per-layer K/V slot pools.
 
 Slot 0 of the KV pool is never handed out: padded batch entries write their K/V there.
+
+Everything lives on the pool's device, the free-slot stack too: on CUDA, handing slots out and
+taking them back (a finishing request's slots are read from the device table) are kernels
+queued on the stream, never a copy the host waits for.
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
+        self.device = torch.device(device)
         # A stack whose top is its end; popped slots are handed out in ascending order, so a
         # request decoding on a quiet pool gets consecutive slots (attention can then read its
-        # K/V as a view instead of gathering it).
-        self._free = torch.arange(num_slots, 0, -1, dtype=torch.int64)
+        # K/V as a view instead of gathering it). Its fill level is a host int: no sync.
+        self._free = torch.arange(num_slots, 0, -1, dtype=torch.int64, device=self.device)
         self._num_free = num_slots
 
     @staticmethod
@@ -67,7 +72,7 @@ class KVPool:
         return self._num_free
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        """n free slots (int64, CPU), or None when fewer than n are free."""
+        """n free slots (int64, on the pool's device), or None when fewer than n are free."""
         if n > self._num_free:
             return None
         start = self._num_free - n
@@ -76,8 +81,9 @@ class KVPool:
         return slots
 
     def free(self, slots: torch.Tensor | list[int]) -> None:
+        """Take slots back; slots on another device (or a list) are copied to the pool's."""
         if not isinstance(slots, torch.Tensor):
-            slots = torch.tensor(slots, dtype=torch.int64)
+            slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
         n = slots.numel()
         if n == 0:
             return
@@ -88,7 +94,8 @@ class KVPool:
         self._num_free += n
 
     def free_slots(self) -> torch.Tensor:
-        """The free slots (a view: copy before changing the pool), for failures.py's sweep."""
+        """The free slots (a view on the pool's device: copy before changing the pool), for
+        failures.py's sweep."""
         return self._free[:self._num_free]
 
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

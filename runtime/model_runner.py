@@ -10,7 +10,7 @@ from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
 from radixflow.kernels.cpu.rows import RowKernels
 
-from .attention import create_attention_backend
+from .attention import check_backend_fits_device, create_attention_backend, warm_up_attention
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
 from .models.compiled_decode import SingleRequestDecode
@@ -43,8 +43,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-
-
 class ModelRunner:
     """The model, its KV pool and attention. With --tp-size > 1, one rank's: `tp_rank` 0 is
     the scheduler's (its forward first sends the batch plan to the others, and returns the
@@ -59,6 +57,7 @@ class ModelRunner:
 
             self.tp = TensorParallel.connect(args, tp_rank, self.model_args)
         self.device = self.tp.device if self.tp else resolve_device(args.device)
+        check_backend_fits_device(args.attention_backend, self.device)  # before the weights load
         if self.device.type == "cpu":
             self.cpu = set_level(args.cpu_isa)
             self.kernel_level = cpu_kernels.active_level()
@@ -85,6 +84,7 @@ class ModelRunner:
         self.attn = create_attention_backend(args.attention_backend, self.device,
                                              local.num_heads, local.num_kv_heads, ma.head_dim,
                                              ma.head_dim ** -0.5, dtype=self.dtype)
+        warm_up_attention(self.attn, self.kv_pool, self.req_to_token_pool.req_to_token)
         self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None
@@ -114,6 +114,7 @@ class ModelRunner:
             return None
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
                 "decode_step": "C" if self.cpu_decode is not None else "torch ops"}
+
     def _default_num_slots(self, per_token: int) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)

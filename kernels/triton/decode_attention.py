@@ -7,38 +7,46 @@ loaded once per group), writing a partial output and its log-sum-exp. Stage 2: p
 
 Split boundaries, shared by both stages: split_len = cdiv(cdiv(seq_len, num_splits), BLOCK_N)
 * BLOCK_N; split s covers [s * split_len, min((s + 1) * split_len, seq_len)), possibly empty.
+The split count comes from a small fixed set (decode_plan.py), and `warm_up_decode_attention`
+compiles every variant a server can launch before its first request.
 
 Shared prefixes (FlashInfer's cascade): requests of the batch whose slot rows begin with the
 same `min_shared_prefix` or more slots (the radix cache gives a shared prompt prefix the same
-slots) attend over that prefix together. `plan_shared_prefix` finds them on the device, without
-a host sync: each request's row against the previous request's, consecutive requests that share
-enough forming a group, whose prefix is the shortest of those runs. Stage 1 then covers only
-each request's keys after its group's prefix (from the prefix rounded down to BLOCK_N, split as
-above, the prefix's keys in its first tile masked), and a third
-kernel, program (first request of a block of members, KV head, split), takes up to BLOCK_R
-members x the query heads of the KV head as the rows of one tl.dot against each tile of prefix
-keys, then values (each key tile loaded once for all of them), writing its partials after stage
-1's; stage 2 merges both by log-sum-exp. The prefix splits the same way over [0, prefix).
+slots) attend over that prefix together. `plan_shared_prefix` (decode_plan.py) finds them on
+the device, without a host sync. Stage 1 then covers only each request's keys after its group's
+prefix (from the prefix rounded down to BLOCK_N, split as above, the prefix's keys in its first
+tile masked), and decode_shared_prefix.py's kernel attends the members over the prefix,
+writing its partials after stage 1's; stage 2 merges both by log-sum-exp.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .common import dot, dot_options
+from .decode_plan import (
+    MAX_KV_SPLITS,
+    MIN_SHARED_PREFIX,
+    SHARED_ROWS,
+    SharedPrefix,
+    choose_num_kv_splits,
+    decode_variants,
+    heads_per_program,
+    plan_shared_prefix,
+    programs_per_split,
+    shared_prefix_warps,
+    shares_prefixes,
+)
+from .decode_shared_prefix import _shared_prefix_kernel
+
+__all__ = ["SharedPrefix", "decode_attention_triton", "plan_shared_prefix",
+           "warm_up_decode_attention"]
 
 _LOG2E = 1.0 / math.log(2.0)
-MAX_KV_SPLITS = 64
-MIN_SPLIT_LEN = 256  # tokens: shorter splits cost more in the merge than they win
-PROGRAMS_PER_SM = 8  # enough resident programs per SM to keep loads in flight
-MAX_HEADS_PER_PROGRAM = 64
-MIN_SHARED_PREFIX = 64  # shared prefixes shorter than this attend per request
-SHARED_ROWS = 64  # query rows (members x query heads of a KV head) per prefix program
 
 
 @triton.jit
@@ -118,81 +126,6 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _shared_prefix_kernel(
-    Q, K_cache, V_cache, Req_to_token, Req_pool_indices, Shared_lens, Group_start, Group_end,
-    Mid_o, Mid_lse,
-    qk_scale,  # softmax scale * log2(e)
-    stride_q_b, stride_q_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
-    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
-    FIRST_SPLIT,  # where its splits go in Mid_o / Mid_lse: after stage 1's
-    GROUP: tl.constexpr,  # query heads per KV head
-    BLOCK_R: tl.constexpr,  # requests per program
-    BLOCK_M: tl.constexpr,  # BLOCK_R * GROUP padded to a power of two >= 16 (tl.dot)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    req = tl.program_id(0)  # a block's first member, or a program with nothing to do
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    prefix_len = tl.load(Shared_lens + req).to(tl.int32)
-    group_start = tl.load(Group_start + req).to(tl.int32)
-    group_end = tl.load(Group_end + req).to(tl.int32)
-    if prefix_len == 0 or (req - group_start) % BLOCK_R != 0:
-        return
-    split_len = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, prefix_len)
-    if split_start >= split_end:
-        return
-
-    offs_m = tl.arange(0, BLOCK_M)  # row m: member req + m // GROUP, its head m % GROUP
-    members = req + offs_m // GROUP
-    heads = kv_head * GROUP + offs_m % GROUP
-    mask_m = (offs_m < BLOCK_R * GROUP) & (members < group_end)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    offs_n = tl.arange(0, BLOCK_N)
-    req_row = tl.load(Req_pool_indices + req).to(tl.int64)  # the prefix: every member's alike
-    K_cache += kv_head * stride_kc_h
-    V_cache += kv_head * stride_vc_h
-    members = members.to(tl.int64)
-
-    q = tl.load(Q + members[:, None] * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(split_start, split_end, BLOCK_N):
-        cols = start_n + offs_n
-        mask_n = cols < split_end
-        slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
-        slots = slots.to(tl.int64)
-        k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        m_i = m_new
-
-    at = FIRST_SPLIT + split
-    tl.store(Mid_o + members[:, None] * stride_mo_b + heads[:, None] * stride_mo_h
-             + at * stride_mo_s + offs_d[None, :], acc / l_i[:, None],
-             mask=mask_m[:, None] & mask_d[None, :])
-    tl.store(Mid_lse + members * stride_ml_b + heads * stride_ml_h + at, m_i + tl.log2(l_i),
-             mask=mask_m)
-
-
-@triton.jit
 def _decode_merge_kernel(
     Mid_o, Mid_lse, Seq_lens, O,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
@@ -229,50 +162,6 @@ def _decode_merge_kernel(
              mask=mask_d)
 
 
-@dataclass
-class SharedPrefix:
-    """Which requests of a decode batch attend over a shared prefix together (`plan_shared_prefix`):
-    int64 device tensors [bs]."""
-
-    lens: torch.Tensor  # its group's shared prefix, in keys; 0: it attends alone
-    group_start: torch.Tensor  # its group's first request (batch index)
-    group_end: torch.Tensor  # one past its group's last
-
-
-def plan_shared_prefix(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                       seq_lens: torch.Tensor, *, max_seq_len: int | None = None,
-                       min_shared_prefix: int = MIN_SHARED_PREFIX) -> SharedPrefix | None:
-    """Groups of consecutive requests whose slot rows begin alike, with torch ops on the
-    device (no host sync): request r + 1 joins request r's group when their rows share at least
-    `min_shared_prefix` leading slots; a group's prefix is the shortest such run in it. None
-    when no group can form (a single request, sharing off, rows too short). Compute it once per
-    forward and pass it to every layer's `decode_attention_triton`."""
-    bs = req_pool_indices.numel()
-    width = req_to_token.shape[1] if max_seq_len is None else min(max_seq_len,
-                                                                   req_to_token.shape[1])
-    if bs < 2 or min_shared_prefix <= 0 or width < min_shared_prefix:
-        return None
-    device = req_to_token.device
-    rows = req_to_token[req_pool_indices.long(), :width]  # [bs, width]
-    lens = seq_lens.to(torch.int64)
-    limit = torch.minimum(lens[1:], lens[:-1])
-    pos = torch.arange(width, device=device)
-    same = (rows[1:] == rows[:-1]) & (pos[None, :] < limit[:, None])
-    common = same.to(torch.int32).cumprod(1).sum(1)  # [bs - 1]: r + 1's run alike with r
-    link = common >= min_shared_prefix
-    idx = torch.arange(bs, device=device)
-    starts = torch.ones(bs, dtype=torch.bool, device=device)
-    starts[1:] = ~link
-    group = starts.to(torch.int64).cumsum(0) - 1
-    none = torch.iinfo(torch.int64).max
-    shortest = torch.full((bs,), none, dtype=torch.int64, device=device).scatter_reduce(
-        0, group[1:], torch.where(link, common.to(torch.int64), none), "amin")[group]
-    last = torch.zeros(bs, dtype=torch.int64, device=device).scatter_reduce(
-        0, group, idx, "amax")[group]
-    return SharedPrefix(torch.where(shortest == none, 0, shortest),
-                        torch.where(starts, idx, 0).cummax(0).values, last + 1)
-
-
 def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *,
                             scale: float, num_kv_splits: int | None = None,
                             max_seq_len: int | None = None,
@@ -288,22 +177,23 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     if bs == 0:
         return out
     group = num_heads // num_kv_heads
-    heads_per_program = min(group, MAX_HEADS_PER_PROGRAM)
-    head_blocks_per_kv = triton.cdiv(group, heads_per_program)
+    per_program = heads_per_program(num_heads, num_kv_heads)
+    head_blocks_per_kv = triton.cdiv(group, per_program)
     if num_kv_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
-        num_kv_splits = choose_num_kv_splits(q, bs * num_kv_heads * head_blocks_per_kv,
-                                             max_seq_len)
+        num_kv_splits = choose_num_kv_splits(
+            q.device, programs_per_split(bs, num_heads, num_kv_heads), max_seq_len)
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {num_kv_splits}")
+    cascade = shares_prefixes(num_heads, num_kv_heads)
     if isinstance(shared_prefix, str):
         if shared_prefix != "auto":
             raise ValueError(f"shared_prefix must be a plan, 'auto' or None, not {shared_prefix!r}")
-        shared_prefix = None if group > SHARED_ROWS else plan_shared_prefix(
+        shared_prefix = plan_shared_prefix(
             req_to_token, req_pool_indices, seq_lens, max_seq_len=max_seq_len,
-            min_shared_prefix=min_shared_prefix)
-    shared = shared_prefix is not None and group <= SHARED_ROWS
+            min_shared_prefix=min_shared_prefix) if cascade else None
+    shared = shared_prefix is not None and cascade
     block_d = triton.next_power_of_2(head_dim)
     block_n = 64 if q.is_cuda else 32
     total_splits = 2 * num_kv_splits if shared else num_kv_splits  # then: own keys', prefix's
@@ -325,9 +215,9 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         scale * _LOG2E, *strides,
         shared_prefix.lens if shared else seq_lens,
         GROUP=group,
-        HEADS_PER_PROGRAM=heads_per_program,
+        HEADS_PER_PROGRAM=per_program,
         HEAD_BLOCKS_PER_KV=head_blocks_per_kv,
-        BLOCK_H=max(16, triton.next_power_of_2(heads_per_program)),
+        BLOCK_H=max(16, triton.next_power_of_2(per_program)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
@@ -368,17 +258,23 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     return out
 
 
-def shared_prefix_warps(block_m: int, block_d: int) -> int:
-    """Warps of a shared-prefix program: 8 from a 64 x 128 accumulator on (at 4, sm_90's ptxas
-    spills registers there: bench/kernel_registers.py)."""
-    return 8 if block_m * block_d >= 64 * 128 else 4
-
-
-def choose_num_kv_splits(q: torch.Tensor, programs_per_split: int, max_seq_len: int) -> int:
-    """Enough splits to fill the GPU, none shorter than MIN_SPLIT_LEN tokens."""
-    if not q.is_cuda:
-        return 1 if max_seq_len <= 64 else 2
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs_per_split)
-    by_length = max(1, max_seq_len // MIN_SPLIT_LEN)
-    return max(1, min(wanted, by_length, MAX_KV_SPLITS))
+def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             req_to_token: torch.Tensor, *, num_heads: int, scale: float,
+                             num_kv_splits: int | None = None) -> int:
+    """Launch once each variant of `decode_variants` over these pools, so triton compiles them
+    all now; the count launched. Tensors alike in dtype and layout to a serving backend's (int64
+    lengths and rows, queries of the pool's dtype), so its launches find the variants compiled.
+    Reads slot ids of the table's row 0, writes only its own outputs."""
+    device = k_cache.device
+    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    bs = 2
+    q = torch.zeros((bs, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+    rows = torch.zeros(bs, dtype=torch.int64, device=device)
+    ones = torch.ones(bs, dtype=torch.int64, device=device)
+    together = SharedPrefix(ones, torch.zeros_like(rows), torch.full_like(rows, bs))
+    variants = decode_variants(device, num_heads, num_kv_heads, num_kv_splits)
+    for splits, shared in variants:
+        decode_attention_triton(q, k_cache, v_cache, req_to_token, rows, ones, scale=scale,
+                                num_kv_splits=splits, max_seq_len=1,
+                                shared_prefix=together if shared else None)
+    return len(variants)

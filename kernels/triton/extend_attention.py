@@ -171,3 +171,17 @@ def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
         return 128, 64, 8, 2
     major, _ = torch.cuda.get_device_capability(q.device)
     return (128, 32, 8, 2) if major >= 8 else (64, 32, 4, 2)
+
+
+def warm_up_extend_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             req_to_token: torch.Tensor, *, num_heads: int, scale: float) -> None:
+    """Launch the extend kernel once over these pools (one new token, no prefix), so triton
+    compiles the variant a serving backend uses: its tile configuration depends only on the
+    device, dtype and head size, and its lengths are int64 like the backend's."""
+    device = k_cache.device
+    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+    kv = torch.zeros((1, num_kv_heads, head_dim), dtype=k_cache.dtype, device=device)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    extend_attention_triton(q, kv, kv, k_cache, v_cache, req_to_token, zero, zero, zero + 1,
+                            zero, scale=scale, max_extend_len=1)

@@ -1,9 +1,16 @@
 """The Triton attention backend: writes the new tokens' K/V into the pool, then runs the
-extend or split-KV decode kernel over the token-slot table (radixflow.kernels.attention)."""
+extend or split-KV decode kernel over the token-slot table (radixflow.kernels.attention).
+
+On CUDA, `warm_up` compiles every kernel variant it can launch before the first request: the
+decode split count comes from a small fixed set (kernels/triton/decode_plan.py).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +18,9 @@ import torch
 from radixflow.kernels.attention import decode_attention, extend_attention
 
 from ..forward_batch import ForwardBatch, ForwardMode
+from ..memory_pool import KVPool
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -20,7 +30,7 @@ class _Plan:
     extend_starts: torch.Tensor | None  # [bs] int64: first token row of each request (EXTEND)
     max_extend_len: int
     max_seq_len: int
-    num_kv_splits: int | None  # DECODE: None lets the kernel choose
+    num_kv_splits: int | None  # DECODE: one of decode_plan.KV_SPLIT_CHOICES (or the fixed one)
     shared_prefix: object = None  # DECODE: requests attending over a shared prefix together
 
 
@@ -34,14 +44,43 @@ class TritonAttnBackend:
         self.scale = scale
         self.num_kv_splits = num_kv_splits
 
+    def warm_up(self, kv_pool: KVPool, req_to_token: torch.Tensor) -> None:
+        """Compile every variant of the extend and decode kernels this backend can launch
+        over these pools (one launch each; they read the table, write only their outputs)."""
+        from radixflow.kernels.triton.decode_attention import warm_up_decode_attention
+        from radixflow.kernels.triton.extend_attention import warm_up_extend_attention
+
+        started = time.perf_counter()
+        k_cache, v_cache = kv_pool.k[0], kv_pool.v[0]  # every layer's alike
+        guard = (torch.cuda.device(kv_pool.device) if kv_pool.device.type == "cuda"
+                 else contextlib.nullcontext())
+        with guard:  # triton launches on the current device: make it the pool's
+            warm_up_extend_attention(k_cache, v_cache, req_to_token, num_heads=self.num_heads,
+                                     scale=self.scale)
+            count = warm_up_decode_attention(k_cache, v_cache, req_to_token,
+                                             num_heads=self.num_heads, scale=self.scale,
+                                             num_kv_splits=self.num_kv_splits)
+            if kv_pool.device.type == "cuda":
+                torch.cuda.synchronize(kv_pool.device)
+        logger.info("Triton attention: extend and %d decode variants compiled in %.1f s",
+                    count, time.perf_counter() - started)
+
     def prepare(self, batch: ForwardBatch) -> None:
         max_seq_len = max(batch.seq_lens_cpu, default=0)
         if batch.mode == ForwardMode.DECODE:
-            from radixflow.kernels.triton.decode_attention import plan_shared_prefix
+            from radixflow.kernels.triton import decode_plan
 
-            shared = plan_shared_prefix(batch.req_to_token, batch.req_pool_indices,
-                                        batch.seq_lens, max_seq_len=max_seq_len)
-            batch.attn_metadata = _Plan(None, 1, max_seq_len, self.num_kv_splits, shared)
+            shared = None
+            if decode_plan.shares_prefixes(self.num_heads, self.num_kv_heads):
+                shared = decode_plan.plan_shared_prefix(
+                    batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                    max_seq_len=max_seq_len)
+            splits = self.num_kv_splits or decode_plan.choose_num_kv_splits(
+                batch.seq_lens.device,
+                decode_plan.programs_per_split(batch.batch_size, self.num_heads,
+                                               self.num_kv_heads),
+                max_seq_len)
+            batch.attn_metadata = _Plan(None, 1, max_seq_len, splits, shared)
             return
         starts = list(itertools.accumulate(batch.extend_lens_cpu[:-1], initial=0))
         extend_starts = torch.tensor(starts, dtype=torch.int64).to(batch.input_ids.device,

@@ -1,5 +1,6 @@
-"""Triton extend / decode attention (under TRITON_INTERPRET=1) against the torch references,
-and the references against dense attention written out by hand.
+"""Triton extend / decode attention (on the GPU, or the CPU under TRITON_INTERPRET=1: the
+`kernel_device` fixture) against the torch references, and the references against dense
+attention written out by hand.
 
 Tolerances: fp32 atol 1e-4 / rtol 1e-4; bf16 atol 2e-2 / rtol 2e-2 (the kernels round P to
 bf16 before the PV product; the reference works in fp32 throughout).
@@ -22,9 +23,10 @@ from radixflow.kernels.attention import (
 TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, *, seed=0):
+def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, *, seed=0,
+               device="cpu"):
     """A KV pool holding each request's prefix and new tokens at scattered slots, plus the
-    new tokens' q/k/v laid out one request after another."""
+    new tokens' q/k/v laid out one request after another (made on the CPU, moved to device)."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     num_slots = sum(seq_lens) + 7
@@ -42,11 +44,12 @@ def make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtyp
     num_tokens = sum(extend_lens)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=g).to(dtype)
     starts = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
-    return {"q": q, "k": k_cache[out_slots].clone(), "v": v_cache[out_slots].clone(),
+    case = {"q": q, "k": k_cache[out_slots].clone(), "v": v_cache[out_slots].clone(),
             "k_cache": k_cache, "v_cache": v_cache, "req_to_token": req_to_token,
             "req_pool_indices": rows, "prefix_lens": torch.tensor(prefix_lens),
             "extend_lens": torch.tensor(extend_lens), "extend_starts": starts,
             "seq_lens": torch.tensor(seq_lens)}
+    return {name: t.to(device) for name, t in case.items()}
 
 
 def run_extend(case, backend, scale):
@@ -95,10 +98,12 @@ def test_references_match_dense_attention():
     "num_heads,num_kv_heads,head_dim,dtype",
     [(4, 4, 64, torch.float32), (8, 2, 128, torch.float32), (4, 1, 64, torch.bfloat16)],
 )
-def test_extend_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtype):
+def test_extend_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtype,
+                                         kernel_device):
     # empty and non-empty prefixes; extends of 1, exactly one tile, and spanning tiles
     prefix_lens, extend_lens = [0, 7, 33, 0, 64], [1, 40, 5, 32, 3]
-    case = make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype)
+    case = make_paged(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype,
+                      device=kernel_device)
     scale = 1 / math.sqrt(head_dim)
     want = run_extend(case, "torch", scale)
     got = run_extend(case, "triton", scale)
@@ -106,18 +111,19 @@ def test_extend_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtyp
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
-def test_extend_kernel_int64_offsets(monkeypatch):
+def test_extend_kernel_int64_offsets(monkeypatch, kernel_device):
     # pools past 2**31 elements switch to 64-bit offsets; too big to allocate here, so force it
     monkeypatch.setattr("radixflow.kernels.triton.extend_attention.needs_int64", lambda *_: True)
-    case = make_paged([0, 5], [3, 4], 4, 2, 64, torch.float32, seed=3)
+    case = make_paged([0, 5], [3, 4], 4, 2, 64, torch.float32, seed=3, device=kernel_device)
     want = run_extend(case, "torch", 0.125)
     torch.testing.assert_close(run_extend(case, "triton", 0.125), want, **TOL[torch.float32])
 
 
-def test_extend_kernel_lengths_one_to_n():
+def test_extend_kernel_lengths_one_to_n(kernel_device):
     n = 9
     prefix_lens, extend_lens = list(range(n)), list(range(1, n + 1))
-    case = make_paged(prefix_lens, extend_lens, 2, 1, 64, torch.float32, seed=1)
+    case = make_paged(prefix_lens, extend_lens, 2, 1, 64, torch.float32, seed=1,
+                      device=kernel_device)
     want = run_extend(case, "torch", 0.125)
     torch.testing.assert_close(run_extend(case, "triton", 0.125), want, **TOL[torch.float32])
 
@@ -129,10 +135,10 @@ def test_extend_kernel_lengths_one_to_n():
      (8, 2, 64, torch.bfloat16, 3)],
 )
 def test_decode_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtype,
-                                         num_kv_splits):
+                                         num_kv_splits, kernel_device):
     seq_lens = [1, 2, 31, 64, 97]
     case = make_paged([s - 1 for s in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads,
-                      head_dim, dtype, seed=2)
+                      head_dim, dtype, seed=2, device=kernel_device)
     args = (case["q"], case["k_cache"], case["v_cache"], case["req_to_token"],
             case["req_pool_indices"], case["seq_lens"])
     scale = 1 / math.sqrt(head_dim)
@@ -142,9 +148,9 @@ def test_decode_kernel_matches_reference(num_heads, num_kv_heads, head_dim, dtyp
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
-def test_decode_kernel_empty_sequence_gives_zeros():
-    case = make_paged([4, 0], [1, 1], 2, 1, 64, torch.float32)
-    seq_lens = torch.tensor([5, 0])
+def test_decode_kernel_empty_sequence_gives_zeros(kernel_device):
+    case = make_paged([4, 0], [1, 1], 2, 1, 64, torch.float32, device=kernel_device)
+    seq_lens = torch.tensor([5, 0], device=kernel_device)
     got = decode_attention(case["q"], case["k_cache"], case["v_cache"], case["req_to_token"],
                            case["req_pool_indices"], seq_lens, scale=0.1, num_kv_splits=2,
                            backend="triton")
@@ -163,10 +169,10 @@ def test_bad_head_counts_and_backend_raise():
         run_extend(case, "cuda", 1.0)
 
 
-def make_shared(groups, *, num_heads, num_kv_heads, head_dim, dtype, seed=0):
+def make_shared(groups, *, num_heads, num_kv_heads, head_dim, dtype, seed=0, device="cpu"):
     """A KV pool and table whose rows (in batch order, at scattered table rows) are groups of
     requests sharing a prefix: `groups` lists, per group, (prefix length, each member's own
-    length); a prefix of 0 makes lone requests."""
+    length); a prefix of 0 makes lone requests. Made on the CPU, moved to device."""
     g = torch.Generator().manual_seed(seed)
     total = sum(p + sum(own) for p, own in groups) + 8
     k_cache = torch.randn(total + 1, num_kv_heads, head_dim, generator=g).to(dtype)
@@ -182,18 +188,19 @@ def make_shared(groups, *, num_heads, num_kv_heads, head_dim, dtype, seed=0):
     for row, slots in zip(table_rows.tolist(), rows):
         req_to_token[row, :len(slots)] = torch.tensor(slots, dtype=torch.int32)
     q = torch.randn(len(rows), num_heads, head_dim, generator=g).to(dtype)
-    return (q, k_cache, v_cache, req_to_token, table_rows, torch.tensor(seq_lens))
+    made = (q, k_cache, v_cache, req_to_token, table_rows, torch.tensor(seq_lens))
+    return tuple(t.to(device) for t in made)
 
 
-def test_shared_prefix_plan_groups_consecutive_requests():
-    from radixflow.kernels.triton.decode_attention import plan_shared_prefix
+def test_shared_prefix_plan_groups_consecutive_requests(kernel_device):
+    from radixflow.kernels.triton.decode_plan import plan_shared_prefix
 
     # in batch order: 3 sharing 100 slots (the third only 80 of them), a lone request, 2
     # sharing 70 (one with no keys of its own), 2 sharing 20 (fewer than 64: alone)
     _, _, _, table, rows, lens = make_shared(
         [(100, [5, 1, 3]), (0, [90]), (70, [9, 0]), (20, [3, 4])],
-        num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32)
-    table[rows[2], 80:100] = torch.arange(900, 920, dtype=torch.int32)
+        num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=kernel_device)
+    table[rows[2], 80:100] = torch.arange(900, 920, dtype=torch.int32, device=kernel_device)
     plan = plan_shared_prefix(table, rows, lens)
     assert plan.lens.tolist() == [80, 80, 80, 0, 70, 70, 0, 0]
     assert plan.group_start.tolist() == [0, 0, 0, 3, 4, 4, 6, 7]
@@ -212,11 +219,12 @@ def test_shared_prefix_plan_groups_consecutive_requests():
     (16, 2, 16, torch.float32, 3, [(65, [1, 2, 3, 4, 5, 6, 7, 8, 9, 1])]),
 ])
 def test_decode_kernel_over_shared_prefixes_matches_reference(num_heads, num_kv_heads, head_dim,
-                                                              dtype, splits, groups):
+                                                              dtype, splits, groups,
+                                                              kernel_device):
     from radixflow.kernels.triton.decode_attention import decode_attention_triton
 
     args = make_shared(groups, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                       head_dim=head_dim, dtype=dtype)
+                       head_dim=head_dim, dtype=dtype, device=kernel_device)
     scale = 1 / math.sqrt(head_dim)
     want = decode_attention(*args, scale=scale, backend="torch")
     got = decode_attention(*args, scale=scale, num_kv_splits=splits, backend="triton")

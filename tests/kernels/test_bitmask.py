@@ -1,5 +1,6 @@
-"""Grammar bitmask apply: Triton kernel (interpreter), xgrammar-backed CPU path and the torch
-reference agree exactly (a mask either writes -inf or leaves the logit bit-for-bit alone)."""
+"""Grammar bitmask apply: Triton kernel (on the GPU, or the interpreter on the CPU), the
+xgrammar-backed CPU path and the torch reference agree exactly (a mask either writes -inf or
+leaves the logit bit-for-bit alone)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import torch
 from radixflow.kernels.bitmask import apply_bitmask_, apply_bitmask_torch_
 
 
-def random_case(bs, vocab, words, dtype, seed=0):
+def random_case(bs, vocab, words, dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(bs, vocab, generator=g).to(dtype)
     bitmask = torch.randint(-2**31, 2**31 - 1, (bs, words), dtype=torch.int32, generator=g)
-    return logits, bitmask
+    return logits.to(device), bitmask.to(device)
 
 
 def test_reference_follows_the_bit_layout():
@@ -30,8 +31,8 @@ def test_reference_follows_the_bit_layout():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [None, [0, 3, 4], "tensor", []])
 @pytest.mark.parametrize("words", [10, 8])  # 8 * 32 = 256 < vocab 300: padded vocab
-def test_backends_agree(dtype, rows, words):
-    logits, bitmask = random_case(6, 300, words, dtype)
+def test_backends_agree(dtype, rows, words, kernel_device):
+    logits, bitmask = random_case(6, 300, words, dtype, device=kernel_device)
     if rows == "tensor":
         rows = torch.tensor([5, 1])
     want = logits.clone()
@@ -48,8 +49,8 @@ def test_backends_agree(dtype, rows, words):
             assert torch.isinf(want[r, 32 * words:]).all()  # past the bitmask: disallowed
 
 
-def test_allowed_logits_are_untouched_and_unconstrained_rows_skipped():
-    logits, bitmask = random_case(3, 100, 4, torch.float32, seed=1)
+def test_allowed_logits_are_untouched_and_unconstrained_rows_skipped(kernel_device):
+    logits, bitmask = random_case(3, 100, 4, torch.float32, seed=1, device=kernel_device)
     bitmask[1] = -1  # every token allowed
     got = logits.clone()
     apply_bitmask_(got, bitmask, [1, 2], backend="triton")

@@ -1,8 +1,9 @@
-"""The engine's greedy outputs are the same with the Triton attention and sampling kernels (run
-on the CPU by the interpreter) as with the CPU path (torch_native attention, torch sampling),
-through chunked prefill, batching and prefix reuse. (A seeded draw is the same distribution on
-both, by different algorithms: CDF inversion in the kernel, the exponential race on the CPU;
-tests/sampling and tests/kernels/test_sampling.py check each against the kept set.)"""
+"""The engine's greedy outputs are the same with the Triton attention and sampling kernels (on
+the GPU, or on the CPU by the interpreter) as with the CPU path (torch_native attention, torch
+sampling), through chunked prefill, batching and prefix reuse. (A seeded draw is the same
+distribution on both, by different algorithms: CDF inversion in the kernel, the exponential
+race on the CPU; tests/sampling and tests/kernels/test_sampling.py check each against the kept
+set.)"""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def tiny_llama(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
-def outputs(folder, attention_backend, sampling_backend):
-    with Engine(str(folder), dtype="float32", device="cpu", attention_backend=attention_backend,
+def outputs(folder, attention_backend, sampling_backend, device="cpu"):
+    with Engine(str(folder), dtype="float32", device=device, attention_backend=attention_backend,
                 sampling_backend=sampling_backend, max_total_tokens=1024,
                 chunked_prefill_size=8, max_prefill_tokens=16) as engine:
         assert type(engine.scheduler.runner.attn).__name__ == BACKEND_CLASSES[attention_backend]
@@ -39,7 +40,7 @@ def outputs(folder, attention_backend, sampling_backend):
         return first, [r["output_ids"] for r in again], [r["output_ids"] for r in mixed]
 
 
-def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch):
+def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch, kernel_device):
     draws = []
     kernel = triton_sampling.sample_from_logits_triton
 
@@ -50,7 +51,7 @@ def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch):
     monkeypatch.setattr(triton_sampling, "sample_from_logits_triton", counted_kernel)
     want = outputs(tiny_llama, "torch_native", "torch")
     assert not draws
-    got = outputs(tiny_llama, "triton", "triton")
+    got = outputs(tiny_llama, "triton", "triton", kernel_device.type)
     assert draws  # the mixed batch was sampled by the Triton kernel
     n = len(PROMPTS)
     assert got[:2] == want[:2] and got[2][:n] == want[2][:n]  # every greedy row, mixed ones too

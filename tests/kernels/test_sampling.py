@@ -1,5 +1,6 @@
-"""Sampling: the Triton kernel (interpreter) against the torch reference with the same
-uniforms, the reference against the sort-based kept distribution, and the semantics by hand.
+"""Sampling: the Triton kernel (on the GPU, or the interpreter on the CPU) against the torch
+reference with the same uniforms, the reference against the sort-based kept distribution,
+and the semantics by hand.
 
 Tolerance: tokens must be equal. The two differ only in fp32 summation order, which moves a
 token only when a uniform falls within ~1e-6 of a CDF boundary; the inputs here are seeded,
@@ -43,11 +44,13 @@ def make_logits(bs, vocab, seed, dtype=torch.float32, scale=3.0):
 # scale 3: peaked rows, mostly accepted in round 0; scale 0.1: flat rows, many rejections
 @pytest.mark.parametrize("dtype,scale", [(torch.float32, 3.0), (torch.bfloat16, 3.0),
                                          (torch.float32, 0.1)])
-def test_kernel_matches_reference(dtype, scale):
+def test_kernel_matches_reference(dtype, scale, kernel_device):
     logits = make_logits(len(ROWS), 300, seed=0, dtype=dtype, scale=scale)  # 2 partial blocks
     uniforms = torch.rand(len(ROWS), 32, generator=torch.Generator().manual_seed(1))
-    want = sample_from_logits(logits, *params(), uniforms, backend="torch")
-    got = sample_from_logits(logits, *params(), uniforms, backend="triton")
+    logits, uniforms = logits.to(kernel_device), uniforms.to(kernel_device)
+    rows = [x.to(kernel_device) for x in params()]
+    want = sample_from_logits(logits, *rows, uniforms, backend="torch")
+    got = sample_from_logits(logits, *rows, uniforms, backend="triton")
     assert got.dtype == torch.int64
     assert got.tolist() == want.tolist()
 
