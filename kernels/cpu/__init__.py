@@ -15,8 +15,9 @@ per-token vector work (residual add + RMSNorm, rope, SiLU * up), one pass each.
 - avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with
   vpmaddubsw; bf16 weights widened to fp32; attention in fp32 arithmetic over bf16 K/V.
 Each level's build is compiled once per machine with the system C compiler into the radixflow
-cache folder and loaded with ctypes (no torch headers: a few seconds). At the generic level,
-or with no compiler, `available()` is False and callers keep their torch path.
+cache folder and loaded with ctypes (build.py; no torch headers, so the build is short). At
+the generic level, or with no compiler, `available()` is False and callers keep their torch
+path.
 
 Each format has a torch reference (`unpack` + matmul) that the tests compare against.
 """
@@ -25,82 +26,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from . import abi
-from .features import LEVEL_FLAGS, cpu_features
+from . import abi, build
+from .features import cpu_features
 
-logger = logging.getLogger(__name__)
-
-HERE = Path(__file__).parent
-HEADERS = [HERE / "gemv.h", HERE / "decode.h"]
 TILE = 16
 GROUP = 32
-COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 MAX_GROUPS = 1024  # in_features / 32 per weight
-
-
-def sources(level: str) -> list[Path]:
-    """The C files of one level's build."""
-    return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "gemm.c", HERE / "decode.c",
-            HERE / "rows.c"]
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels go: $RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else
-    ~/.cache/radixflow (the model cache's rule), then kernels/."""
-    env = os.environ.get("RADIXFLOW_CACHE")
-    if env:
-        return Path(env).expanduser() / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and Path(xdg).expanduser().is_absolute() else None
-    return (base or Path.home() / ".cache") / "radixflow" / "kernels"
-
-
-def _compile(level: str, dest: Path) -> None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc/gcc) found")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        out = Path(tmp) / dest.name
-        cmd = [cc, *COMMON_FLAGS, *LEVEL_FLAGS[level], *map(str, sources(level)), "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(out, dest)  # atomic: a concurrent process sees the whole library or none
 
 
 @functools.cache
 def _library_for(level: str) -> ctypes.CDLL | None:
-    text = b"".join(p.read_bytes() for p in (*sources(level), *HEADERS))
-    flags = " ".join((*COMMON_FLAGS, *LEVEL_FLAGS[level]))
-    key = hashlib.sha256(text + flags.encode()).hexdigest()[:16]
-    path = cache_dir() / f"cpu-{level}-{key}.so"
-    try:
-        if not path.is_file():
-            _compile(level, path)
-        lib = ctypes.CDLL(str(path))
-        lib.rf_limits = abi.check(lib, TILE, GROUP)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        logger.warning("CPU kernels off (falling back to torch's): %s", exc)
-        return None
-    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    for name in ("rf_q4_1_gemm", "rf_q8_0_gemm", "rf_bf16_gemm"):
-        getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
-        getattr(lib, name).restype = None
-    lib.rf_argmax_rows.argtypes = [ptr, i64, i64, ptr]
-    lib.rf_argmax_rows.restype = None
-    return lib
+    return build.load(level, TILE, GROUP)
 
 
 def _library(at: str | None = None) -> ctypes.CDLL | None:
@@ -295,7 +236,8 @@ def reference(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(-1) (the first largest value of each row, or its first NaN) for a float32
-    CPU matrix, an order of magnitude faster than torch's at vocabulary sizes."""
+    CPU matrix, ~10 us over a 49k vocabulary where torch's takes 0.1-0.2 ms
+    (bench/results/kernel-choices.md#2026-11-29-argmax)."""
     lib = _library()
     if lib is None or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu \
             or not x.is_contiguous() or x.shape[1] == 0:

@@ -22,7 +22,7 @@ from . import TiledWeight, _library, limits
 from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Weight
 
 # Shared prefixes shorter than this attend per request: below it the per-request path costs
-# about as little (bench/results/cascade-attention-2026-12-01.md).
+# about as little (bench/results/cascade-attention.md).
 MIN_SHARED_PREFIX = 64
 
 

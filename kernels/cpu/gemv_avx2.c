@@ -31,7 +31,8 @@
  * rows of x each thread reads its tiles as several streams at once, which keeps more of
  * memory's latency in flight; AVX2's 16 registers allow fewer streams than AVX-512's 32 (the
  * default model's products for one row, 2 threads of an AMD EPYC: ~6% faster with 2 or 3
- * streams than with 1, slower again with 4 or 6).
+ * streams than with 1, slower again with 4 or 6:
+ * bench/results/kernel-choices.md#2026-12-01-avx2-streams).
  */
 #include "gemv.h"
 

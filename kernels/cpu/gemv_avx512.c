@@ -34,7 +34,8 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 2048 /* bytes ahead of each stream: with one stream per thread, the hardware
-                         prefetcher alone left the cores waiting (decode step 10.4 -> 7.5 ms) */
+                         prefetcher alone left the cores waiting (decode step 10.4 -> 7.5 ms,
+                         bench/results/kernel-choices.md#2026-11-29-prefetch) */
 #endif
 
 
@@ -86,7 +87,8 @@ void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
 /* M rows of x times S tiles from S places in the weights at once (S x M <= 8, M <= 4): the
  * cores wait on memory less with S independent streams in flight than with one (default
  * model's decode step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4
- * with 6, 4.8 with 8, where registers run out). y[u * M + m]: stream u, row m. */
+ * with 6, 4.8 with 8, where registers run out: bench/results/single-stream.md). y[u * M + m]:
+ * stream u, row m. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);

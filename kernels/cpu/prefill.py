@@ -6,7 +6,7 @@ keys as one product (each loaded key feeds every query of the tile), with an onl
 only the blocks that straddle the tile's diagonal are masked, and the blocks past it are never
 visited. Each level takes the model dtype it runs: bf16 at avx512 (vdpbf16ps, 128 queries a
 tile), fp32 at avx2 (FMA, K/V widened from bf16, 96 queries a tile). torch's flash attention
-for the CPU runs 2-3.5x slower (bench/results/prefill-attention-*.md).
+for the CPU runs 2-3.5x slower (bench/results/prefill-attention.md).
 
 `reference` is the torch computation the tests compare against.
 """
@@ -24,8 +24,9 @@ from .abi import Prefill
 
 # the dtype of q and out in each level's build (the model dtype each level runs)
 _IO_DTYPE = {"avx512": torch.bfloat16, "avx2": torch.float32}
-# new tokens x keys below which torch's flash attention is as fast (its fp32 path at avx2:
-# bench/results/prefill-attention-avx2-2026-12-02.md; at avx512 the kernel wins from 16 x 1000)
+# new tokens x keys below which torch's flash attention is as fast (its fp32 path at avx2; at
+# avx512 the kernel wins from 16 x 1000: bench/results/prefill-attention.md#2026-12-02-avx2 and
+# #2026-12-02-avx512)
 MIN_PAIRS = {"avx512": 0, "avx2": 1 << 16}
 
 

@@ -117,7 +117,8 @@ static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, in
 
 /* Rows are prefetched into L2 AHEAD keys before their block is read: far enough for DRAM's
  * latency to pass while the blocks between are computed (the KV of a long batch is not in
- * cache). One block ahead into L1, as before, was ~12% slower at 1,600-token contexts. */
+ * cache). One block ahead into L1, as before, was ~12% slower at 1,600-token contexts
+ * (bench/results/kernel-choices.md#2026-12-02-kv-prefetch). */
 #define AHEAD 64
 
 /* The rows of the block AHEAD keys after block b of keys [t0, t0 + n). */
@@ -252,7 +253,8 @@ static void pair_tile(const uint32_t *const *x, int64_t xs, const uint32_t *y, i
 /* Reads the whole K and V rows (every KV head) of keys [c0, c1) once, in order, before the
  * products use them: plain loads of whole rows, which the hardware's stream prefetchers follow
  * (the products' per-head slices and prefetch instructions did not: the default model's shared
- * prefix, 30 layers from DRAM, 7.3 ms a step without this, 4.6 with it, 3.7 from cache). */
+ * prefix, 30 layers from DRAM, 7.3 ms a step without this, 4.6 with it, 3.7 from cache:
+ * bench/results/cascade-attention.md). */
 static inline void stream_block(const rf_model *m, const rf_layer *L, const int32_t *slots,
                                 int64_t c0, int64_t c1) {
     const int64_t row = m->kv_heads * m->head_dim; /* a multiple of 16 values */
@@ -454,7 +456,7 @@ void rf_silu(const float *x, int64_t n, float *out) {
 
 /* out[r] = the first index of the largest value of row r of x [rows][n], or of its first NaN,
  * as torch.argmax answers (greedy sampling: torch's argmax takes ~0.1-0.2 ms over a 49k
- * vocabulary on this CPU, this ~10 us). */
+ * vocabulary, this ~10 us: bench/results/kernel-choices.md#2026-11-29-argmax). */
 void rf_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;

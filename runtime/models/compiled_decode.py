@@ -1,11 +1,11 @@
 """One request's decode step as one torch.compile'd graph (`--enable-torch-compile`).
 
-A single-stream decode step on a CPU spends a third of its time between the matmuls: some
-thirty small ATen calls per layer (norms, rope, residuals, attention plumbing), each a few
-microseconds of dispatch. Compiled, each layer's small ops fuse into a few generated kernels
-and the thirty layers run as one call: bench/results/decode-step-2026-11-29-compiled.md has the
-figures. The price is compiling at start-up (about a minute on 2 cores, less once inductor's
-cache is warm), so it is opt-in.
+A single-stream decode step on a CPU spends much of its time between the matmuls: some
+thirty small ATen calls per layer (norms, rope, residuals, attention plumbing), each paying
+the dispatcher's overhead. Compiled, each layer's small ops fuse into a few generated kernels
+and the thirty layers run as one call, a third less time a step in eager torch ops
+(bench/results/decode-step.md#2026-11-29-compiled). The price is compiling at start-up (the log
+says how long; less once inductor's cache is warm), so it is opt-in.
 
 It covers the single-stream case: a decode batch of one request adding one token. Anything
 else (batches, prefill, jump-forward rows) runs the eager model.

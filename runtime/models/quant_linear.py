@@ -13,8 +13,7 @@ In a bf16 model the quantized kernels only win for a few rows: each layer keeps 
 its (dequantized) weights for prefill and large decode batches (an fp32 model does not: see
 QuantLinear), and QUANT_MAX_ROWS is where the
 default model's whole decode step (weights streamed from memory, interleaved A/B) turned:
-6 rows 70.6 ms int4 vs 87.0 ms bf16, 8 rows 92.3 vs 102.4 ms, 12 rows 78.0 vs 70.5 ms,
-16 rows 124 vs 96 ms. (With the weights hot in cache the int4 kernel already lost at 6 rows.)
+int4 faster at 8 rows, bf16 at 12 (bench/results/kernel-choices.md#2026-11-29-quant-max-rows).
 """
 
 from __future__ import annotations
@@ -68,7 +67,8 @@ class QuantLinear(nn.Module):
     The copy exists where it pays: oneDNN's bf16 GEMM beats the quantized kernels above a few
     rows (the module doc). An fp32 model (a CPU without bf16 arithmetic: level avx2) keeps
     none: there radixflow's kernels beat fp32 GEMM at every row count (a 16/128/512-token
-    prefill of the default model, torch capped to AVX2: 38 vs 89, 206 vs 254, 758 vs 1219 ms),
+    prefill of the default model, torch capped to AVX2: 38 vs 89, 206 vs 254, 758 vs 1219 ms;
+    bench/results/cpu-levels.md#2026-12-01),
     and the model holds 98 MB of weights instead of another 540 MB.
     """
 
