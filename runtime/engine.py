@@ -76,7 +76,7 @@ class Engine(GenerateAPI):
         self._tp_workers = TPWorkers.start(self.args)
         self.args = self._tp_workers.args
         try:
-            self.scheduler = Scheduler(self.args)
+            self.scheduler = Scheduler.from_args(self.args)
         except BaseException:
             self._tp_workers.stop()
             raise
@@ -253,6 +253,7 @@ class Engine(GenerateAPI):
     # ---- the scheduler thread ----
 
     def _loop(self) -> None:
+        self.scheduler.use_device_here()
         try:
             while True:
                 msgs = self._inbox.recv_batch(None if self.scheduler.is_idle else 0)

@@ -4,8 +4,8 @@ scheduler keeps serving the others; only a broken invariant stops it.
 - A request's own failure (its constraint's compile or matcher, its stop strings, anything
   raised while its message is taken in or its sampled token is committed): the request ends
   with an abort, status 500 ("internal error: ..."), its KV goes back like any finished
-  request's, and the step goes on with the others (`isolate`, `add_request`,
-  `resolve_grammars`).
+  request's, and the step goes on with the others (`isolate`, `request_failed`,
+  `add_request`).
 - A forward pass that raises (MemoryError, a torch out-of-memory, ...): it runs again in
   halves, by request, until the parts pass (`forward_in_parts`). A request that fails alone
   ends with an abort; the others of that batch are retracted (their KV beyond what the radix
@@ -29,13 +29,15 @@ import torch
 
 from ..errors import Fatal, InvariantBroken
 from ..messages import GenerateReq
+from .decode import retract
 from .grammar import internal_error
 from .kv_cache import cat_slots
 from .req import Req, ReqStatus
 
 if TYPE_CHECKING:
     from ..forward_batch import BatchRequest
-    from .scheduler import Scheduler
+    from .grammar import SchedulerGrammar
+    from .state import SchedulerState
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +112,8 @@ def _release_cached_memory() -> None:
 class Failures:
     """The scheduler's failure handling (see the module's docstring)."""
 
-    def __init__(self, sched: Scheduler):
-        self.sched = sched
+    def __init__(self, state: SchedulerState, grammars: SchedulerGrammar):
+        self.state, self.grammars = state, grammars
         self.num_failed_requests = 0
         self.num_recoveries = 0
 
@@ -138,18 +140,18 @@ class Failures:
                      exc_info=exc)
         self.num_failed_requests += 1
         if req.finish is None:
-            self.sched._forget_uncomputed(req)
-            self.sched._finish(req, internal_error(exc))
+            self.state.kv.drop_uncomputed(req)
+            self.state.finish(req, internal_error(exc))
 
-    def add_request(self, msg: GenerateReq) -> None:
-        sched = self.sched
+    def add_request(self, msg: GenerateReq, add: Callable[[GenerateReq], None]) -> None:
+        """add(msg) (intake.py); what it raises fails that request alone."""
         try:
-            sched._add_request(msg)
+            add(msg)
         except Fatal:
             raise
         except Exception as exc:
-            req = sched.by_rid.get(msg.rid)
-            if req is None or req.arrival != sched._arrivals:  # not in yet
+            req = self.state.by_rid.get(msg.rid)
+            if req is None or req.arrival != self.state.num_arrivals:  # not in yet
                 req = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
             self.fail(req, exc)
 
@@ -173,12 +175,12 @@ class Failures:
 
     def recover(self, exc: BaseException) -> None:
         """Bring every request back to a state the next step can go on from."""
-        sched = self.sched
+        state = self.state
         self.num_recoveries += 1
         logger.error("a scheduler step failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        self._wait_mask_fills()
+        self.grammars.wait_fills()  # a fill still running reads the grammars changed below
         untrusted: set[int] = set()  # rows whose KV beyond the tree's part may be unwritten
-        in_flight, sched.in_flight = sched.in_flight, None
+        in_flight, state.in_flight = state.in_flight, None
         if in_flight is not None:
             try:
                 in_flight.logits.result()
@@ -186,7 +188,7 @@ class Failures:
                 if isinstance(lost, ForwardFailed):
                     exc = lost
                 untrusted |= {r.req_pool_idx for r in in_flight.reqs if r.req_pool_idx is not None}
-        live = sched.prefilling + sched.running
+        live = state.prefilling + state.running
         if isinstance(exc, ForwardFailed):
             untrusted |= exc.batch
             culprits = [r for r in live if r.req_pool_idx in exc.culprits]
@@ -196,51 +198,40 @@ class Failures:
         for req in live:
             if req.req_pool_idx in untrusted:
                 req.computed_len = req.tree_len  # the rest is swept below
-            sched._forget_uncomputed(req)
+            state.kv.drop_uncomputed(req)
         for req in culprits:
             self.fail(req, cause)
-        for req in list(sched.running):
+        for req in list(state.running):
             if req.req_pool_idx in untrusted or req.computed_len >= req.seq_len:
-                sched._retract(req)  # recomputes from the tree (or lost its sampled token)
+                retract(state, req)  # recomputes from the tree (or lost its sampled token)
         freed = self.sweep()
         if freed:
             logger.warning("freed %d KV slots no request held after the failure", freed)
-        sched.check_slots()
-
-    def _wait_mask_fills(self) -> None:
-        """Let a bitmask fill still running on the grammar thread finish: it reads the
-        grammars the recovery may change."""
-        backend = getattr(self.sched.grammars, "_backend", None)
-        if backend is None or not backend.done() or backend.exception() is not None:
-            return
-        pool = getattr(backend.result(), "_fill_pool", None)
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                pool.submit(lambda: None).result(timeout=60)
+        state.check_slots()
 
     def sweep(self) -> int:
         """Free the KV slots and request rows nobody holds (left by a step that failed half
         way); the number of slots freed."""
-        sched = self.sched
-        pool, rows = sched.kv_pool, sched.req_to_token_pool
-        live = [r for r in sched.prefilling + sched.running if r.req_pool_idx is not None]
+        state = self.state
+        pool, rows = state.kv_pool, state.req_to_token_pool
+        live = [r for r in state.prefilling + state.running if r.req_pool_idx is not None]
         owned = torch.zeros(pool.num_slots + 1, dtype=torch.bool)
         owned[0] = True  # the padding slot
         owned[pool.free_slots()] = True
-        stack = list(sched.tree.root.children.values())
+        stack = list(state.tree.root.children.values())
         while stack:
             node = stack.pop()
             owned[cat_slots([node.value])] = True
             stack.extend(node.children.values())
         for r in live:
-            owned[sched.req_to_token[r.req_pool_idx, r.tree_len:r.computed_len].long()] = True
+            owned[state.req_to_token[r.req_pool_idx, r.tree_len:r.computed_len].long()] = True
         leaked = (~owned).nonzero().flatten()
         pool.free(leaked)
         held = {r.req_pool_idx for r in live} | set(rows.free_rows())
-        for req in sched.waiting:  # half admitted when the step failed
+        for req in state.waiting:  # half admitted when the step failed
             if req.status == ReqStatus.WAITING and req.req_pool_idx is not None:
                 if req.last_node is not None:
-                    sched.tree.unlock(req.last_node)
+                    state.tree.unlock(req.last_node)
                 req.req_pool_idx, req.last_node, req.tree_len, req.computed_len = None, None, 0, 0
         for idx in range(rows.size):
             if idx not in held:

@@ -1,5 +1,6 @@
 """The scheduler's grammar work: constraints compile in the background, the bitmask of a step is
-filled on a CPU thread while the model computes, and jump-forward appends forced tokens.
+filled on a CPU thread while the model computes, sampled tokens advance the grammar, and
+jump-forward finds the tokens it forces (forced_tokens.py appends them).
 
 Jump-forward and streaming. A jump may retokenize the last few output tokens (`num_replaced`):
 their bytes are a prefix of the new tokens' bytes, so the text only grows, but the token ids
@@ -8,14 +9,15 @@ its last HOLD_BACK_TOKENS tokens back from the stream until it finishes, and a j
 only tokens not sent yet (and not in the radix tree). Downstream detokenizers never see a
 token taken back. Requests that report logprobs never jump: a token that was not sampled has
 no logprob. The next decode pass computes forced tokens, one query row each, with everyone
-else's tokens (Scheduler._run_decode), so a jump costs no forward pass of its own.
+else's tokens (decode.py), so a jump costs no forward pass of its own.
 
-Budget-safe closing (constrained/closing.py). A request's GrammarState carries a BudgetCloser
-unless the request or the server turned it off. Each sampled token is checked before the
-scheduler appends it (`closing`): if keeping it would leave no completion that fits in the
-tokens left, the token is dropped and the closer's completion plus EOS are appended instead,
-unsampled, and the request ends ("stop", closed_early). A jump-forward that would break the
-same promise is skipped (the model writes the forced text itself, checked token by token).
+Budget-safe closing (constrained/closing.py, budget_close.py). A request's GrammarState
+carries a BudgetCloser unless the request or the server turned it off. Each sampled token is
+checked before the scheduler appends it (`closing`): if keeping it would leave no completion
+that fits in the tokens left, the token is dropped and the closer's completion plus EOS are
+appended instead, unsampled, and the request ends ("stop", closed_early). A jump-forward that
+would break the same promise is skipped (the model writes the forced text itself, checked
+token by token).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,10 +33,10 @@ import torch
 
 from ..errors import Fatal, GrammarError
 from ..messages import Finish
+from .budget_close import BudgetClosing
 
 if TYPE_CHECKING:
     from ..constrained import GrammarBackend, JumpForward
-    from ..constrained.closing import BudgetCloser
     from .req import Req
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,6 @@ COMPILE_POLL_S = 0.01
 # them: jump_forward.BOUNDARY_TOKENS, the window it re-reads (a jump never replaces more
 # than the unsent tokens, so a smaller value only means fewer boundary merges).
 HOLD_BACK_TOKENS = 4
-# Completions of a grammar's first states (key: constraint and output bytes), shared by requests.
-START_WITNESSES = 256
-START_BYTES = 256
 
 
 @dataclass
@@ -96,16 +94,16 @@ class SchedulerGrammar:
         self.jump_forward = jump_forward
         self.budget_safe = budget_safe  # the server's switch; requests have their own
         self.context_len = context_len
-        self._start_witnesses: OrderedDict[tuple, bytes] = OrderedDict()
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_id = eos if eos in stop_token_ids else min(stop_token_ids)
         self.stats = GrammarStats()
+        self.budget = BudgetClosing(self)
         self._backend: Future | None = None
 
     def prebuild(self) -> None:
-        """Build the backend (the tokenizer's tables for xgrammar, ~0.3 s of a 50k vocabulary,
-        and the token table after it) on a thread now, not on the first constrained request's
-        step, where every running stream would wait for it."""
+        """Build the backend (the tokenizer's tables for xgrammar, then the token table: long
+        for a large vocabulary) on a thread now, not on the first constrained request's step,
+        where every running stream would wait for it."""
         if self._backend is None:
             self._backend = Future()
             threading.Thread(target=self._build, name="grammar-backend", daemon=True).start()
@@ -236,7 +234,7 @@ class SchedulerGrammar:
                                         max_replaced=max_replaced)
         if jump is None:
             return None
-        if not self._jump_keeps_budget(req, jump):
+        if not self.budget.keeps_jump(req, jump):
             self.stats.num_jumps_deferred += 1
             return None
         req.grammar.apply_jump_forward(jump)
@@ -252,96 +250,19 @@ class SchedulerGrammar:
         self.stats.num_forced_stops += 1
         return self.stop_id
 
-    # ---- budget-safe closing ----
-
-    def budget_left(self, req: Req) -> int:
-        """Tokens the request may still generate, EOS included."""
-        left = req.num_tokens_left
-        if self.context_len is not None:
-            left = min(left, self.context_len - req.seq_len)
-        return left
+    # ---- budget-safe closing (budget_close.py) ----
 
     def closing(self, req: Req, token: int) -> list[int] | None:
         """Before the sampled `token` is appended: None to keep it; else the tokens to append
         instead (a completion of the output, then EOS), already accepted by the grammar."""
-        closer = self._ready_closer(req)
-        if closer is None or token in self.stop_token_ids:
-            return None
-        start = time.perf_counter()
-        try:
-            return self._check(req, closer, token)
-        finally:
-            self.stats.budget_check_s += time.perf_counter() - start
+        return self.budget.closing(req, token)
 
-    def _check(self, req: Req, closer: BudgetCloser, token: int) -> list[int] | None:
-        matcher = req.grammar.matcher
-        if not matcher.accept_token(token):
-            return None  # not ours to report: accept() will
-        searches = closer.num_searches
-        try:
-            keep = closer.keep(matcher, self.backend.table.token_bytes[token],
-                               self.budget_left(req) - 1)
-        finally:
-            matcher.rollback(1)
-        self.stats.num_budget_checks += 1
-        self.stats.num_budget_searches += closer.num_searches - searches
-        if keep:
-            return None
-        tokens = closer.closing_tokens(matcher)
-        if tokens is None or len(tokens) + 1 > self.budget_left(req):
-            # no tokenization of the completion, or it does not fit: no promise left to keep
-            logger.warning("request %s: budget-safe closing impossible here", req.rid)
-            req.grammar.closer = None
-            return None
-        tokens = [*tokens, self.stop_id]
-        for t in tokens:
-            if not req.grammar.accept_token(t):
-                raise RuntimeError(f"closing token {t} rejected by the grammar")
-        self.stats.num_closed_early += 1
-        return tokens
-
-    def _ready_closer(self, req: Req) -> BudgetCloser | None:
-        """The request's closer, its promise checked: started on first use (from a shared
-        witness for a grammar's first states); None, and dropped, if the budget cannot fit a
-        completion."""
-        closer = req.grammar.closer
-        if closer is None:
-            return None
-        if closer.witness is not None:
-            if closer.fits(self.budget_left(req)):
-                return closer
-            # The budget shrank while the grammar stood still (a reasoning model's thinking
-            # spends it with the grammar dormant): start again from here.
-            closer.witness = None
-        start = time.perf_counter()
-        key = None
-        output = self.backend.table.bytes_of(req.output_ids)
-        if len(output) <= START_BYTES:
-            key = (req.sampling.constraint, output)
-        searches = closer.num_searches
-        if closer.start(req.grammar.matcher, self.budget_left(req),
-                        self._start_witnesses.get(key) if key else None):
-            if key is not None:
-                self._start_witnesses[key] = closer.witness
-                self._start_witnesses.move_to_end(key)
-                if len(self._start_witnesses) > START_WITNESSES:
-                    self._start_witnesses.popitem(last=False)
-        else:
-            req.grammar.closer = None
-            self.stats.num_budget_unsafe += 1
-        self.stats.num_budget_searches += closer.num_searches - searches
-        self.stats.budget_check_s += time.perf_counter() - start
-        return req.grammar.closer
-
-    def _jump_keeps_budget(self, req: Req, jump: JumpForward) -> bool:
-        closer = self._ready_closer(req)
-        if closer is None:
-            return True
-        table = self.backend.table
-        replaced = req.output_ids[len(req.output_ids) - jump.num_replaced:]
-        grown = table.bytes_of(jump.token_ids)[len(table.bytes_of(replaced)):]
-        left = self.budget_left(req) - (len(jump.token_ids) - jump.num_replaced)
-        return closer.after_jump(grown, left)
+    def wait_fills(self) -> None:
+        """Let the bitmask fills still running on the grammar thread finish (they read the
+        requests' grammars)."""
+        if self._backend is not None and self._backend.done() \
+                and self._backend.exception() is None:
+            self._backend.result().wait_fills()
 
     def shutdown(self) -> None:
         if self._backend is not None and self._backend.done() \

@@ -64,6 +64,13 @@ class KVCache:
         self.tree.unlock(req.last_node)
         req.last_node, req.tree_len = match.last_node, match.length
 
+    def drop_uncomputed(self, req: Req) -> None:
+        """Free the KV computed past the request's tokens (those were taken back)."""
+        if req.req_pool_idx is not None and req.computed_len > req.seq_len:
+            dropped = self.req_to_token[req.req_pool_idx, req.seq_len:req.computed_len]
+            self.kv_pool.free(dropped.long())
+            req.computed_len = req.seq_len
+
     def flush(self) -> None:
         """Drop the whole tree (only when no request holds a lock)."""
         self.kv_pool.free(cat_slots(self.tree.reset()))

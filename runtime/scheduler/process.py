@@ -33,7 +33,8 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
             from ..server.data_parallel import replica_args
 
             args = replica_args(args, dp_rank)
-        sched = Scheduler(args)
+        sched = Scheduler.from_args(args)
+        sched.use_device_here()
         sched.grammars.prebuild()  # (while the server finishes starting)
     except Exception as exc:
         logger.exception("scheduler failed to start")
@@ -62,7 +63,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
                 checked = False
             elif not checked:
                 # NOTE: once per idle spell, after a poll interval with nothing to do: the full
-                # check walks the whole tree, and between back-to-back requests it adds tens of ms.
+                # check walks the whole tree, too long a pause between back-to-back requests.
                 sched.check_slots()
                 checked = True
     except InvariantBroken as exc:

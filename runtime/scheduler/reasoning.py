@@ -16,13 +16,14 @@ ANSWER, as runtime/reasoning.py reads them off the prompt):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..reasoning import ANSWER, MAY_THINK, THINKING, ReasoningParser
 
 if TYPE_CHECKING:
+    from ..constrained import GrammarState
     from .req import Req
 
 
@@ -32,7 +33,7 @@ class Thinking:
     budget: int | None = None
     num_tokens: int = 0  # thinking tokens so far, markers not counted
     answer_start: int = 0  # output tokens before the answer (before the grammar's first)
-    grammar: Any = None  # the request's GrammarState while it is dormant
+    grammar: GrammarState | None = None  # the request's, while it is dormant
     can_jump: bool = False  # req.can_jump, given back with the grammar
     constrained: bool = False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +13,11 @@ from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixflow.radix_cache import TreeNode
+
+    from ..constrained import GrammarState, PendingGrammar
+    from ..detokenize import IncrementalDetokenizer
+    from .reasoning import Thinking
+    from .sessions import SessionNode
 
 
 class ReqStatus(enum.Enum):
@@ -41,9 +46,9 @@ class Req:
     finish: Finish | None = None
     num_retractions: int = 0
     generator: torch.Generator | None = None
-    stop_checker: Any = None  # IncrementalDetokenizer when the request has stop strings
-    grammar: Any = None  # GrammarState when the request has a constraint
-    pending_grammar: Any = None  # PendingGrammar while the constraint compiles (not admitted)
+    stop_checker: IncrementalDetokenizer | None = None  # when the request has stop strings
+    grammar: GrammarState | None = None  # when the request has a constraint (and answers)
+    pending_grammar: PendingGrammar | None = None  # while the constraint compiles (not admitted)
     can_jump: bool = False  # may get tokens without sampling (jump-forward, forced EOS)
     # Pending output (delta since the last ReqTokenOut)
     sent_len: int = 0  # output tokens already reported
@@ -52,8 +57,8 @@ class Req:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     reported_input_logprobs: bool = False
-    session_node: Any = None  # its node in a session (sessions.py) while it runs
-    thinking: Any = None  # Thinking (reasoning.py) of a request that separates its reasoning
+    session_node: SessionNode | None = None  # its node in a session while it runs
+    thinking: Thinking | None = None  # of a request that separates its reasoning
     announced: bool = False  # its first output, which says how to decode it, went out
 
     @classmethod

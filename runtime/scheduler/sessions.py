@@ -42,18 +42,18 @@ TOO_MANY_SESSIONS = 429  # OpenSessionDone.status_code when max_open_sessions ar
 
 
 @dataclass(eq=False)
-class _Node:
+class SessionNode:
     """One request of a session: what it added to its parent's tokens."""
 
     session: Session
     rid: str
-    parent: _Node | None
+    parent: SessionNode | None
     keep: int  # leading tokens of the parent's sequence (prompt + output) its prompt starts with
     own: list[int]  # the request's own tokens, after those
     max_new_tokens: int
     req: Req | None  # while the request runs; then None and `output` holds its output
     output: list[int] = field(default_factory=list)
-    children: list[_Node] = field(default_factory=list)
+    children: list[SessionNode] = field(default_factory=list)
 
     def output_ids(self) -> list[int]:
         ids = self.req.output_ids if self.req is not None else self.output
@@ -66,7 +66,7 @@ class Session:
     capacity: int  # capacity_of_str_len: the most tokens one request may hold, history included
     timeout: float | None
     last_active: float
-    nodes: dict[str, _Node] = field(default_factory=dict)  # by rid
+    nodes: dict[str, SessionNode] = field(default_factory=dict)  # by rid
 
     def is_timed_out(self, now: float) -> bool:
         return self.timeout is not None and now - self.last_active > self.timeout
@@ -82,16 +82,16 @@ class Continuation:
 
     session: Session
     params: SessionParams
-    parent: _Node | None
+    parent: SessionNode | None
     keep: int
     own: list[int]
     input_ids: list[int]  # the whole prompt: history[:offset] + own
 
 
-def _sequence(node: _Node, *, with_output: bool = True) -> list[int]:
+def _sequence(node: SessionNode, *, with_output: bool = True) -> list[int]:
     """The node's prompt and (with_output) its output, rebuilt from the root down."""
     chain = []
-    n: _Node | None = node
+    n: SessionNode | None = node
     while n is not None:
         chain.append(n)
         n = n.parent
@@ -232,15 +232,15 @@ class Sessions:
                 for child in parent.children:
                     displaced.extend(self._drop(child))
                 parent.children = []
-        node = _Node(session, req.rid, parent, cont.keep, cont.own, req.sampling.max_new_tokens,
-                     req)
+        node = SessionNode(session, req.rid, parent, cont.keep, cont.own,
+                           req.sampling.max_new_tokens, req)
         if parent is not None:
             parent.children.append(node)
         session.nodes[req.rid] = node
         req.session_node = node
         return displaced
 
-    def _drop(self, node: _Node) -> list[Req]:
+    def _drop(self, node: SessionNode) -> list[Req]:
         """Forget `node` and everything that continued it; their running requests."""
         running = []
         todo = [node]

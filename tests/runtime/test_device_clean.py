@@ -31,7 +31,9 @@ _KERNELS = Path(radixflow.kernels.__file__).parent
 CHECKED_FILES = {
     *(str(p) for p in (_RUNTIME / "sampling").glob("*.py")),
     *(str(_RUNTIME / "scheduler" / name)
-      for name in ("scheduler.py", "req.py", "grammar.py", "output.py")),
+      for name in ("scheduler.py", "state.py", "intake.py", "prefill.py", "decode.py",
+                   "commit.py", "stops.py", "forced_tokens.py", "req.py", "grammar.py",
+                   "budget_close.py", "output.py")),
     str(_KERNELS / "sampling.py"), str(_KERNELS / "bitmask.py"),
 }
 
@@ -89,8 +91,9 @@ def requests(tokenizer) -> list[GenerateReq]:
 
 def test_sampling_and_logprobs_make_tensors_on_the_models_device(
         tiny_llama, generators_name_their_device):
-    scheduler = Scheduler(ServerArgs(model=str(tiny_llama), dtype="float32", device="cpu",
-                                     max_total_tokens=1000, disable_jump_forward=True))
+    scheduler = Scheduler.from_args(ServerArgs(
+        model=str(tiny_llama), dtype="float32", device="cpu", max_total_tokens=1000,
+        disable_jump_forward=True))
     inbox = requests(scheduler.tokenizer)
     finished: set[str] = set()
     trap = FactoriesNameTheirDevice()

@@ -1,4 +1,4 @@
-"""Overlapped decoding (runtime/scheduler/overlap.py) gives every request exactly the tokens,
+"""Overlapped decoding (runtime/scheduler/decode.py) gives every request exactly the tokens,
 logprobs and finish of the step-by-step scheduler, whatever ends it mid-flight (stops, EOS,
 grammars and their jumps, budget-safe closing, aborts), and leaks no KV slot."""
 
@@ -123,8 +123,8 @@ def test_the_default_follows_the_cores(tiny_llama, monkeypatch):
 
     def overlap(cores: int, **flags) -> bool:
         monkeypatch.setattr("os.cpu_count", lambda: cores)
-        sched = Scheduler(ServerArgs(model=str(tiny_llama), dtype="float32",
-                                     max_total_tokens=500, **flags))
+        sched = Scheduler.from_args(ServerArgs(model=str(tiny_llama), dtype="float32",
+                                               max_total_tokens=500, **flags))
         sched.shutdown()
         return sched.overlap
 

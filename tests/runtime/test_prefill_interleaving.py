@@ -19,8 +19,8 @@ def req(rid: str, input_ids: list[int], max_new_tokens: int) -> GenerateReq:
 
 def scheduler(tiny_llama, **args) -> tuple[Scheduler, list[tuple[str, int]]]:
     """A scheduler whose forward passes are logged as (mode, tokens)."""
-    sched = Scheduler(ServerArgs(model=str(tiny_llama), dtype="float32", max_total_tokens=3000,
-                                 **args))
+    sched = Scheduler.from_args(ServerArgs(model=str(tiny_llama), dtype="float32",
+                                           max_total_tokens=3000, **args))
     log: list[tuple[str, int]] = []
     forward = sched.runner.forward
 

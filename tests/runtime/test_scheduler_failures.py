@@ -58,7 +58,7 @@ def sched(request, tiny_llama):
 
     overlap = {"enable_overlap_schedule": True} if request.param else {
         "disable_overlap_schedule": True}
-    s = Scheduler(server_args_from(str(tiny_llama), {
+    s = Scheduler.from_args(server_args_from(str(tiny_llama), {
         "dtype": "float32", "max_total_tokens": 2000, **overlap}, who="test"))
     assert s.overlap == request.param
     yield s
@@ -67,14 +67,14 @@ def sched(request, tiny_llama):
 
 @pytest.fixture
 def driver(sched):
-    sched.kv.flush()
+    sched.state.kv.flush()
     return Driver(sched)
 
 
 @pytest.fixture(scope="module")
 def reference(sched):
     """Each prompt's greedy tokens on a scheduler with nothing patched."""
-    sched.kv.flush()
+    sched.state.kv.flush()
     return {rid: got["ids"] for rid, got in Driver(sched).run(req("a"), req("b"), req("c")).items()}
 
 
@@ -124,15 +124,16 @@ def test_a_request_that_cannot_be_taken_in_fails_alone(driver, reference, monkey
 
 def test_a_crash_while_committing_a_token_fails_only_that_request(driver, reference,
                                                                   monkeypatch):
-    sched = driver.sched
-    check_stops = sched._check_stops
+    from radixflow.runtime.scheduler import commit
 
-    def broken(r, token):
+    check_stops = commit.check_stops
+
+    def broken(r, token, context_len):
         if r.rid == "bad" and len(r.output_ids) == 3:
             raise KeyError("stop checker state")
-        return check_stops(r, token)
+        return check_stops(r, token, context_len)
 
-    monkeypatch.setattr(sched, "_check_stops", broken)
+    monkeypatch.setattr(commit, "check_stops", broken)
     out = driver.run(req("a"), req("bad"), req("b"), req("c"))
     assert_failed_alone(out, "bad", reference, "stop checker state")
     assert out["bad"]["ids"] == reference["b"][:3]  # (what it had when it failed)
@@ -181,7 +182,7 @@ def test_a_request_that_never_fits_fails_alone(driver, reference, monkeypatch):
 def test_a_step_with_nobody_to_blame_fails_its_running_requests_and_goes_on(
         driver, reference, monkeypatch):
     sched = driver.sched
-    pick = sched._pick
+    pick = sched.commit.pick
     calls = []
 
     def broken(*args):
@@ -190,7 +191,7 @@ def test_a_step_with_nobody_to_blame_fails_its_running_requests_and_goes_on(
             raise RuntimeError("sampler bug")
         return pick(*args)
 
-    monkeypatch.setattr(sched, "_pick", broken)
+    monkeypatch.setattr(sched.commit, "pick", broken)
     out = driver.run(req("a"), req("b"))
     for got in out.values():
         assert got["finish"].status_code == 500 and "sampler bug" in got["finish"].message
@@ -203,17 +204,18 @@ def test_a_step_with_nobody_to_blame_fails_its_running_requests_and_goes_on(
 
 def test_a_leaked_slot_is_a_broken_invariant(driver):
     sched = driver.sched
-    slot = sched.kv_pool.alloc(1)
+    kv_pool, req_to_token_pool = sched.state.kv_pool, sched.state.req_to_token_pool
+    slot = kv_pool.alloc(1)
     with pytest.raises(InvariantBroken, match="KV slot leak"):
         sched.check_slots()
-    sched.kv_pool.free(slot)
+    kv_pool.free(slot)
     sched.check_slots()
     with pytest.raises(InvariantBroken, match="freed twice"):
-        sched.kv_pool.free(sched.kv_pool.free_slots()[:1].clone())
-    row = sched.req_to_token_pool.alloc()
-    sched.req_to_token_pool.free(row)
+        kv_pool.free(kv_pool.free_slots()[:1].clone())
+    row = req_to_token_pool.alloc()
+    req_to_token_pool.free(row)
     with pytest.raises(InvariantBroken, match="not held"):
-        sched.req_to_token_pool.free(row)
+        req_to_token_pool.free(row)
 
 
 def leaking_scheduler(*args, **kwargs):
@@ -226,7 +228,7 @@ def leaking_scheduler(*args, **kwargs):
 
     def leaky(self, inbox):
         if any(isinstance(m, GenerateReq) for m in inbox):
-            self.kv_pool.alloc(1)
+            self.state.kv_pool.alloc(1)
         return step(self, inbox)
 
     Scheduler.step = leaky

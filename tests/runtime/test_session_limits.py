@@ -83,7 +83,7 @@ def req(rid, session: SessionParams) -> GenerateReq:
 def sched(tiny_llama):
     from radixflow.runtime.scheduler.scheduler import Scheduler
 
-    s = Scheduler(server_args_from(str(tiny_llama), {
+    s = Scheduler.from_args(server_args_from(str(tiny_llama), {
         "dtype": "float32", "max_total_tokens": 2000, "max_open_sessions": 2,
         "max_session_requests": 3, "max_session_timeout": 2.0}, who="test"))
     yield s

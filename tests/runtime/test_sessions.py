@@ -326,8 +326,8 @@ def req(rid, input_ids, max_new_tokens, session=None) -> GenerateReq:
 def driver(tiny_llama):
     from radixflow.runtime.scheduler.scheduler import Scheduler
 
-    sched = Scheduler(server_args_from(str(tiny_llama), {"dtype": "float32",
-                                                          "max_total_tokens": 3000}, who="test"))
+    sched = Scheduler.from_args(server_args_from(
+        str(tiny_llama), {"dtype": "float32", "max_total_tokens": 3000}, who="test"))
     d = Driver(sched)
     d.step(OpenSessionReq(session_id="s", capacity_of_str_len=400))
     assert d.replies == [OpenSessionDone(session_id="s", success=True)]
