@@ -1,7 +1,7 @@
 """Overlapped scheduling: the idle gap between decode passes, with and without overlap.
 
 For each batch size, the in-process Engine (default model) decodes a batch of requests with
-fixed output lengths, once with the overlap scheduler (runtime/scheduler/overlap.py) and once
+fixed output lengths, once with the overlap scheduler (runtime/scheduler/decode.py) and once
 with --disable-overlap-schedule, alternating `--rounds` times. Every forward pass is timed at
 its start and end (wherever it runs), so the gap between one decode pass's end and the next
 one's start is the time the model idles while the scheduler does its CPU work. Reports the

@@ -87,7 +87,7 @@ class ServerArgs:
     disable_jump_forward: bool = _arg(False, "sample every token of a constrained output")
     disable_overlap_schedule: bool = _arg(
         False, "run each decode step's CPU work (stops, grammars, outputs, the next batch) "
-        "between forward passes instead of during the next one (runtime/scheduler/overlap.py)")
+        "between forward passes instead of during the next one (runtime/scheduler/decode.py)")
     enable_overlap_schedule: bool = _arg(
         False, "overlap scheduling even on a CPU whose every core runs the forward (by default "
         "it is on where the scheduler has a core of its own: a GPU, or a CPU with more cores "

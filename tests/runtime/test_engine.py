@@ -16,7 +16,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module", params=["overlap", "step by step"])
 def engine(tiny_llama, request):
-    """Every test twice: with the overlap scheduler (runtime/scheduler/overlap.py) and
+    """Every test twice: with the overlap scheduler (runtime/scheduler/decode.py) and
     without."""
     overlap = request.param == "overlap"
     with Engine(str(tiny_llama), dtype="float32", max_total_tokens=3000,
