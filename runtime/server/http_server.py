@@ -7,18 +7,17 @@ ResponseBuilder and openai_responses).
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ContextTooLong, RadixflowError
 from ..server_args import ServerArgs
 from . import native_routes, openai_api, tokenize_routes
+from .auth import ApiKeyMiddleware
 from .door import DoorMiddleware
 from .metrics import Metrics
 from .responses import error_response, validation_error
@@ -63,27 +62,6 @@ def _tool_parser(args: ServerArgs, client: SchedulerClient) -> ToolParser:
     if getattr(client.tokenizer, "eos_token_id", None) is not None:
         stop_ids.append(client.tokenizer.eos_token_id)
     return parser.bind(client.tokenizer, stop_ids)
-
-
-class ApiKeyMiddleware:
-    """Every path but /health needs `Authorization: Bearer <key>`."""
-
-    OPEN_PATHS = frozenset({"/health"})
-
-    def __init__(self, app: ASGIApp, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
-            response = error_response(401, "missing or incorrect API key: send the header "
-                                           "'Authorization: Bearer <key>'",
-                                      code="invalid_api_key")
-            return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
 
 
 async def _radixflow_error(request: Request, exc: RadixflowError) -> Response:

@@ -27,8 +27,9 @@ from ..native_api import (
 from ..program import execute_program
 from ..program.errors import ProgramCancelled
 from .data_parallel import replica_info
+from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
 from .metrics import CONTENT_TYPE
-from .respond import CLIENT_CLOSED, ClientGone, collect, respond, until_disconnect
+from .respond import collect, respond
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
 from .scheduler_client import RequestGroup, SchedulerClient
 from .state import ServerState, read_json, server_state

@@ -4,8 +4,7 @@ and a client that hangs up gets its requests aborted at once."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -14,10 +13,9 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import rejection
 from ..native_api import ResponseBuilder, raise_if_rejected
+from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
 from .responses import OrjsonResponse
 from .scheduler_client import RequestGroup, SchedulerClient
-
-CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 
 
 async def respond(client: SchedulerClient, group: RequestGroup, builders: list[ResponseBuilder],
@@ -42,29 +40,6 @@ async def collect(group: RequestGroup, builders: list[ResponseBuilder]) -> None:
     while not group.done:
         for index, out in await group.next():
             builders[index].add(out)
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def until_disconnect(work: Awaitable[Any], request: Request) -> Any:
-    """Await `work`; if the client hangs up first, cancel it and raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    raise ClientGone()
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _open_stream(client: SchedulerClient, group: RequestGroup, request: Request,
