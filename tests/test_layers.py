@@ -4,6 +4,8 @@
 radix_cache/ imports only itself and the standard library; kernels/ imports nothing of the
 runtime or the DSL; runtime/ imports no DSL module; no two project modules import each other,
 directly or around a loop. Imports under `if TYPE_CHECKING:` never run, so they make no cycle.
+No module imports another package's `_private` names (a package is a module's folder), and
+runtime/server_args.py loads no feature package: only the leaves in SERVER_ARGS_LEAVES.
 """
 
 from __future__ import annotations
@@ -64,24 +66,40 @@ def _imports(tree: ast.AST, *, type_checking: bool = False):
             yield from _imports(node, type_checking=type_checking)
 
 
+def package_of(module: str) -> str:
+    """The package a project module belongs to: its folder (a package's own __init__ too)."""
+    path = project_modules()[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _from_base(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name of what `from ... import` reads from, in `module`."""
+    base = node.module or ""
+    if node.level:
+        anchor = package_of(module).split(".")
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return base
+
+
+@cache
+def _parsed_imports(module: str) -> tuple[tuple[ast.Import | ast.ImportFrom, bool], ...]:
+    path = project_modules()[module]
+    return tuple(_imports(ast.parse(path.read_text(), str(path))))
+
+
 @cache
 def imports_of(module: str) -> tuple[tuple[str, bool, int], ...]:
     """(imported module name, under TYPE_CHECKING, line) for each module `module` imports.
 
     `from pkg import name` names pkg.name where that is a project module, else pkg.
     """
-    path = project_modules()[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node, type_checking in _imports(ast.parse(path.read_text(), str(path))):
+    for node, type_checking in _parsed_imports(module):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
+            base = _from_base(module, node)
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in project_modules()
                        else base for alias in node.names]
         found += [(target, type_checking, node.lineno) for target in targets]
@@ -189,3 +207,83 @@ def test_importing_the_runtime_loads_no_dsl_module(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reach(module: str, source: str | None = None) -> list[str]:
+    """The `_private` names `module` (or `source` read as that module) imports from a package
+    other than its own: `from x import _y` (a name or a module of x), or `import a._b`."""
+    nodes = (_parsed_imports(module) if source is None
+             else tuple(_imports(ast.parse(source))))
+    found = []
+    for node, _ in nodes:
+        if isinstance(node, ast.ImportFrom):
+            base = _from_base(module, node)
+            owner = package_of(base) if base in project_modules() else None
+            found += [f"{base}.{alias.name}" for alias in node.names
+                      if owner is not None and is_private(alias.name)
+                      and owner != package_of(module)]
+        else:
+            for alias in node.names:
+                parts = alias.name.split(".")
+                found += [alias.name for i, part in enumerate(parts)
+                          if i and is_private(part) and alias.name in project_modules()
+                          and ".".join(parts[:i]) != package_of(module)]
+    return found
+
+
+def test_the_private_reach_finder_finds_one():
+    source = ("from ..processes import _hidden, fast_exit\n"
+              "from .state import _mine\n"  # the module's own folder: fine
+              "from radixflow.runtime.server import __doc__\n")
+    assert private_reach("radixflow.runtime.server.launch", source) == [
+        "radixflow.runtime.processes._hidden"]
+
+
+def test_no_module_imports_another_packages_private_names():
+    reach = sorted(f"{project_modules()[module].relative_to(ROOT)} imports {name}"
+                   for module in project_modules() for name in private_reach(module))
+    assert reach == []
+
+
+# runtime/server_args.py is read by every process and every package, so it sits at the bottom
+# of the import graph: from the project it loads only these leaves (each imports nothing of
+# the project outside this set: the closure below), and the layers under the runtime
+# (kernels/, radix_cache/), which import nothing of it. No feature package (server,
+# scheduler, constrained, distributed, router, ...) and nothing that imports one.
+SERVER_ARGS_LEAVES = frozenset({
+    "radixflow.runtime.errors", "radixflow.runtime.version",
+    "radixflow.runtime.chat_template",  # --chat-template
+    "radixflow.runtime.parallel_flags",  # --tp-size, --nnodes, --dist-init-addr, --dp-size
+    "radixflow.runtime.reasoning",  # --reasoning-parser's names
+    "radixflow.runtime.tool_call_formats",  # --tool-call-parser's names
+    "radixflow.runtime.balance", "radixflow.runtime.balance.config",  # the routing flags
+})
+LOWER_LAYERS = ("radixflow.kernels", "radixflow.radix_cache")
+
+
+def loaded_by(module: str) -> set[str]:
+    """The project modules importing `module` runs, at import or in its functions: its
+    imports, theirs, and the __init__ of each one's packages (bar the root packages)."""
+    roots = {"radixflow", "radixflow.runtime"}
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        parents = [".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)]
+        todo += [m for m in project_imports(current, runtime_only=True) | set(parents)
+                 if m in project_modules() and m not in roots]
+    return seen - {module}
+
+
+def test_server_args_loads_no_feature_package():
+    features = sorted(m for m in loaded_by("radixflow.runtime.server_args")
+                      if m not in SERVER_ARGS_LEAVES
+                      and not any(in_package(m, layer) for layer in LOWER_LAYERS))
+    assert features == []
