@@ -84,7 +84,7 @@ def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, a
     assert c_err <= eager_err * 1.5 + 1e-3, (c_err, eager_err)
     # (a random tiny model's top two logits are ~0.3 apart: avx2's 8-bit activations, in the
     # eager path too, flip a few of its 20 argmaxes; the default model's figures are in
-    # bench/results/quality-*.md)
+    # bench/results/quality.md)
     agree = (c_step.argmax(-1) == exact.argmax(-1)).float().mean()
     eager_agree = (eager.argmax(-1) == exact.argmax(-1)).float().mean()
     assert agree >= min(0.9, eager_agree - 0.1), (agree, eager_agree)
