@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .constrained import check_once
+from .constrained import Constraint, prepare
 from .detokenize import decode_token_texts
 from .errors import ContextTooLong, InvalidRequest, rejection
 from .messages import CloseSessionReq, GenerateReq, OpenSessionReq, ReqTextOut, SessionParams
@@ -93,13 +93,13 @@ def fit_to_context(
         sampling, max_new_tokens=room, min_new_tokens=min(sampling.min_new_tokens, room))
 
 
-def check_constraint(sampling: SamplingParams) -> None:
-    """Raise GrammarError (a 400) for an invalid or too big regex / JSON Schema / EBNF /
-    choices / structural tag, before the request reaches the scheduler. (Compile errors that
-    only xgrammar finds come back as an abort with status_code 400.) Verdicts are cached
-    (check_once): a repeated constraint costs a lookup. Thread-safe; call it off the loop."""
-    if sampling.constraint is not None:
-        check_once(*sampling.constraint)
+def check_constraint(sampling: SamplingParams) -> Constraint | None:
+    """The request's constraint through the front door (constrained.prepare): checked,
+    rewritten and normalised for the scheduler to compile as it is; GrammarError (a 400) for
+    an invalid or too big regex / JSON Schema / EBNF / choices / structural tag. (Compile
+    errors that only xgrammar finds come back as an abort with status_code 400.) Cached: a
+    repeated constraint costs a lookup. Thread-safe; call it off the loop."""
+    return None if sampling.constraint is None else prepare(*sampling.constraint)
 
 
 # SGLang /generate fields radixflow does not implement: a body that sets one is refused (400

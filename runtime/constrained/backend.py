@@ -1,4 +1,4 @@
-"""GrammarBackend: one per tokenizer. Validates and compiles constraints (cached), makes a
+"""GrammarBackend: one per tokenizer. Compiles prepared constraints (cached), makes a
 GrammarState per request, and fills the batch's token bitmask (radixflow.kernels.bitmask
 applies it)."""
 
@@ -18,12 +18,14 @@ import xgrammar as xgr
 from .closing import BudgetCloser, make_encoder
 from .compile_cache import CompileCache, PendingGrammar
 from .completion import Alphabet, byte_alphabet
+from .constraint import Constraint
+from .front_door import prepare
 from .grammar_build import compile_constraint
-from .limits import GrammarLimits, check_once
+from .limits import GrammarLimits
 from .repeat_guard import RepeatGuard
-from .schema_rewrite import rewrite_spec
 from .state import GrammarState
 from .token_table import TokenTable, int32_bit
+from .xgrammar_compat import XGRAMMAR_VERSION, unmeasured_version
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class GrammarBackend:
         # Our cache below replaces xgrammar's, so a hit is visible and the memory bounded.
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
                                              cache_enabled=False)
-        self._cache = CompileCache(self._compile_key, timeout=compile_timeout,
+        self._cache = CompileCache(self._compile, timeout=compile_timeout,
                                    max_workers=compile_threads or max_threads,
                                    size_fn=lambda compiled: compiled.memory_size_bytes)
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads)
@@ -68,23 +70,32 @@ class GrammarBackend:
         self._alphabets: OrderedDict[int, tuple[CompiledGrammar, Alphabet]] = OrderedDict()
         self._encode = make_encoder(tokenizer, self.table)
         self.repeat_guard = RepeatGuard(self.table)
+        if unmeasured_version() is not None:
+            logger.warning("xgrammar %s is installed; its workarounds were measured against "
+                           "%s (runtime/constrained/xgrammar_compat says what to re-measure)",
+                           unmeasured_version(), XGRAMMAR_VERSION)
 
     # ---- constraints ----
 
+    def submit_prepared(self, constraint: Constraint) -> PendingGrammar:
+        """Compile a prepared constraint as it is, on a compile thread (or hit the cache):
+        the caller's thread (the scheduler's loop) does no work. The PendingGrammar's result()
+        raises GrammarError for a compile error or a timeout; submit_prepared itself raises it
+        (a 503) only when compiles past their deadline fill their cap."""
+        return self._cache.submit(constraint)
+
     def validate(self, kind: str, spec: str) -> None:
-        """The checks and limits (once per distinct constraint in this process: check_once);
-        raise GrammarError (a 400) naming the problem."""
-        check_once(kind, spec, self.limits)
+        """The front door's checks with this backend's limits (prepare: once per distinct
+        constraint in this process); raise GrammarError (a 400) naming the problem."""
+        prepare(kind, spec, self.limits)
 
     def submit(self, kind: str, spec: str) -> PendingGrammar:
-        """Validate, then compile, on a compile thread (or hit the cache): the caller's
-        thread (the scheduler's loop) runs neither. The PendingGrammar's result() raises
-        GrammarError for an invalid spec, a compile error or a timeout; submit itself raises
-        it (a 503) only when compiles past their deadline fill their cap."""
+        """For a raw (kind, spec) that no front door prepared (tests, benchmarks, requests
+        built by hand): prepare, then compile, on a compile thread (submit_prepared)."""
         return self._cache.submit((kind, spec), check=lambda: self.validate(kind, spec))
 
     def compile(self, kind: str, spec: str) -> CompiledGrammar:
-        """The compiled grammar, cached by (kind, spec). Raises GrammarError."""
+        """The compiled grammar of a raw (kind, spec), prepared here. Raises GrammarError."""
         return self.submit(kind, spec).result()
 
     @property
@@ -172,10 +183,11 @@ class GrammarBackend:
 
     # ---- internals ----
 
-    def _compile_key(self, key: tuple[str, str]) -> CompiledGrammar:
-        kind, spec = key
-        # the JSON Schemas as validate() checked them: rewritten where xgrammar is not exact
-        return compile_constraint(self._compiler, kind, rewrite_spec(kind, spec), self.limits)
+    def _compile(self, key: Constraint | tuple[str, str]) -> CompiledGrammar:
+        """A cache key's grammar: a prepared Constraint, or a raw (kind, spec) that submit's
+        check has just prepared (so this prepare is a cache hit)."""
+        constraint = key if isinstance(key, Constraint) else prepare(*key, self.limits)
+        return compile_constraint(self._compiler, constraint)
 
     def _fill_stop_only(self, bitmask: torch.Tensor, row: int) -> None:
         bitmask[row].zero_()

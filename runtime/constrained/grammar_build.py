@@ -1,16 +1,15 @@
-"""Turns a validated constraint (kind, spec) into an xgrammar grammar, then compiles it."""
+"""Turns a prepared Constraint into an xgrammar grammar, then compiles it. The spec is compiled
+as the front door left it: nothing here checks or rewrites it again."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import xgrammar as xgr
 
 from ..errors import GrammarError
-from .limits import GrammarLimits, parse_choices, parse_structural_tag
-from .regex_check import normalize_regex
-from .unicode_fix import fix_printed_grammar
+from .constraint import Constraint
+from .xgrammar_compat import fix_printed_grammar
 
 logger = logging.getLogger(__name__)
 
@@ -19,42 +18,45 @@ logger = logging.getLogger(__name__)
 JSON_SEPARATORS = (", ", ": ")
 
 
-def compile_constraint(compiler: xgr.GrammarCompiler, kind: str, spec: str,
-                       limits: GrammarLimits) -> xgr.CompiledGrammar:
+def compile_constraint(compiler: xgr.GrammarCompiler,
+                       constraint: Constraint) -> xgr.CompiledGrammar:
     """Compile; xgrammar's own errors become GrammarError carrying its message."""
+    kind = constraint.kind
     try:
-        return compiler.compile_grammar(build_grammar(kind, spec, limits))
+        return compiler.compile_grammar(build_grammar(kind, constraint.spec))
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise GrammarError(f"cannot compile {kind}: {_xgrammar_message(exc)}",
+        raise GrammarError(f"cannot compile {kind}: {xgrammar_message(exc)}",
                            param=_param(kind)) from None
 
 
-def build_grammar(kind: str, spec: str, limits: GrammarLimits) -> xgr.Grammar:
-    """The grammar for a constraint, before tokenizer-specific compilation."""
+def build_grammar(kind: str, spec: str) -> xgr.Grammar:
+    """The grammar for a normalised spec (Constraint.spec), before tokenizer-specific
+    compilation."""
     if kind == "regex":
-        grammar = xgr.Grammar.from_regex(normalize_regex(spec))
+        grammar = xgr.Grammar.from_regex(spec)
     elif kind == "json_schema":
-        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
-                                               separators=JSON_SEPARATORS, strict_mode=True)
+        grammar = json_schema_grammar(spec)
     elif kind == "json_object":
-        grammar = xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False,
+        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
                                                separators=JSON_SEPARATORS)
-    elif kind == "ebnf":
+    elif kind in ("ebnf", "choices"):
         grammar = xgr.Grammar.from_ebnf(spec)
-    elif kind == "choices":
-        return xgr.Grammar.from_ebnf(choices_to_ebnf(parse_choices(spec, limits)))
+        if kind == "choices":  # plain literals: nothing for unicode_fix to do
+            return grammar
     elif kind == "structural_tag":
-        grammar = xgr.Grammar.from_structural_tag(json.dumps(parse_structural_tag(spec, limits)))
+        grammar = xgr.Grammar.from_structural_tag(spec)
     else:
         raise GrammarError(f"unknown constraint kind {kind!r}")
     return _well_formed(grammar)
 
 
-def choices_to_ebnf(choices: list[str]) -> str:
-    """A grammar matching exactly one of `choices` (EBNF literals use JSON string escapes)."""
-    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+def json_schema_grammar(spec: str) -> xgr.Grammar:
+    """xgrammar's grammar for a checked schema, as radixflow compiles JSON (JSON_SEPARATORS,
+    strict), before unicode_fix."""
+    return xgr.Grammar.from_json_schema(spec, any_whitespace=False, separators=JSON_SEPARATORS,
+                                        strict_mode=True)
 
 
 def _well_formed(grammar: xgr.Grammar) -> xgr.Grammar:
@@ -73,7 +75,7 @@ def _param(kind: str) -> str:
     return "json_schema" if kind == "json_object" else kind
 
 
-def _xgrammar_message(exc: Exception) -> str:
+def xgrammar_message(exc: Exception) -> str:
     """xgrammar prefixes messages with '[time] /path/file.cc:line: '; keep what follows."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__

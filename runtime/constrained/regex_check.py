@@ -3,19 +3,11 @@ unsupported features and repetition bombs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import interegular
 from interegular import patterns as ip
 
 from ..errors import GrammarError
-
-
-@dataclass(frozen=True)
-class RegexLimits:
-    max_length: int = 4096  # characters in the pattern
-    max_repeat: int = 1000  # largest finite bound in {n,m}
-    max_repeat_product: int = 10_000  # product of finite bounds along one nesting path
+from .limits import RegexLimits
 
 
 def strip_anchors(pattern: str) -> str:

@@ -14,10 +14,10 @@ import pytest
 from radixflow.runtime.constrained import (
     GrammarLimits,
     SchemaLimits,
-    check_once,
+    front_door,
+    prepare,
     validate_constraint,
 )
-from radixflow.runtime.constrained import limits as limits_module
 from radixflow.runtime.constrained.compile_cache import CompileCache
 from radixflow.runtime.errors import GrammarError
 
@@ -124,53 +124,53 @@ def test_ebnf_rule_cap():
         validate_constraint("ebnf", "root = 'a'")
 
 
-# ---- check_once ----
+# ---- prepare: each distinct constraint once ----
 
-def test_check_once_checks_each_distinct_constraint_once(monkeypatch):
-    limits_module.clear_verdicts()
+def test_prepare_checks_each_distinct_constraint_once(monkeypatch):
+    front_door.clear_prepared()
     calls = []
-    real = limits_module.validate_constraint
+    real = front_door.prepare_uncached
 
-    def counting(kind, spec, limits=None):
+    def counting(kind, spec, limits):
         calls.append(spec)
         return real(kind, spec, limits)
 
-    monkeypatch.setattr(limits_module, "validate_constraint", counting)
+    monkeypatch.setattr(front_door, "prepare_uncached", counting)
     spec = json.dumps(ATTACK)
-    check_once("json_schema", spec)
+    prepared = prepare("json_schema", spec)
     start = time.perf_counter()
     for _ in range(100):
-        check_once("json_schema", spec)
+        assert prepare("json_schema", spec) is prepared
     assert time.perf_counter() - start < 0.1
     raised = []
     for _ in range(3):  # errors are verdicts too, raised afresh each time
         with pytest.raises(GrammarError, match="lookahead") as info:
-            check_once("regex", "a(?=b)")
+            prepare("regex", "a(?=b)")
         assert info.value.status_code == 400 and info.value.param == "regex"
         raised.append(info.value)
     assert len({id(e) for e in raised}) == 3  # (no traceback grows on a shared instance)
     assert calls == [spec, "a(?=b)"]
     with pytest.raises(GrammarError):  # other limits: another verdict
-        check_once("json_schema", spec, GrammarLimits(schema=SchemaLimits(max_branches=10)))
+        prepare("json_schema", spec, GrammarLimits(schema=SchemaLimits(max_branches=10)))
     assert len(calls) == 3
 
 
-def test_check_once_is_thread_safe_and_shares_a_run(monkeypatch):
-    limits_module.clear_verdicts()
+def test_prepare_is_thread_safe_and_shares_a_run(monkeypatch):
+    front_door.clear_prepared()
     calls, gate = [], threading.Event()
-    real = limits_module.validate_constraint
+    real = front_door.prepare_uncached
 
-    def slow(kind, spec, limits=None):
+    def slow(kind, spec, limits):
         calls.append(spec)
         gate.wait(5)
         return real(kind, spec, limits)
 
-    monkeypatch.setattr(limits_module, "validate_constraint", slow)
+    monkeypatch.setattr(front_door, "prepare_uncached", slow)
     errors: list = []
 
     def check(spec):
         try:
-            check_once("regex", spec)
+            prepare("regex", spec)
         except GrammarError as exc:
             errors.append(str(exc))
 
@@ -282,16 +282,14 @@ def test_check_runs_on_the_compile_thread_and_its_error_is_cached():
 
 
 def test_backend_submit_runs_no_check_on_the_callers_thread(backend, monkeypatch):
-    from radixflow.runtime.constrained import backend as backend_module
-
     ran_on = []
-    real = backend_module.check_once
+    real = backend.validate
 
-    def recording(kind, spec, limits=None):
+    def recording(kind, spec):
         ran_on.append(threading.current_thread().name)
-        return real(kind, spec, limits)
+        return real(kind, spec)
 
-    monkeypatch.setattr(backend_module, "check_once", recording)
+    monkeypatch.setattr(backend, "validate", recording)
     spec = json.dumps({**ATTACK, "title": "bounded-checks"})
     start = time.perf_counter()
     pending = backend.submit("json_schema", spec)

@@ -23,13 +23,12 @@ from helpers.constraint_corpus import load_refused_schemas, load_schemas
 from helpers.constraint_validators import FORMAT_CHECKER, schema_errors
 from helpers.grammar_walk import random_walk
 
+from radixflow.runtime.constrained import prepare, validate_constraint
 from radixflow.runtime.constrained.grammar_build import build_grammar
-from radixflow.runtime.constrained.limits import validate_constraint
-from radixflow.runtime.constrained.schema_rewrite import (
+from radixflow.runtime.constrained.xgrammar_compat import (
     FORMAT_PATTERNS,
     fix_pattern,
     rewrite_schema,
-    rewrite_spec,
 )
 from radixflow.runtime.errors import GrammarError
 
@@ -51,7 +50,7 @@ def raw_compiler(backend):
 
 def _raw_accepts(backend, raw_compiler, schema, text: str) -> bool:
     """Whether xgrammar, given `schema` without our checks and rewrites, accepts `text`."""
-    grammar = build_grammar("json_schema", json.dumps(schema), backend.limits)
+    grammar = build_grammar("json_schema", json.dumps(schema))
     matcher = xgr.GrammarMatcher(raw_compiler.compile_grammar(grammar))
     return matcher.accept_string(text) and matcher.accept_token(backend.stop_token_ids[0])
 
@@ -142,18 +141,18 @@ def test_rewrites():
     assert props["s"] == {"type": "string", "format": "email"}
 
 
-def test_rewrite_spec_reaches_structural_tag_schemas():
+def test_the_rewrite_reaches_structural_tag_schemas():
     inner = {"type": "string", "enum": ["a", 1]}
     tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
                                                 "content": {"type": "json_schema",
                                                             "json_schema": inner}}}
-    out = json.loads(rewrite_spec("structural_tag", json.dumps(tag)))
+    out = json.loads(prepare("structural_tag", json.dumps(tag)).spec)
     assert out["format"]["content"]["json_schema"] == {"const": "a"}
     legacy = {"structures": [{"begin": "<a>", "schema": inner, "end": "</a>"}],
               "triggers": ["<a>"]}
-    out = json.loads(rewrite_spec("structural_tag", json.dumps(legacy)))
-    assert out["structures"][0]["schema"] == {"const": "a"}
-    assert rewrite_spec("regex", "a(b)?") == "a(b)?"
+    out = json.loads(prepare("structural_tag", json.dumps(legacy)).spec)
+    assert out["format"]["tags"][0]["content"]["json_schema"] == {"const": "a"}
+    assert prepare("regex", "a(b)?").spec == "a(b)?"
 
 
 @pytest.mark.parametrize("pattern,fixed", [

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from radixflow.runtime.constrained import validate_constraint
-from radixflow.runtime.constrained.limits import GrammarLimits, parse_structural_tag
+from radixflow.runtime.constrained.limits import GrammarLimits
+from radixflow.runtime.constrained.structural_tag import parse_structural_tag
 from radixflow.runtime.errors import GrammarError, InvalidRequest
 from radixflow.runtime.sampling_params import SamplingParams
 

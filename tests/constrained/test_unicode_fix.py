@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from radixflow.runtime.constrained.unicode_fix import fix_printed_grammar, fix_regex
+from radixflow.runtime.constrained.xgrammar_compat import fix_printed_grammar, fix_regex
 
 SURROGATE = b"\xed\xbf\xaf"  # the 3-byte form of U+DFEF: not valid UTF-8
 

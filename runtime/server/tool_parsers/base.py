@@ -1,5 +1,7 @@
-"""What every tool-call format shares: the parse events, the parser interface, the streaming
-machinery (text, then calls, then text) and the checks of a tool's parameters schema.
+"""What every tool-call format shares: the parse events, the parser interface and the
+streaming machinery (text, then calls, then text); with json_calls.py (JSON read as it
+streams), tags.py (structural tags) and schemas.py (a tool's parameters schema, through the
+constraint front door), re-exported here.
 
 A format's parser gives
   - `constraint(plan)`: the sampling fields (a structural tag) that hold the output to the
@@ -12,26 +14,26 @@ non-streamed one agree.
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import GrammarError
+from .json_calls import WHITESPACE, JsonCallReader, JsonValue, skip_ws
+from .schemas import ANNOTATIONS, check_flat_object, check_parameters, tool_param
+from .tags import MAX_WHITESPACE, builtin_tag, called_tools, schema_format, structural_tag
 
 if TYPE_CHECKING:
-    from ..openai_tools import Tool, ToolPlan
+    from ..openai_tools import ToolPlan
 
-_WS = " \t\r\n"
-# Consecutive whitespace allowed in a call's arguments (a tiny or confused model otherwise
-# writes newlines until max_tokens): what compact JSON and the XML layouts need ("\r\n").
-MAX_WHITESPACE = 2
-# Schema keywords that only annotate (allowed anywhere a format checks keywords).
-ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "examples",
-                         "default", "deprecated", "readOnly", "writeOnly"})
+# What a format's parser builds on, in one import (json_calls, schemas and tags hold some).
+__all__ = [
+    "ANNOTATIONS", "MAX_WHITESPACE", "ArgsDelta", "CallStart", "Event", "JsonCallReader",
+    "JsonValue", "Text", "ToolParser", "ToolStream", "builtin_tag", "called_tools",
+    "check_flat_object", "check_parameters", "is_special_token", "random_id", "schema_format",
+    "skip_ws", "structural_tag", "tool_param",
+]
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class ToolStream(ABC):
     def _text(self, text: str) -> None:
         if not text:
             return
-        body = text.rstrip(_WS)
+        body = text.rstrip(WHITESPACE)
         if body:
             self.out.append(Text(self.held + body))
             self.held = ""
@@ -231,173 +233,3 @@ def _partial_suffix(text: str, openers: tuple[str, ...]) -> int:
                 break
     return best
 
-
-def skip_ws(text: str) -> str:
-    return text.lstrip(_WS)
-
-
-class JsonValue:
-    """Where one JSON value ends, in text that arrives in pieces."""
-
-    def __init__(self) -> None:
-        self.kind: str | None = None  # "container", "string" or "scalar"
-        self.depth = 0
-        self.in_string = self.escaped = False
-
-    def scan(self, text: str) -> tuple[int, bool]:
-        """(how many chars of `text` belong to the value, whether it ended there)."""
-        for i, ch in enumerate(text):
-            if self.kind is None:
-                self.kind = ("container" if ch in "{[" else "string" if ch == '"'
-                             else "scalar")
-                self.depth, self.in_string = int(ch in "{["), ch == '"'
-            elif self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-                    if self.kind == "string":
-                        return i + 1, True
-            elif self.kind == "scalar":
-                if ch in ",}] \t\r\n)":
-                    return i, True
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1, True
-        return len(text), False
-
-
-# The header is read once the value's first character is there, so that however the text is
-# split into pieces the arguments start at the same place.
-_JSON_HEADER = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]{1,64})"\s*,\s*"(?:arguments|parameters)"'
-                          r'\s*:\s*(?=\S)')
-
-
-class JsonCallReader:
-    """One `{"name": "f", "arguments": {...}}` call (or "parameters"), read incrementally:
-    the name once the header is complete, then the arguments' raw JSON text as it comes."""
-
-    def __init__(self, stream: ToolStream):
-        self.stream = stream
-        self.value: JsonValue | None = None  # set once the header is read
-        self.value_ended = self.done = False
-
-    def step(self, final: bool) -> bool:
-        s = self.stream
-        if self.value is None:
-            match = _JSON_HEADER.match(s.buf)
-            if match is None:
-                return False
-            s._start_call(match.group(1))
-            s.buf = s.buf[match.end():]
-            self.value = JsonValue()
-        if not self.value_ended:
-            used, self.value_ended = self.value.scan(s.buf)
-            s._args(s.buf[:used])
-            s.buf = s.buf[used:]
-            if not self.value_ended:
-                return False
-        rest = skip_ws(s.buf)
-        if not rest and not final:
-            return False
-        if rest.startswith("}"):
-            rest = rest[1:]
-        s.buf, self.done = rest, True
-        return True
-
-    @property
-    def started(self) -> bool:
-        return self.value is not None
-
-
-# ---- structural tags ----
-
-def structural_tag(fmt: Any) -> dict:
-    """The sampling fields of a structural tag format (a pydantic model or a dict)."""
-    if hasattr(fmt, "model_dump"):
-        fmt = fmt.model_dump(mode="json")
-    tag = fmt if fmt.get("type") == "structural_tag" else {"type": "structural_tag",
-                                                            "format": fmt}
-    return {"structural_tag": json.dumps(tag, ensure_ascii=False)}
-
-
-def builtin_tag(model: str, plan: ToolPlan, separator: str) -> dict:
-    """xgrammar's structural tag for `model`'s format (reasoning left to --reasoning-parser,
-    which engages a constraint after the thinking). For tool_choice "required" the output is
-    the calls alone, `separator` between them (xgrammar's lets text follow the first)."""
-    from xgrammar.builtin_structural_tag import get_model_structural_tag
-
-    tools = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}}
-             for t in plan.tools]
-    choice: Any = plan.mode
-    if plan.mode == "named":
-        choice = {"type": "function", "function": {"name": plan.named.name}}
-    tag = get_model_structural_tag(model, tools=tools, tool_choice=choice, reasoning="disabled",
-                                   parallel_tool_calls=plan.parallel,
-                                   max_whitespace_cnt=MAX_WHITESPACE).model_dump(mode="json")
-    fmt = tag["format"]
-    if plan.mode == "required" and fmt.get("type") == "triggered_tags":
-        tag["format"] = {"type": "tags_with_separator", "tags": fmt["tags"],
-                         "separator": separator, "at_least_one": True,
-                         "stop_after_first": not plan.parallel}
-    return structural_tag(tag)
-
-
-def schema_format(schema: dict, **extra: Any) -> dict:
-    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_WHITESPACE,
-            **extra}
-
-
-def called_tools(plan: ToolPlan) -> list[Tool]:
-    return [plan.named] if plan.mode == "named" else plan.tools
-
-
-# ---- schema checks ----
-
-def tool_param(index: int) -> str:
-    return f"tools.{index}.function.parameters"
-
-
-def check_parameters(tool: Tool, index: int) -> dict:
-    """The tool's parameters schema checked (and rewritten) as a json_schema constraint is;
-    a refusal names the tool, the keyword and its path."""
-    from ...constrained.limits import GrammarLimits
-    from ...constrained.schema_check import parse_json_schema
-
-    limits = GrammarLimits()
-    try:
-        return parse_json_schema(json.dumps(tool.parameters), limits.schema, limits.regex)
-    except GrammarError as exc:
-        raise GrammarError(f"{tool_param(index)} (tool {tool.name!r}): {exc.message}",
-                           param=tool_param(index)) from None
-
-
-def check_flat_object(tool: Tool, index: int, fmt: str, name_ok: re.Pattern) -> dict:
-    """For formats that write each argument by name (XML, pythonic): the top level must be
-    an object of named properties. Returns the checked, rewritten schema."""
-    schema = check_parameters(tool, index)
-
-    def refuse(keyword: str, why: str) -> GrammarError:
-        return GrammarError(f"{tool_param(index)} (tool {tool.name!r}): '{keyword}' at "
-                            f"#/{keyword} {why} in {fmt} tool calls, which write each "
-                            "argument by name", param=tool_param(index))
-
-    if schema.get("type", "object") != "object":
-        raise refuse("type", "must be \"object\"")
-    allowed = {"type", "properties", "required", "additionalProperties", "$defs",
-               "definitions"} | ANNOTATIONS
-    for keyword in sorted(set(schema) - allowed):
-        raise refuse(keyword, "is not supported at the top level")
-    if schema.get("additionalProperties", False) not in (False, None):
-        raise refuse("additionalProperties", "must be false (or absent)")
-    for name in schema.get("properties") or {}:
-        if not name_ok.fullmatch(name):
-            raise refuse(f"properties/{name}", "is not a name the format can write")
-    return schema

@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from ...constrained.schema_check import resolve_ref
+from ...constrained.schema_terms import resolve_ref
 from .base import (
     Text,
     ToolParser,

@@ -1,6 +1,6 @@
 """Keeps compiled grammars to well-formed output.
 
-NOTE: xgrammar (0.2.9) lets a negated character class such as [^"] or a bare '.' match the
+NOTE: xgrammar lets a negated character class such as [^"] or a bare '.' match the
 UTF-16 surrogates U+D800..U+DFFF, whose 3-byte encodings are not valid UTF-8, and writes JSON
 strings with minLength/maxLength so that raw control characters (a tab) may appear, which
 JSON forbids. A sampled token can produce either, so grammars are rewritten here: printed,
