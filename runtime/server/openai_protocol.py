@@ -8,13 +8,35 @@ vLLM's /tokenize and /detokenize bodies.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sampling_params import MAX_NEW_TOKENS_LIMIT
+from ..sampling_params import MAX_NEW_TOKENS_LIMIT, OPTIONS
 
 INT64_MAX = (1 << 63) - 1
+_SETS = "radixflow_sets"  # the json_schema_extra key naming the option a field sets
+
+
+def sampling_field(option: str, default: Any = None, **narrower: float) -> Any:
+    """A request field that sets SamplingParams' `option`: the field's name is the option's
+    OpenAI name, its bounds are the option's, or `narrower` ones (ge=, le=, gt=, lt=) where
+    this API allows less (temperature: OpenAI documents [0, 2])."""
+    rule = OPTIONS[option].rule
+    bounds = {**(rule.schema_bounds() if rule is not None else {}), **narrower}
+    return Field(default, json_schema_extra={_SETS: option}, **bounds)
+
+
+@functools.cache
+def sampling_names(model: type[BaseModel]) -> Mapping[str, str]:
+    """Request field -> the SamplingParams option it sets, for `model`'s sampling fields, in
+    declaration order (of two fields setting one option, the later one given wins)."""
+    return MappingProxyType({
+        name: info.json_schema_extra[_SETS] for name, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and _SETS in info.json_schema_extra})
 
 
 class _Strict(BaseModel):
@@ -50,30 +72,34 @@ class StructuredOutputs(_Strict):
 
 
 class _SamplingRequest(_Strict):
+    """What completions and chat share. A `sampling_field` is a sampling option under its
+    OpenAI name (openai_requests.py maps them all by `sampling_names`)."""
+
     model: str = Field(min_length=1)
-    n: int = Field(1, ge=1, le=128)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    n: int = sampling_field("n", 1)
+    stop: str | list[str] | None = sampling_field("stop")
+    seed: int | None = sampling_field("seed", ge=-INT64_MAX - 1, le=INT64_MAX)
+    temperature: float | None = sampling_field("temperature", le=2.0)
+    top_p: float | None = sampling_field("top_p")
+    frequency_penalty: float | None = sampling_field("frequency_penalty")
+    presence_penalty: float | None = sampling_field("presence_penalty")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = sampling_field("logit_bias")
     response_format: ResponseFormat | None = None
     # Extensions (vLLM / SGLang names).
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    ignore_eos: bool = False
-    budget_safe: bool = True  # radixflow: close constrained outputs within max_tokens
-    max_repeat_run: int | None = Field(None, ge=2, le=64)  # radixflow: constrained loops
-    min_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS_LIMIT)
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
+    top_k: int | None = sampling_field("top_k")
+    min_p: float | None = sampling_field("min_p")
+    repetition_penalty: float | None = sampling_field("repetition_penalty")
+    ignore_eos: bool = sampling_field("ignore_eos", False)
+    # radixflow: close constrained outputs within max_tokens
+    budget_safe: bool = sampling_field("budget_safe", True)
+    max_repeat_run: int | None = sampling_field("max_repeat_run")  # radixflow: constrained loops
+    min_tokens: int = sampling_field("min_new_tokens", 0, le=MAX_NEW_TOKENS_LIMIT)
+    stop_token_ids: list[int] | None = sampling_field("stop_token_ids")
+    skip_special_tokens: bool = sampling_field("skip_special_tokens", True)
+    no_stop_trim: bool = sampling_field("no_stop_trim", False)
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
@@ -88,7 +114,7 @@ class _SamplingRequest(_Strict):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0, le=MAX_NEW_TOKENS_LIMIT)
+    max_tokens: int | None = sampling_field("max_new_tokens", 16)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None
@@ -121,8 +147,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT)
+    max_tokens: int | None = sampling_field("max_new_tokens", ge=1)
+    max_completion_tokens: int | None = sampling_field("max_new_tokens", ge=1)  # wins if given
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
@@ -136,7 +162,7 @@ class ChatCompletionRequest(_SamplingRequest):
     # reasoning_content unless separate_reasoning is false; thinking_budget caps it (tokens).
     separate_reasoning: bool = True
     stream_reasoning: bool = True  # false: the reasoning in one chunk, when it is complete
-    thinking_budget: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS_LIMIT)
+    thinking_budget: int | None = sampling_field("thinking_budget")
 
 
 class TokenizeRequest(_Strict):

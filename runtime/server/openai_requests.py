@@ -22,7 +22,7 @@ from ..reasoning import ReasoningParser
 from ..sampling_params import SamplingParams
 from .deadline import TimedOut, run_with_deadline
 from .openai_constraints import constraint_fields
-from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .openai_protocol import ChatCompletionRequest, CompletionRequest, sampling_names
 from .openai_tools import ToolPlan, with_tools
 from .responses import validation_error
 from .scheduler_client import SchedulerClient
@@ -94,8 +94,7 @@ def completion_job(client: SchedulerClient, body: CompletionRequest,
     check_prompt_count(_num_prompts(body.prompt), body.n, limits.max_prompts,
                        param="prompt" if body.n == 1 else "n")
     ids_list, texts = _completion_prompts(client, body.prompt)
-    return _build_job(client, body, ids_list, texts, body.max_tokens, logprobs=body.logprobs,
-                      echo=body.echo)
+    return _build_job(client, body, ids_list, texts, logprobs=body.logprobs, echo=body.echo)
 
 
 def _num_prompts(prompt: Any) -> int:
@@ -144,53 +143,52 @@ def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPl
         # the format's markers are special tokens: the text must keep them to be parsed
         body = body.model_copy(update={"skip_special_tokens": False})
     ids = client.tokenizer.encode(text, add_special_tokens=False)
-    max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.thinking_budget is not None and client.reasoning is None:
         raise InvalidRequest("thinking_budget needs a server started with --reasoning-parser",
                              param="thinking_budget")
     reasoning = client.reasoning if body.separate_reasoning else None
-    return _build_job(client, body, [ids], [text], max_tokens, logprobs=logprobs,
+    return _build_job(client, body, [ids], [text], logprobs=logprobs,
                       constraint=tools.sampling_fields() if tools else None,
                       reasoning=reasoning)
 
 
-def _sampling(body: AnyRequest, max_tokens: int | None, choice: int,
+def requested_sampling(body: AnyRequest) -> dict[str, Any]:
+    """The sampling options `body` sets, by SamplingParams' names (its sampling_names)."""
+    options: dict[str, Any] = {}
+    for name, option in sampling_names(type(body)).items():
+        value = getattr(body, name)
+        if value is not None:
+            options[option] = value
+    return options
+
+
+def _sampling(body: AnyRequest, requested: dict[str, Any], choice: int, room: int,
               constraint: dict | None = None) -> SamplingParams:
-    d: dict[str, Any] = {
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "min_p": body.min_p, "frequency_penalty": body.frequency_penalty,
-        "presence_penalty": body.presence_penalty, "repetition_penalty": body.repetition_penalty,
-        "stop": body.stop, "stop_token_ids": body.stop_token_ids, "ignore_eos": body.ignore_eos,
-        "min_new_tokens": body.min_tokens, "skip_special_tokens": body.skip_special_tokens,
-        "no_stop_trim": body.no_stop_trim, "logit_bias": body.logit_bias,
-        "budget_safe": body.budget_safe, "max_repeat_run": body.max_repeat_run,
-        "thinking_budget": getattr(body, "thinking_budget", None),
-        **constraint_fields(body, constraint),
-    }
-    if max_tokens is not None:
-        d["max_new_tokens"] = max_tokens
-    if body.seed is not None:
+    """Choice `choice`'s SamplingParams; without max_tokens it may fill the `room` left."""
+    d = {"max_new_tokens": max(room, 0), **requested, **constraint_fields(body, constraint),
+         "n": 1}  # the body's n choices are n requests of one sample each
+    if "seed" in d:
         # Every choice gets its own stream of randomness, reproducible from the seed.
-        d["seed"] = (body.seed + choice) % (1 << 63)
+        d["seed"] = (d["seed"] + choice) % (1 << 63)
     sampling = SamplingParams.from_dict(d)
     check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
     return sampling
 
 
 def _build_job(client: SchedulerClient, body: AnyRequest,
-               prompts: list[list[int]], prompt_texts: list[str], max_tokens: int | None, *,
+               prompts: list[list[int]], prompt_texts: list[str], *,
                logprobs: int | None, echo: bool = False,
                constraint: dict | None = None, reasoning: ReasoningParser | None = None) -> Job:
+    requested = requested_sampling(body)
+    explicit = "max_new_tokens" in requested
     reqs = []
     for p, ids in enumerate(prompts):
         if not ids:
             raise InvalidRequest("the prompt is empty (it has no tokens)", param="prompt")
-        explicit = max_tokens is not None
         room = client.context_length - len(ids)
         for j in range(body.n):
-            sampling = _sampling(body, max_tokens if explicit else max(room, 0), p * body.n + j,
-                                 constraint)
+            sampling = _sampling(body, requested, p * body.n + j, room, constraint)
             sampling = fit_to_context(sampling, len(ids), client.context_length, strict=explicit)
             sampling.check_vocab(client.vocab_size)
             reqs.append(GenerateReq(
