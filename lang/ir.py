@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.program.select import SELECT_METHODS
+from radixflow.runtime.sampling_params import check_option
 
 from .errors import GrammarError, InvalidRequest
-from .params import GenParams
+from .params import FIELDS, GenParams
 from .tools import Tool, as_tools, calls_schema
 
 _METHOD_ALIASES = {"mean": "token_length_normalized",
@@ -163,20 +164,6 @@ def check_method(method: str) -> str:
 def gen(
     name: str | None = None,
     *,
-    max_tokens: int | None = None,
-    min_tokens: int | None = None,
-    stop: str | list[str] | None = None,
-    stop_regex: str | list[str] | None = None,
-    stop_token_ids: list[int] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    repetition_penalty: float | None = None,
-    ignore_eos: bool | None = None,
-    seed: int | None = None,
     regex: str | None = None,
     json_schema: Any = None,
     choices: list[str] | None = None,
@@ -191,14 +178,17 @@ def gen(
     reasoning: bool = False,
     separate_reasoning: bool | None = None,
     thinking_budget: int | None = None,
+    **sampling: Any,
 ) -> Node:
     """Generate text into variable `name`.
 
-    Options left None use the run's defaults. `regex` / `json_schema` (dict, JSON string or
-    pydantic model) constrain the output; `choices` turns the call into `select`; `dtype` (int,
-    float, str, bool) is shorthand for a regex; `stop_regex` ends the text at a match, like a
-    stop string. `n` > 1 samples n continuations of the same prompt in one request: the variable
-    holds the list of their texts and none of them is appended to the program's text.
+    `sampling`: the sampling options, by GenParams' field names (`max_tokens=`, `stop=` (a
+    string or a list), `temperature=`, ...); those not given use the run's defaults.
+    `regex` / `json_schema` (dict, JSON string or pydantic model) constrain the output;
+    `choices` turns the call into `select`; `dtype` (int, float, str, bool) is shorthand for a
+    regex; `stop_regex` ends the text at a match, like a stop string. `n` > 1 samples n
+    continuations of the same prompt in one request: the variable holds the list of their
+    texts and none of them is appended to the program's text.
     `tools` (Python functions or OpenAI tool dicts) makes the gen a tool call: the output is a
     JSON list of `{"name", "arguments"}` held to the tools' schemas (one call unless
     `parallel_tool_calls`), the variable holds the parsed list (`rf.call_tools` runs them).
@@ -209,15 +199,13 @@ def gen(
     Raises GrammarError for a regex that does not compile or a schema that is not JSON,
     InvalidRequest for an empty choice list or a bad n / tools.
     """
+    unknown = [key for key in sampling if key not in FIELDS]
+    if unknown:
+        raise TypeError(f"gen() got an unexpected keyword argument {unknown[0]!r}")
     name = _check_name(name)
     if choices is not None:
         return select(name, choices, method=choices_method)
-    params = GenParams.make(
-        max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_regex=stop_regex,
-        stop_token_ids=stop_token_ids,
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed)
+    params = GenParams.make(**sampling)
     if dtype is not None:
         if dtype not in _DTYPE_REGEX:
             raise InvalidRequest(f"dtype must be one of int, float, str, bool; got {dtype!r}")
@@ -226,18 +214,14 @@ def gen(
             params = dataclasses.replace(params, stop=tuple(params.stop or ()) + extra_stop)
     if sum(x is not None for x in (regex, json_schema, tools)) > 1:
         raise InvalidRequest("give at most one of regex, json_schema and tools")
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
-        raise InvalidRequest(f"n must be an integer in [1, 128], got {n!r}")
+    check_option("n", n)
     tool_specs = as_tools(tools) if tools is not None else ()
     if tool_specs:
         if n != 1:
             raise InvalidRequest("a gen with tools takes n=1")
         json_schema = calls_schema(tool_specs, parallel=parallel_tool_calls)
     reasoning = bool(reasoning or separate_reasoning)
-    if thinking_budget is not None and (not isinstance(thinking_budget, int)
-                                        or isinstance(thinking_budget, bool)
-                                        or thinking_budget < 0):
-        raise InvalidRequest(f"thinking_budget must be an integer >= 0, got {thinking_budget!r}")
+    check_option("thinking_budget", thinking_budget)
     return Gen(
         name, params,
         regex=check_regex(regex) if regex is not None else None,

@@ -1,4 +1,10 @@
-"""Sampling options: `GenParams`, the one definition `gen`, `run` and `run_batch` share."""
+"""Sampling options: `GenParams`, the one definition `gen`, `run` and `run_batch` share.
+
+A GenParams field is a sampling option the DSL exposes: its name is `gen`'s keyword (and a
+`run` default), `SAMPLING_NAMES` maps the names that differ from SamplingParams' (the wire's),
+and its default is SamplingParams' (radixflow.runtime.sampling_params, where options are
+defined and checked).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from radixflow.runtime.sampling_params import OPTIONS, SamplingParams
+
 from .errors import InvalidRequest
+
+# The DSL's names (SGLang's frontend's) that are not SamplingParams' -> SamplingParams'.
+SAMPLING_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 
 
 @dataclass(frozen=True)
 class GenParams:
     """Sampling options, defined once: used by `gen`, and as defaults by `run` / `run_batch`.
 
-    A field left None falls back to the run's defaults, then to DEFAULT_PARAMS.
+    A field left None falls back to the run's defaults, then to DEFAULT_PARAMS. Lists are
+    held as tuples (the IR is frozen).
     """
 
     max_tokens: int | None = None
@@ -34,24 +46,14 @@ class GenParams:
     @classmethod
     def make(cls, **kwargs: Any) -> GenParams:
         """Build from user keywords; `stop` and `stop_regex` may be a string or a list;
-        `max_new_tokens` aliases `max_tokens`."""
-        if "max_new_tokens" in kwargs:
-            kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
-        if "min_new_tokens" in kwargs:
-            kwargs["min_tokens"] = kwargs.pop("min_new_tokens")
-        unknown = set(kwargs) - set(FIELDS)
+        SamplingParams' names (`max_new_tokens`, ...) alias the DSL's."""
+        options = {_DSL_NAMES.get(key, key): value for key, value in kwargs.items()}
+        unknown = set(options) - set(FIELDS)
         if unknown:
             raise InvalidRequest(f"unknown sampling option(s) {sorted(unknown)}; "
                                  f"known: {', '.join(FIELDS)}")
-        for key in ("stop", "stop_regex"):
-            value = kwargs.get(key)
-            if isinstance(value, str):
-                kwargs[key] = (value,)
-            elif value is not None:
-                kwargs[key] = tuple(value)
-        if kwargs.get("stop_token_ids") is not None:
-            kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
-        return cls(**kwargs)
+        return cls(**{key: _frozen(OPTIONS[sampling_name(key)].read(value))
+                      for key, value in options.items()})
 
     def merged(self, defaults: GenParams) -> GenParams:
         """Self's set fields over `defaults`."""
@@ -59,25 +61,27 @@ class GenParams:
         return dataclasses.replace(defaults, **changes)
 
     def to_sampling_params(self) -> dict[str, Any]:
-        """The native `sampling_params` dict (unset fields take SGLang's defaults)."""
+        """The native `sampling_params` dict: every option, unset ones at their defaults."""
         p = self.merged(DEFAULT_PARAMS)
-        out: dict[str, Any] = {
-            "max_new_tokens": p.max_tokens, "min_new_tokens": p.min_tokens,
-            "stop": list(p.stop or ()), "stop_token_ids": list(p.stop_token_ids or ()),
-            "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
-            "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
-            "ignore_eos": p.ignore_eos,
-        }
-        if p.repetition_penalty is not None:
-            out["repetition_penalty"] = p.repetition_penalty
-        if p.stop_regex:
-            out["stop_regex"] = list(p.stop_regex)
-        if p.seed is not None:
-            out["seed"] = p.seed  # radixflow's name; SGLang calls it sampling_seed
+        out: dict[str, Any] = {}
+        for name in FIELDS:
+            value = getattr(p, name)
+            if value is not None:
+                out[sampling_name(name)] = list(value) if isinstance(value, tuple) else value
         return out
 
 
+def sampling_name(name: str) -> str:
+    """The SamplingParams name (the wire's) of GenParams field `name`."""
+    return SAMPLING_NAMES.get(name, name)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
 FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
-DEFAULT_PARAMS = GenParams(max_tokens=128, min_tokens=0, stop=(), stop_token_ids=(),
-                           temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0,
-                           presence_penalty=0.0, ignore_eos=False)
+_DSL_NAMES = {native: name for name, native in SAMPLING_NAMES.items()}
+_SAMPLING_DEFAULTS = SamplingParams()
+DEFAULT_PARAMS = GenParams(**{
+    name: _frozen(getattr(_SAMPLING_DEFAULTS, sampling_name(name))) for name in FIELDS})

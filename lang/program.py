@@ -16,14 +16,14 @@ from .backends.default import as_backend, get_default_backend
 from .chat_template import chat_template_of
 from .errors import InvalidRequest, ProgramError, TraceError
 from .graph import Graph
-from .params import DEFAULT_PARAMS, FIELDS, GenParams
+from .params import DEFAULT_PARAMS, FIELDS, SAMPLING_NAMES, GenParams
 from .placeholder import Placeholder
 from .state import ProgramState
 from .tracer import StopTrace, TraceState
 
 logger = logging.getLogger(__name__)
 
-GEN_OPTIONS = frozenset(FIELDS) | {"max_new_tokens", "min_new_tokens"}
+GEN_OPTIONS = frozenset(FIELDS) | frozenset(SAMPLING_NAMES.values())  # gen names, wire names
 MIN_PREFIX_CHARS = 64  # shorter shared prefixes are not worth a warm-up request (SGLang's rule)
 
 

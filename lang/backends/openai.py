@@ -1,10 +1,13 @@
 """OpenAI: remote models behind an OpenAI-compatible API, where the features exist there.
 
 A program without roles uses /completions with the text so far; a program with roles uses
-/chat/completions with its messages, and its gens must sit in an assistant turn. gen maps to
-max_tokens/stop/temperature/top_p/seed; json_schema to `response_format`; regex to the `regex`
-extension field that radixflow's and SGLang's OpenAI APIs accept. select has no prompt
-log-probabilities there, so it becomes a generation constrained to the choices (regex).
+/chat/completions with its messages, and its gens must sit in an assistant turn. gen's
+sampling options take their OpenAI names from radixflow's OpenAI request models (max_tokens,
+min_tokens, stop, temperature, ...), each sent only when it differs from its default, so a
+remote API that lacks an extension (top_k, ...) never sees it unasked; json_schema becomes
+`response_format`; regex the `regex` extension field that radixflow's and SGLang's OpenAI
+APIs accept. select has no prompt log-probabilities there, so it becomes a generation
+constrained to the choices (regex).
 """
 
 from __future__ import annotations
@@ -16,12 +19,32 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixflow.runtime.program import ProgramExecutor
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.server.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    sampling_names,
+)
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError, InvalidRequest, ServerUnavailable, UnsupportedFeature
 from .base import OnText
 
-_DEFAULTS = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "repetition_penalty": 1.0}
+_DEFAULTS = SamplingParams()
+_CONSTRAINTS = ("regex", "json_schema")  # sent as their own fields (see _request_for)
+
+
+def _openai_names() -> dict[str, str]:
+    """SamplingParams option -> its OpenAI request field (the first: max_tokens, not
+    max_completion_tokens)."""
+    names: dict[str, str] = {}
+    for model in (CompletionRequest, ChatCompletionRequest):
+        for name, option in sampling_names(model).items():
+            names.setdefault(option, name)
+    return names
+
+
+_OPENAI_NAMES = _openai_names()
 
 
 class OpenAI:
@@ -72,29 +95,12 @@ class OpenAI:
 
     def _request_for(self, body: dict) -> tuple[str, dict]:
         sp = body.get("sampling_params") or {}
-        request: dict[str, Any] = {"model": self.model, "max_tokens": sp.get("max_new_tokens", 128)}
-        for key in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
-            if sp.get(key) is not None:
-                request[key] = sp[key]
-        if sp.get("stop"):
-            request["stop"] = sp["stop"] if isinstance(sp["stop"], list) else [sp["stop"]]
-        if sp.get("seed") is not None:
-            request["seed"] = sp["seed"]
-        if sp.get("n", 1) > 1:
-            request["n"] = sp["n"]
-        if sp.get("stop_regex"):
-            raise UnsupportedFeature("stop_regex is not an OpenAI API field: use a radixflow "
-                                     "backend (rf.Endpoint, rf.Runtime, rf.Engine)")
-        for key, default in _DEFAULTS.items():  # extensions, only when they matter
-            if sp.get(key) not in (None, default):
-                request[key] = sp[key]
+        request: dict[str, Any] = {"model": self.model, **openai_sampling(sp)}
         if sp.get("json_schema"):
             request["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "output", "schema": json.loads(sp["json_schema"]), "strict": True}}
         if sp.get("regex"):
             request["regex"] = sp["regex"]
-        if sp.get("thinking_budget") is not None:  # SGLang's and radixflow's extension
-            request["thinking_budget"] = sp["thinking_budget"]
         messages = body.get("messages") or []
         if not messages:
             return "/completions", {**request, "prompt": body["text"]}
@@ -170,6 +176,22 @@ class OpenAI:
                 text += delta or ""
                 finish = choice.get("finish_reason") or finish
                 yield {"text": text, "meta_info": {"finish_reason": _finish(finish)}}
+
+
+def openai_sampling(sp: dict) -> dict[str, Any]:
+    """The OpenAI request fields of native sampling options (constraints aside): max_tokens
+    always, any other option only when it differs from its default."""
+    request: dict[str, Any] = {"max_tokens": sp.get("max_new_tokens", _DEFAULTS.max_new_tokens)}
+    for key, value in sp.items():
+        if (key in _CONSTRAINTS or key == "max_new_tokens" or value is None
+                or value == getattr(_DEFAULTS, key, None)):
+            continue
+        name = _OPENAI_NAMES.get(key)
+        if name is None:
+            raise UnsupportedFeature(f"{key} is not an OpenAI API field: use a radixflow "
+                                     f"backend (rf.Endpoint, rf.Runtime, rf.Engine)")
+        request[name] = value
+    return request
 
 
 def _finish(reason: str | None) -> dict | None:
