@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from .constrained.constraint import Constraint
 from .sampling_params import SamplingParams
 
 
@@ -48,6 +49,10 @@ class GenerateReq(_Msg):
     # Separate the thinking of a reasoning model from the answer (--reasoning-parser): its
     # constraint applies after the end-of-thinking marker (scheduler/reasoning.py).
     reasoning: bool = False
+    # sampling's constraint as the front door prepared it (constrained.prepare), compiled as
+    # it is; None: sampling has none, or the request was built by hand (the scheduler then
+    # prepares it on a compile thread).
+    constraint: Constraint | None = None
 
 
 class AbortReq(_Msg):
