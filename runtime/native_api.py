@@ -316,9 +316,10 @@ def parse_generate(
     samplings = _sampling_list(body, len(sources))
     check_prompt_count(len(sources), [s.n for s in samplings], max_prompts, param=param)
     prompts = _tokenize_sources(sources, is_batch, param, tokenizer)
+    constraints = []
     for sampling in samplings:
         sampling.check_vocab(vocab_size)
-        check_constraint(sampling)
+        constraints.append(check_constraint(sampling))
     rids = _rids(body, len(prompts), is_batch)
     session = parse_session_params(body.get("session_params"))
     stream = _opt_bool(body, "stream")
@@ -348,7 +349,8 @@ def parse_generate(
         raise InvalidRequest("session_params applies to a single prompt with n=1 (a batch or "
                              "n > 1 would add several requests to the session at once)",
                              param="session_params")
-    for ids, sampling, rid in zip(prompts, samplings, rids, strict=True):
+    for ids, sampling, constraint, rid in zip(prompts, samplings, constraints, rids,
+                                             strict=True):
         if start > len(ids):
             raise InvalidRequest(f"logprob_start_len ({start}) is greater than the prompt "
                                  f"length ({len(ids)})", param="logprob_start_len")
@@ -363,7 +365,7 @@ def parse_generate(
                 rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one, seed=seed),
                 return_logprob=return_logprob, logprob_start_len=start,
                 top_logprobs_num=top_n, stream=stream, session=session,
-                reasoning=separate_reasoning))
+                reasoning=separate_reasoning, constraint=constraint))
     return ParsedGenerate(reqs=reqs, is_batch=multi, stream=stream,
                           return_text_in_logprobs=return_text, reasoning=reasoning)
 
