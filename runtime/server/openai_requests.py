@@ -195,7 +195,8 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
                 rid=new_rid(), input_ids=ids, sampling=sampling,
                 return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,
                 top_logprobs_num=logprobs or 0, stream=body.stream,
-                reasoning=reasoning is not None))
+                reasoning=reasoning is not None,
+                constraint=check_constraint(sampling)))  # (prepared in _sampling: a hit)
     return Job(reqs=reqs, prompts=prompts, prompt_texts=prompt_texts, n=body.n,
                reasoning=reasoning)
 
