@@ -71,7 +71,6 @@ class SchedulerClient:
         self.send_ctx = zmq.Context()
         addrs = [scheduler_addr] if isinstance(scheduler_addr, str) else list(scheduler_addr)
         self.sched_socks = [PushSocket(self.send_ctx, a, unbounded=True) for a in addrs]
-        self.sched_sock = self.sched_socks[0]
         one = len(addrs) == 1 or policy is None
         self.balancer = LoadBalancer(range(len(addrs)),
                                      PolicyConfig(method="round_robin") if one else policy)
