@@ -129,10 +129,13 @@ class SchedulerGrammar:
     # ---- compiling ----
 
     def submit(self, req: Req) -> Finish | None:
-        """Start compiling the request's constraint (its check runs on the compile thread,
-        not here); an abort (503) if compiles past their deadline fill their cap."""
+        """Start compiling the request's constraint, as the front door prepared it (one
+        built by hand is prepared on the compile thread, not here); an abort (503) if compiles
+        past their deadline fill their cap."""
         try:
-            req.pending_grammar = self.backend.submit(*req.sampling.constraint)
+            req.pending_grammar = (self.backend.submit_prepared(req.constraint)
+                                   if req.constraint is not None
+                                   else self.backend.submit(*req.sampling.constraint))
         except GrammarError as exc:
             return rejected(exc)
         req.can_jump = self.jump_forward and not req.return_logprob

@@ -14,7 +14,7 @@ from ..sampling_params import SamplingParams
 if TYPE_CHECKING:
     from radixflow.radix_cache import TreeNode
 
-    from ..constrained import GrammarState, PendingGrammar
+    from ..constrained import Constraint, GrammarState, PendingGrammar
     from ..detokenize import IncrementalDetokenizer
     from .reasoning import Thinking
     from .sessions import SessionNode
@@ -47,6 +47,7 @@ class Req:
     num_retractions: int = 0
     generator: torch.Generator | None = None
     stop_checker: IncrementalDetokenizer | None = None  # when the request has stop strings
+    constraint: Constraint | None = None  # sampling's, as the front door prepared it
     grammar: GrammarState | None = None  # when the request has a constraint (and answers)
     pending_grammar: PendingGrammar | None = None  # while the constraint compiles (not admitted)
     can_jump: bool = False  # may get tokens without sampling (jump-forward, forced EOS)
@@ -67,7 +68,8 @@ class Req:
         model's, where the sampler draws from it."""
         req = cls(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling,
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                  top_logprobs_num=msg.top_logprobs_num, arrival=arrival)
+                  top_logprobs_num=msg.top_logprobs_num, arrival=arrival,
+                  constraint=msg.constraint)
         if msg.sampling.seed is not None:
             req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req
