@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from radixflow.runtime.constrained import prepare
 from radixflow.runtime.program.select import SELECT_METHODS
 from radixflow.runtime.sampling_params import check_option
 
@@ -113,18 +114,21 @@ def _check_name(name: Any) -> str | None:
 
 
 def check_regex(regex: str) -> str:
-    """The regex itself, or GrammarError if Python's `re` cannot compile it."""
+    """The regex itself, or GrammarError if Python's `re` cannot compile it or the server's
+    constraint front door would refuse it (with the server's message)."""
     if not isinstance(regex, str):
         raise GrammarError(f"regex must be a string, got {type(regex).__name__}")
     try:
         re.compile(regex)
     except re.error as exc:
         raise GrammarError(f"regex {regex!r} does not compile: {exc}") from None
+    prepare("regex", regex)
     return regex
 
 
 def schema_to_str(schema: Any) -> str:
-    """A JSON Schema given as a dict, a JSON string or a pydantic model class, as a JSON string."""
+    """A JSON Schema given as a dict, a JSON string or a pydantic model class, as a JSON string;
+    GrammarError if the server's constraint front door would refuse it (its message)."""
     if hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     if isinstance(schema, str):
@@ -134,12 +138,15 @@ def schema_to_str(schema: Any) -> str:
             raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(parsed, dict):
             raise GrammarError("json_schema must be a JSON object")
-        return schema
-    if isinstance(schema, dict):
-        return json.dumps(schema)
-    raise GrammarError(
-        f"json_schema must be a dict, a JSON string or a pydantic model, "
-        f"got {type(schema).__name__}")
+        text = schema
+    elif isinstance(schema, dict):
+        text = json.dumps(schema)
+    else:
+        raise GrammarError(
+            f"json_schema must be a dict, a JSON string or a pydantic model, "
+            f"got {type(schema).__name__}")
+    prepare("json_schema", text)
+    return text
 
 
 def check_choices(choices: Any) -> tuple[str, ...]:

@@ -85,6 +85,23 @@ def test_json_schema_from_pydantic_dict_or_string():
         rf.gen(regex="a", json_schema={"type": "object"})
 
 
+@pytest.mark.parametrize("kind, spec, option", [
+    ("json_schema", json.dumps({"type": "object", "not": {}}), {"json_schema": {
+        "type": "object", "not": {}}}),
+    ("json_schema", json.dumps({"oneOf": [{"type": "integer"}, {"type": "number"}]}),
+     {"json_schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}),
+    ("regex", "a(?=b)", {"regex": "a(?=b)"}),
+])
+def test_a_constraint_the_server_refuses_fails_at_the_call_with_its_message(kind, spec, option):
+    from radixflow.runtime.constrained import prepare
+
+    with pytest.raises(rf.GrammarError) as server:
+        prepare(kind, spec)
+    with pytest.raises(rf.GrammarError) as dsl:
+        rf.gen("x", **option)
+    assert str(dsl.value) == str(server.value) and dsl.value.param == server.value.param
+
+
 def test_dtype_becomes_regex_and_stops():
     node = rf.gen("n", dtype=int, stop=["!"])
     assert node.regex == r"[-+]?[0-9]+[ \n]*"
