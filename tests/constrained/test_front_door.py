@@ -120,3 +120,52 @@ def test_the_backend_compiles_a_prepared_constraint_without_a_second_look(backen
     assert not backend.new_state(backend.submit_prepared(constraint).result()) \
         .matcher.accept_string('{"day": "2023-02-29"}')
     assert counted == {"parse": 1, "rewrite": 1}
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                            "when": {"type": "string", "format": "date"}},
+           "required": ["city"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("parser_name", ["hermes", "llama3", "mistral", "pythonic",
+                                         "qwen3_coder"])
+def test_a_tool_call_request_parses_each_tool_schema_once(counted, parser_name):
+    from radixflow.runtime.server.openai_tools import plan_tools
+    from radixflow.runtime.server.tool_parsers import get_parser
+
+    tools = [{"type": "function", "function": {"name": name, "parameters": {
+        **schema, "title": f"{name} for {parser_name}"}}}
+        for name, schema in (("get_weather", WEATHER), ("get_time", TIME))]
+    plan = plan_tools(tools, "auto", None, get_parser(parser_name))  # checks the schemas
+    (kind, spec), = plan.sampling_fields().items()
+    prepare(kind, spec)  # what the route does with the sampling fields
+    assert counted == {"parse": 2, "rewrite": 2}
+
+
+def test_a_request_through_the_engine_parses_its_schema_once(tmp_path, counted, monkeypatch):
+    """HTTP side and scheduler in one process, one cache: the scheduler compiles the
+    prepared constraint and checks nothing."""
+    from helpers.tiny_models import make_tiny_model
+
+    from radixflow.runtime.engine import Engine
+
+    schema = {**ARGS, "title": "through the engine"}
+    tiny_llama = make_tiny_model(tmp_path / "tiny-llama", "llama")
+    with Engine(str(tiny_llama), dtype="float32", max_total_tokens=2000) as engine:
+        backend = engine.scheduler.grammars.backend
+        compiled_keys = []
+        compile_fn = backend._cache._compile_fn
+
+        def recording(key):
+            compiled_keys.append(key)
+            return compile_fn(key)
+
+        monkeypatch.setattr(backend._cache, "_compile_fn", recording)
+        monkeypatch.setattr(backend, "validate", None)  # a check would fail the request
+        out = engine.generate("Today:", {"json_schema": json.dumps(schema),
+                                         "max_new_tokens": 32, "temperature": 0})
+    assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert counted == {"parse": 1, "rewrite": 1}
+    assert compiled_keys == [prepare("json_schema", json.dumps(schema))]
