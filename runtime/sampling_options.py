@@ -119,7 +119,7 @@ def option(default: Any, kind: type | None = None, rule: Range | None = None, *,
            check: Check | None = None, wire: Callable[[Any], Any] | None = None) -> Any:
     """A SamplingParams field: `default` ([] makes a fresh list each time) and its Option."""
     described = {"option": Option(kind, rule, check, wire, nullable=default is None)}
-    if default == [] and isinstance(default, list):
+    if isinstance(default, list) and not default:
         return dataclasses.field(default_factory=list, metadata=described)
     return dataclasses.field(default=default, metadata=described)
 

@@ -168,7 +168,6 @@ class SamplingParams:
                                      f"[0, {vocab_size})", param="logit_bias")
 
 
-
 # Field name -> how it is checked and read; the order is the fields' (validate's order).
 OPTIONS: dict[str, Option] = {f.name: f.metadata["option"]
                               for f in dataclasses.fields(SamplingParams)}

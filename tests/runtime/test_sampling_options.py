@@ -1,5 +1,6 @@
 """stop_regex, logit_bias, stream_interval and spaces_between_special_tokens as parsed from a
-/generate body, and the SGLang fields radixflow refuses rather than ignores (no model)."""
+/generate body, the SGLang fields radixflow refuses rather than ignores, and the ranges options
+are checked against (no model)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from helpers.tiny_models import make_tiny_tokenizer
 from radixflow.runtime.errors import InvalidRequest
 from radixflow.runtime.messages import GenerateReq, decode, encode
 from radixflow.runtime.native_api import UNSUPPORTED_FIELDS, parse_generate
+from radixflow.runtime.sampling_options import at_least, between, interval
 from radixflow.runtime.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_STOP_REGEX_LEN,
     MAX_STOP_REGEXES,
+    OPTIONS,
     SamplingParams,
 )
 
@@ -102,3 +105,22 @@ def test_unsupported_top_level_fields_are_refused(tok, field):
 def test_lora_path_inside_sampling_params_is_refused_too(tok):
     with pytest.raises(InvalidRequest, match="lora_path is not supported"):
         parse_generate({"text": "a", "sampling_params": {"lora_path": "x"}}, tok, 64)
+
+
+@pytest.mark.parametrize(("text", "bounds", "inside", "outside"), [
+    ("[0, 100]", {"ge": 0, "le": 100}, [0, 100], [-0.01, 100.5]),
+    ("(0, 1]", {"gt": 0, "le": 1}, [1, 1e-9], [0, 1.01]),
+    ("[-2, 2]", {"ge": -2, "le": 2}, [-2, 2], [-2.5, 3]),
+])
+def test_interval(text, bounds, inside, outside):
+    rule = interval(text)
+    assert rule.why == f"must be in {text}" and rule.schema_bounds() == bounds
+    assert all(rule.holds(x) for x in inside) and not any(rule.holds(x) for x in outside)
+
+
+def test_a_range_with_single_values_states_its_hull():
+    top_k = OPTIONS["top_k"].rule
+    assert top_k.schema_bounds() == {"ge": -1}
+    assert top_k.holds(-1) and top_k.holds(1) and not top_k.holds(0)
+    assert between(2, 64).schema_bounds() == {"ge": 2, "le": 64}
+    assert at_least(1).schema_bounds() == {"ge": 1}

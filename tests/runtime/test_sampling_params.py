@@ -6,7 +6,6 @@ import pytest
 
 from radixflow.runtime.errors import InvalidRequest
 from radixflow.runtime.messages import GenerateReq, decode, encode
-from radixflow.runtime.sampling_options import at_least, between, interval
 from radixflow.runtime.sampling_params import OPTIONS, SamplingParams, check_option
 
 
@@ -97,22 +96,3 @@ def test_every_option_crosses_the_wire():
     msg = GenerateReq(rid="r", input_ids=[1, 2], sampling=params)
     back = decode(encode(msg))
     assert back == msg and back.sampling.logit_bias == {5: -100.0}
-
-
-@pytest.mark.parametrize(("text", "bounds", "inside", "outside"), [
-    ("[0, 100]", {"ge": 0, "le": 100}, [0, 100], [-0.01, 100.5]),
-    ("(0, 1]", {"gt": 0, "le": 1}, [1, 1e-9], [0, 1.01]),
-    ("[-2, 2]", {"ge": -2, "le": 2}, [-2, 2], [-2.5, 3]),
-])
-def test_interval(text, bounds, inside, outside):
-    rule = interval(text)
-    assert rule.why == f"must be in {text}" and rule.schema_bounds() == bounds
-    assert all(rule.holds(x) for x in inside) and not any(rule.holds(x) for x in outside)
-
-
-def test_a_range_with_single_values_states_its_hull():
-    top_k = OPTIONS["top_k"].rule
-    assert top_k.schema_bounds() == {"ge": -1}
-    assert top_k.holds(-1) and top_k.holds(1) and not top_k.holds(0)
-    assert between(2, 64).schema_bounds() == {"ge": 2, "le": 64}
-    assert at_least(1).schema_bounds() == {"ge": 1}
