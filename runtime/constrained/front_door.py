@@ -5,9 +5,9 @@ the in-process Engine and the DSL all come in here; nothing after it checks agai
 
 Pure Python + interegular. Prepared constraints (and refusals) are kept in a thread-safe LRU
 keyed by (kind, sha256 of the raw spec, limits), so a repeat costs a hash and a lookup and
-concurrent calls for one constraint share one run. A first call may take a few ms up to a few
-tens of ms for a large schema: call it off the event loop
-(`await asyncio.to_thread(prepare, kind, spec)`).
+concurrent calls for one constraint share one run. A first call on a large schema is the
+costly one (bench/results/attacks.md times the worst accepted ones, compile included): call it
+off the event loop (`await asyncio.to_thread(prepare, kind, spec)`).
 """
 
 from __future__ import annotations
