@@ -13,8 +13,15 @@ class Constraint(msgspec.Struct, frozen=True):
     spec: what grammar_build compiles for `kind`: the regex normalised (normalize_regex), the
     schema rewritten (xgrammar_compat), the choices as an EBNF grammar, the structural tag in
     xgrammar's format with its schemas rewritten; for json_object, '{"type": "object"}'.
-    key: a short digest of (kind, spec), equal exactly for equal constraints (cache keys)."""
+    key: a digest of (kind, spec): a Constraint hashes and compares by it, so a cache keyed
+    by Constraints (the compile cache) costs no pass over a long spec."""
 
     kind: str
     spec: str
     key: str
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Constraint) and other.key == self.key

@@ -57,7 +57,8 @@ def test_each_kind_is_normalised_to_what_xgrammar_compiles():
 
 def test_a_constraint_is_frozen_keyed_and_travels_as_msgpack():
     first = prepare("regex", "[a-z]+")
-    assert prepare("regex", "^[a-z]+$").key == first.key  # same normalised spec, same key
+    same = prepare("regex", "^[a-z]+$")  # the same normalised spec: equal, one cache entry
+    assert same.key == first.key and same == first and {first: 1}[same] == 1
     assert prepare("regex", "[a-y]+").key != first.key
     assert prepare("ebnf", 'root ::= "a"').key != prepare("choices", '["a"]').key
     with pytest.raises(AttributeError):
