@@ -1,9 +1,11 @@
 """Kernel benchmark: each Triton kernel against its torch reference and the GPU's ceilings.
 
-    python bench/kernels.py               # on a CUDA GPU, ~2 minutes; writes
+    python bench/kernels.py               # on a CUDA GPU; writes
                                           # bench/results/kernels-<gpu>-<date>.md
     python bench/kernels.py --smoke       # tiny shapes on the CPU under TRITON_INTERPRET=1,
                                           # checks the script itself; prints, writes nothing
+
+bench/gpu_check.py runs the same measurements (`run_all`) as the first part of its report.
 
 The ceilings are measured in the same run: copy bandwidth (a 2 GiB device-to-device copy,
 read + write bytes) and the bf16 matmul rate (8192^3 torch.matmul). Every kernel is also
@@ -243,28 +245,47 @@ def render(rows: list[Row], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes on the CPU under the Triton interpreter")
-    parser.add_argument("--out", type=Path, default=None, help="markdown file to write")
-    args = parser.parse_args()
-    if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-    import torch
-    import triton
+@dataclass
+class KernelReport:
+    rows: list[Row]
+    device_name: str
+    copy_bw: float  # bytes/s, read + write
+    matmul_rate: float  # flop/s
+    seconds: float
+    smoke: bool
 
-    if args.smoke:
-        device = torch.device("cpu")
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    else:
-        print("bench/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
-        return 2
-    s = Setup(device, args.smoke)
+    @property
+    def correct(self) -> bool:
+        return all(r.correct for r in self.rows)
+
+    def markdown(self, title: str) -> str:
+        import torch
+        import triton
+
+        header = [
+            title,
+            "",
+            (f"{datetime.datetime.now():%Y-%m-%d %H:%M}; torch {torch.__version__}, "
+             f"triton {triton.__version__}; {'smoke sizes, ' if self.smoke else ''}"
+             f"took {self.seconds:.0f} s."),
+            "",
+            (f"Ceilings measured in this run: copy bandwidth {self.copy_bw / 1e9:.0f} GB/s "
+             f"(read + write), {'fp32' if self.smoke else 'bf16'} matmul "
+             f"{self.matmul_rate / 1e12:.1f} TFLOP/s."),
+            ("% of ceiling: decode and the small kernels against copy bandwidth (bytes that "
+             "must move once), extend against the matmul rate (causal FLOPs)."),
+        ]
+        return render(self.rows, header)
+
+
+def run_all(device, smoke: bool) -> KernelReport:
+    """Every kernel row on `device` (smoke: tiny shapes, for the CPU's interpreter)."""
+    import torch
+
+    s = Setup(device, smoke)
     started = time.perf_counter()
     copy_bw, matmul_rate = measure_ceilings(s)
-    if args.smoke:
+    if smoke:
         dec = {"bs": 2, "ctx": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64}
         ext = {"bs": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64}
         ext_shapes = [(0, 32), (16, 16)]
@@ -290,30 +311,38 @@ def main() -> int:
         bench_sampling(s, copy_bw, bs=bs, vocab=vocab, mode="mixed"),
     ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"
-    header = [
-        f"# radixflow kernels on {name}",
-        "",
-        (f"{datetime.datetime.now():%Y-%m-%d %H:%M}; torch {torch.__version__}, "
-        f"triton {triton.__version__}; bench/kernels.py{' --smoke' if args.smoke else ''} "
-        f"took {time.perf_counter() - started:.0f} s."),
-        "",
-        (f"Ceilings measured in this run: copy bandwidth {copy_bw / 1e9:.0f} GB/s "
-        f"(read + write), {'fp32' if args.smoke else 'bf16'} matmul "
-        f"{matmul_rate / 1e12:.1f} TFLOP/s."),
-        ("% of ceiling: decode and the small kernels against copy bandwidth (bytes that must "
-        "move once), extend against the matmul rate (causal FLOPs)."),
-    ]
-    table = render(rows, header)
+    return KernelReport(rows, name, copy_bw, matmul_rate, time.perf_counter() - started, smoke)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes on the CPU under the Triton interpreter")
+    parser.add_argument("--out", type=Path, default=None, help="markdown file to write")
+    args = parser.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    import torch
+
+    if args.smoke:
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        print("bench/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    report = run_all(device, args.smoke)
+    table = report.markdown(f"# radixflow kernels on {report.device_name}")
     print(table)
     out = args.out
     if out is None and not args.smoke:
-        slug = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
-        out = RESULTS / f"kernels-{slug}-{datetime.date.today():%Y-%m-%d}.md"
+        slug = re.sub(r"[^a-z0-9]+", "-", report.device_name.lower().replace("nvidia", ""))
+        out = RESULTS / f"kernels-{slug.strip('-')}-{datetime.date.today():%Y-%m-%d}.md"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(table)
         print(f"wrote {out}")
-    return 0 if all(r.correct for r in rows) else 1
+    return 0 if report.correct else 1
 
 
 if __name__ == "__main__":
