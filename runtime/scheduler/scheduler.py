@@ -50,7 +50,6 @@ from .state import SchedulerState
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from ..constrained import GrammarBackend
     from ..model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -244,9 +243,6 @@ class Scheduler:
 
     def shutdown(self) -> None:
         self.decode.shutdown()
-
-    def _grammar_backend(self) -> GrammarBackend:
-        return self.grammars.backend
 
 
 def model_eos_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase) -> set[int]:

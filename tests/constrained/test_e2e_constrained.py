@@ -57,7 +57,7 @@ def _run(engine, prompts: list[str], params: list[dict]) -> list[dict]:
 
 
 def _prefix_ok(engine, kind: str, spec: str, text: str) -> bool:
-    backend = engine.scheduler._grammar_backend()
+    backend = engine.scheduler.grammars.backend
     state = backend.new_state(backend.compile(kind, spec))
     return state.matcher.accept_string(text)
 
