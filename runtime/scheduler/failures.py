@@ -215,13 +215,13 @@ class Failures:
         state = self.state
         pool, rows = state.kv_pool, state.req_to_token_pool
         live = [r for r in state.prefilling + state.running if r.req_pool_idx is not None]
-        owned = torch.zeros(pool.num_slots + 1, dtype=torch.bool)
+        owned = torch.zeros(pool.num_slots + 1, dtype=torch.bool, device=pool.device)
         owned[0] = True  # the padding slot
         owned[pool.free_slots()] = True
         stack = list(state.tree.root.children.values())
         while stack:
             node = stack.pop()
-            owned[cat_slots([node.value])] = True
+            owned[cat_slots([node.value]).to(pool.device)] = True
             stack.extend(node.children.values())
         for r in live:
             owned[state.req_to_token[r.req_pool_idx, r.tree_len:r.computed_len].long()] = True

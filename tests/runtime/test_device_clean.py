@@ -27,7 +27,9 @@ FACTORIES = {torch.tensor, torch.as_tensor, torch.empty, torch.zeros, torch.ones
              torch.arange, torch.linspace, torch.rand, torch.randn, torch.randint}
 _RUNTIME = Path(radixflow.runtime.__file__).parent
 _KERNELS = Path(radixflow.kernels.__file__).parent
-# NOTE: kv_cache.py is left out: slot ids are bookkeeping on the CPU (the pool's free list).
+# NOTE: kv_cache.py and failures.py are left out: their factories make slot-id bookkeeping
+# (cat_slots of the tree's values, the sweep's mask) that is moved to the pool's device
+# where it meets the pool.
 CHECKED_FILES = {
     *(str(p) for p in (_RUNTIME / "sampling").glob("*.py")),
     *(str(_RUNTIME / "scheduler" / name)
