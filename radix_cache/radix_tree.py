@@ -13,6 +13,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from radixflow.radix_cache.tree_audit import check_tree, pretty_tree, short_key
+
 
 class TreeNode:
     """One edge of the tree: a token-id segment and the KV slots that hold it."""
@@ -29,7 +31,7 @@ class TreeNode:
         self.last_access = last_access
 
     def __repr__(self) -> str:
-        return (f"TreeNode(key={_short(self.key)}, lock_ref={self.lock_ref}, "
+        return (f"TreeNode(key={short_key(self.key)}, lock_ref={self.lock_ref}, "
                 f"last_access={self.last_access}, num_children={len(self.children)})")
 
 
@@ -57,12 +59,6 @@ def _as_token_list(key: Sequence[int]) -> list[int]:
     if hasattr(key, "tolist"):  # numpy array / torch tensor, without importing either
         return key.tolist()
     return list(key)
-
-
-def _short(key: list[int], limit: int = 8) -> str:
-    if len(key) <= limit:
-        return str(key)
-    return f"[{', '.join(map(str, key[:limit]))}, ... +{len(key) - limit}]"
 
 
 class RadixTree:
@@ -255,48 +251,14 @@ class RadixTree:
 
     # ---- debugging ----
 
+    def evictable_leaves(self) -> frozenset[TreeNode]:
+        """The unlocked, childless, non-root nodes: the next candidates for eviction."""
+        return frozenset(self._evictable_leaves)
+
     def check(self) -> None:
         """Assert every invariant of the tree; for tests and an idle scheduler."""
-        root = self.root
-        assert root.parent is None and not root.key and root.lock_ref == 0
-        evictable_len = protected_len = 0
-        leaves = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            child_locks = 0
-            for first, child in node.children.items():
-                assert child.key, f"empty key below {node!r}"
-                assert child.key[0] == first, f"{child!r} filed under token {first}"
-                assert child.parent is node, f"{child!r} has a wrong parent"
-                assert len(child.value) == len(child.key), f"{child!r}: len(value) != len(key)"
-                assert child.last_access <= node.last_access or node is root, (
-                    f"{child!r} accessed after its parent {node!r}")
-                child_locks += child.lock_ref
-                stack.append(child)
-            if node is root:
-                continue
-            # lock_ref = direct locks on the node + the locks of its children
-            assert node.lock_ref >= child_locks, f"{node!r}: lock_ref < children's locks"
-            if node.lock_ref:
-                protected_len += len(node.key)
-            else:
-                evictable_len += len(node.key)
-                if not node.children:
-                    leaves.add(node)
-        assert evictable_len == self._evictable_len, (evictable_len, self._evictable_len)
-        assert protected_len == self._protected_len, (protected_len, self._protected_len)
-        assert leaves == self._evictable_leaves, "evictable leaf set out of date"
-        if self.disabled:
-            assert not root.children, "a disabled tree stored something"
+        check_tree(self)
 
     def pretty(self) -> str:
         """Indented dump: one line per node with its key, lock_ref and last_access."""
-        lines = [f"root (evictable={self._evictable_len}, protected={self._protected_len})"]
-        stack = [(child, 1) for child in reversed(list(self.root.children.values()))]
-        while stack:
-            node, depth = stack.pop()
-            lines.append(f"{'  ' * depth}{_short(node.key)} lock={node.lock_ref} "
-                         f"t={node.last_access}")
-            stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
-        return "\n".join(lines)
+        return pretty_tree(self)
