@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from .alphabet import Alphabet, byte_alphabet
 from .closing import BudgetCloser, make_encoder
 from .compile_cache import CompileCache, PendingGrammar
-from .completion import Alphabet, byte_alphabet
 from .constraint import Constraint
 from .front_door import prepare
 from .grammar_build import compile_constraint

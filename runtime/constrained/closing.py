@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .completion import Alphabet, greedy_completion, shortest_completion
+from .alphabet import Alphabet
+from .completion import greedy_completion, shortest_completion
 from .token_table import TokenTable
 
 # The greedy witness is abandoned past this many bytes (the search takes over).

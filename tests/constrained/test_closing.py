@@ -15,11 +15,8 @@ from helpers.constraint_corpus import load_grammars, load_regexes, load_schemas
 from helpers.constraint_validators import grammar_ok, schema_errors
 from helpers.grammar_walk import allowed_ids
 
-from radixflow.runtime.constrained.completion import (
-    byte_alphabet,
-    greedy_completion,
-    shortest_completion,
-)
+from radixflow.runtime.constrained.alphabet import byte_alphabet
+from radixflow.runtime.constrained.completion import greedy_completion, shortest_completion
 
 SCHEMAS = load_schemas()
 REGEXES = load_regexes()

@@ -18,8 +18,9 @@ On an xgrammar upgrade, re-measure, then set XGRAMMAR_VERSION:
    _hole` for a rewrite no longer needed; `test_optional_groups_match_as_re_does` for
    fix_pattern; the random walks find new holes.
 2. tests/constrained/test_unicode_fix.py: the surrogate and control-character fixes.
-3. Outside this package, code that reads xgrammar's internals: completion.py (its serialized
-   expression types), backend.build_tokenizer_info (special tokens read as text),
+3. Outside this package, code that reads xgrammar's internals: alphabet.py (its serialized
+   expression types), completion.py (the matcher's debug print of its parser state),
+   backend.build_tokenizer_info (special tokens read as text),
    grammar_build.xgrammar_message (its error text), the pythonic tool parser (its printed
    JSON grammar); their tests are tests/constrained/test_closing.py, test_backend.py and
    tests/server/test_tool_parsers.py.
