@@ -4,8 +4,8 @@ It is SGLang's offline engine (`generate(prompt, sampling_params, ...)`, `async_
 `shutdown`, a context manager) and a backend for DSL programs (`rf.set_default_backend(engine)`):
 `generate_from_body` takes a native /generate body and returns the same JSON shapes, so tests,
 offline jobs and programs see exactly what an HTTP client of `radixflow serve` sees: the same
-parsing and response building (native_api), the same `Detokenizer` the detokenizer process
-runs, the same rejection errors.
+parsing and response building (native_api, response_builder), the same `Detokenizer` the
+detokenizer process runs, the same rejection errors.
 """
 
 from __future__ import annotations
@@ -30,17 +30,11 @@ from .messages import (
     OpenSessionDone,
     ReqTextOut,
 )
-from .native_api import (
-    ParsedGenerate,
-    ResponseBuilder,
-    describe_model,
-    parse_close_session,
-    parse_generate,
-    parse_open_session,
-    raise_if_rejected,
-)
+from .native_api import ParsedGenerate, describe_model, parse_generate
 from .program import run_program_locally
+from .response_builder import ResponseBuilder, raise_if_rejected
 from .server_args import server_args_from
+from .session_requests import parse_close_session, parse_open_session
 
 logger = logging.getLogger(__name__)
 

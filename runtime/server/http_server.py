@@ -1,7 +1,7 @@
 """The FastAPI app: the native and OpenAI routers, auth, and the one error handler.
 
 A request's path: route handler (native_routes, openai_api) -> request building (native_api,
-openai_requests) -> SchedulerClient.submit -> respond (JSON or SSE, via native_api's
+openai_requests) -> SchedulerClient.submit -> respond (JSON or SSE, via response_builder's
 ResponseBuilder and openai_responses).
 """
 

@@ -15,17 +15,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable, TooManyOpen
-from ..native_api import (
-    ParsedGenerate,
-    ResponseBuilder,
-    describe_model,
-    parse_close_session,
-    parse_generate,
-    parse_open_session,
-    raise_if_rejected,
-)
+from ..native_api import ParsedGenerate, describe_model, parse_generate
 from ..program import execute_program
 from ..program.errors import ProgramCancelled
+from ..response_builder import ResponseBuilder, raise_if_rejected
+from ..session_requests import parse_close_session, parse_open_session
 from .data_parallel import replica_info
 from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
 from .metrics import CONTENT_TYPE

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ..native_api import ResponseBuilder
+from ..response_builder import ResponseBuilder
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_requests import BuildLimits, Job, chat_job, completion_job, validate_body
 from .openai_responses import ChatFormat, CompletionFormat, openai_stream

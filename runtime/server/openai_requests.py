@@ -11,14 +11,14 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
-from ..native_api import (
+from ..reasoning import ReasoningParser
+from ..request_building import (
     check_constraint,
     check_prompt_count,
     fit_to_context,
     new_rid,
     tokenize_prompt,
 )
-from ..reasoning import ReasoningParser
 from ..sampling_params import SamplingParams
 from .deadline import TimedOut, run_with_deadline
 from .openai_constraints import constraint_fields

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..errors import ServerUnavailable
-from ..native_api import ResponseBuilder
 from ..reasoning import ReasoningStream
+from ..response_builder import ResponseBuilder
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_requests import Job
 from .openai_tools import ToolDeltas, ToolPlan

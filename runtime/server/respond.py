@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import rejection
-from ..native_api import ResponseBuilder, raise_if_rejected
+from ..response_builder import ResponseBuilder, raise_if_rejected
 from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
 from .responses import OrjsonResponse
 from .scheduler_client import RequestGroup, SchedulerClient

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..errors import InvalidRequest
-from ..native_api import tokenize_prompt
+from ..request_building import tokenize_prompt
 from ..version import VERSION
 from .openai_protocol import DetokenizeRequest, TokenizeRequest
 from .openai_requests import BuildLimits, render_chat, validate_body

@@ -17,7 +17,7 @@ from helpers.constraint_validators import grammar_ok, schema_errors
 from helpers.engine_checks import settle
 
 from radixflow.runtime.engine import Engine
-from radixflow.runtime.native_api import LOGPROB_FLOOR
+from radixflow.runtime.response_builder import LOGPROB_FLOOR
 
 SCHEMAS = load_schemas()[::4]  # every schema runs model-free in tests/constrained
 REGEXES = load_regexes()[::3]

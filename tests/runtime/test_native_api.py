@@ -10,12 +10,9 @@ from helpers.tiny_models import make_tiny_tokenizer
 
 from radixflow.runtime.errors import ContextTooLong, InvalidRequest, RadixflowError, rejection
 from radixflow.runtime.messages import Finish, ReqTextOut, ReqTokenOut
-from radixflow.runtime.native_api import (
-    LOGPROB_FLOOR,
-    ParsedGenerate,
-    parse_generate,
-    tokenize_prompt,
-)
+from radixflow.runtime.native_api import ParsedGenerate, parse_generate
+from radixflow.runtime.request_building import tokenize_prompt
+from radixflow.runtime.response_builder import LOGPROB_FLOOR
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from helpers.tiny_models import make_tiny_tokenizer
 
 from radixflow.runtime.errors import InvalidRequest
 from radixflow.runtime.messages import GenerateReq, decode, encode
-from radixflow.runtime.native_api import UNSUPPORTED_FIELDS, parse_generate
+from radixflow.runtime.native_api import parse_generate
+from radixflow.runtime.native_fields import UNSUPPORTED_FIELDS
 from radixflow.runtime.sampling_options import at_least, between, interval
 from radixflow.runtime.sampling_params import (
     MAX_LOGIT_BIAS,
