@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import requests
 from helpers.live_server import server_info
+
+from radixflow.runtime.scheduler.process import STATS_INTERVAL_S
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
@@ -153,6 +156,10 @@ def test_metrics(server):
                  "radixflow:time_per_output_token_seconds_bucket",
                  "radixflow:e2e_request_latency_seconds_bucket"):
         assert name in text, name
+    # The scheduler reports its counters every STATS_INTERVAL_S: wait for a report after ours.
+    deadline = time.monotonic() + 10 * STATS_INTERVAL_S
+    while server_info(server)["generation_tokens"] == 0 and time.monotonic() < deadline:
+        time.sleep(STATS_INTERVAL_S / 5)
     assert server_info(server)["generation_tokens"] > 0
 
 
