@@ -6,8 +6,18 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Without a GPU, Triton kernels run under the interpreter. triton decides that when a kernel is
+# decorated, so it is set here, before any test module can import radixflow.kernels.triton
+# (tests/kernels, tests/bench/test_gpu_check.py); a GPU run compiles the kernels for real.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# `server`, `tiny_model_dir`, `tokenizer`, `client`: one live server for tests/runtime/server,
+# tests/runtime/router and tests/bench.
+pytest_plugins = ["helpers.server_fixtures"]
 
 
 @pytest.fixture(scope="session")

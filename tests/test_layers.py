@@ -287,3 +287,22 @@ def test_server_args_loads_no_feature_package():
                       if m not in SERVER_ARGS_LEAVES
                       and not any(in_package(m, layer) for layer in LOWER_LAYERS))
     assert features == []
+
+
+# Test folders that are not a source folder: shared helpers and data files.
+TEST_SUPPORT = {"helpers", "data"}
+
+
+def test_tests_mirror_the_source_tree():
+    """Each folder of tests/ names a source folder (tests/runtime/scheduler tests
+    runtime/scheduler, tests/bench tests bench/), so a module's tests are found by its path."""
+    tests = ROOT / "tests"
+    strays = []
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir()):
+        rel = folder.relative_to(tests)
+        if rel.parts[0] in TEST_SUPPORT or "__pycache__" in rel.parts:
+            continue
+        if not (ROOT / rel).is_dir() or rel.parts[0] not in PACKAGES:
+            strays.append(str(rel))
+    assert strays == [], f"test folders with no source folder of that path: {strays}"
+    assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_layers.py"]

@@ -1,5 +1,5 @@
 """Random walks through a grammar's token masks: a model-free check that every sequence the
-masks allow decodes to valid output. Used by tests/constrained."""
+masks allow decodes to valid output. Used by tests/runtime/constrained."""
 
 from __future__ import annotations
 

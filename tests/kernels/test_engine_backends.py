@@ -2,8 +2,8 @@
 the GPU, or on the CPU by the interpreter) as with the CPU path (torch_native attention, torch
 sampling), through chunked prefill, batching and prefix reuse. (A seeded draw is the same
 distribution on both, by different algorithms: CDF inversion in the kernel, the exponential
-race on the CPU; tests/sampling and tests/kernels/test_sampling.py check each against the kept
-set.)"""
+race on the CPU; tests/runtime/sampling and tests/kernels/test_sampling.py check each against
+the kept set.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`rf.gen(..., reasoning=True)` on a reasoning model (--reasoning-parser deepseek-r1, a tiny
 random model with Qwen3's tokenizer): the variable and the program's text get the answer, which
 the regex holds; the thinking goes to `<name>_reasoning_content` and to the meta info. The
-server path (/program) is in tests/server/test_reasoning_http.py."""
+server path (/program) is in tests/runtime/server/test_reasoning_http.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""runtime/processes.py on its own (tests/server/test_lifecycle.py and test_process_tree.py
+"""runtime/processes.py on its own (tests/runtime/server/test_lifecycle.py and test_process_tree.py
 run it with real servers)."""
 
 from __future__ import annotations

@@ -13,17 +13,17 @@ imported), so the HTTP process can check constraints.
     unicode_fix.py      compiled grammars kept to valid UTF-8 and valid JSON strings
 
 On an xgrammar upgrade, re-measure, then set XGRAMMAR_VERSION:
-1. tests/constrained/test_schema_honesty.py: `test_refusal_is_needed` fails for a refusal the
-   new masks no longer need (drop it from gaps.py / keyword_checks.py); `test_rewrite_closes_a
-   _hole` for a rewrite no longer needed; `test_optional_groups_match_as_re_does` for
-   fix_pattern; the random walks find new holes.
-2. tests/constrained/test_unicode_fix.py: the surrogate and control-character fixes.
+1. tests/runtime/constrained/test_schema_honesty.py: `test_refusal_is_needed` fails for a
+   refusal the new masks no longer need (drop it from gaps.py / keyword_checks.py);
+   `test_rewrite_closes_a_hole` for a rewrite no longer needed;
+   `test_optional_groups_match_as_re_does` for fix_pattern; the random walks find new holes.
+2. tests/runtime/constrained/test_unicode_fix.py: the surrogate and control-character fixes.
 3. Outside this package, code that reads xgrammar's internals: alphabet.py (its serialized
    expression types), completion.py (the matcher's debug print of its parser state),
    backend.build_tokenizer_info (special tokens read as text),
    grammar_build.xgrammar_message (its error text), the pythonic tool parser (its printed
-   JSON grammar); their tests are tests/constrained/test_closing.py, test_backend.py and
-   tests/server/test_tool_parsers.py.
+   JSON grammar); their tests are tests/runtime/constrained/test_closing.py, test_backend.py and
+   tests/runtime/server/test_tool_parsers.py.
 """
 
 from __future__ import annotations

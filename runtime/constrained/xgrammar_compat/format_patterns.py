@@ -1,7 +1,8 @@
 """Exact patterns for the `format` values whose xgrammar grammar admits strings that are not
 valid: days past the end of a month, second 60, year 0000, IPv4 octets with leading zeros,
 surrogate code points in JSON pointers. schema_rewrite puts them in place of the format; they
-agree exactly with jsonschema's format checker (tests/constrained/test_schema_honesty.py)."""
+agree exactly with jsonschema's format checker
+(tests/runtime/constrained/test_schema_honesty.py)."""
 
 from __future__ import annotations
 

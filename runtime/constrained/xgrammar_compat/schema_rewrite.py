@@ -1,6 +1,6 @@
 """Rewrites a JSON Schema, before it is checked and compiled, into one whose every output
 xgrammar allows validates against the original. Each rewrite was measured by walking
-xgrammar's token masks (tests/constrained/test_schema_honesty.py):
+xgrammar's token masks (tests/runtime/constrained/test_schema_honesty.py):
 
 - `enum`/`const` beside `type`: xgrammar emits every listed value and ignores `type`; the
   values are filtered by the type instead (and `const` beside `enum` intersected with it).

@@ -240,7 +240,7 @@ def test_a_broken_invariant_stops_the_scheduler_process(tiny_llama, tmp_path, mo
 
     here = Path(__file__).parent
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+        [str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("RADIXFLOW_SCHEDULER_ENTRY", "test_scheduler_failures:leaking_scheduler")
     srv = LiveServer("--model", str(tiny_llama), "--max-total-tokens", "2048",
                      log_path=tmp_path / "serve.log")

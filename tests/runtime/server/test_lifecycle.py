@@ -133,7 +133,7 @@ PARENT = textwrap.dedent("""
 
 def test_children_die_with_their_parent():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [os.path.join(os.path.dirname(__file__), ".."), os.environ.get("PYTHONPATH", "")])}
+        [os.path.join(os.path.dirname(__file__), "..", ".."), os.environ.get("PYTHONPATH", "")])}
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
                               env=env)
     try:

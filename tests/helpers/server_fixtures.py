@@ -1,4 +1,5 @@
-"""One real `radixflow serve` (tiny random model) shared by the server tests."""
+"""One real `radixflow serve` (tiny random model) shared by the tests of the server, the router
+and the benchmarks (a plugin of tests/conftest.py, so the whole session starts it once)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tool-call formats without a server: the format chosen from real chat templates, each
 parser's full-text parse against its streaming parse (split anywhere), and each format's
 constraint walked token by token with a real tokenizer (every output the masks allow parses
-into calls whose arguments validate against the tool's schema). tests/server/
+into calls whose arguments validate against the tool's schema). tests/runtime/server/
 test_tool_calls_e2e.py runs the formats through real servers."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from helpers.engine_checks import settle
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.response_builder import LOGPROB_FLOOR
 
-SCHEMAS = load_schemas()[::4]  # every schema runs model-free in tests/constrained
+SCHEMAS = load_schemas()[::4]  # every schema runs model-free in tests/runtime/constrained
 REGEXES = load_regexes()[::3]
 GRAMMARS = load_grammars()
 PROMPTS = ["The quick brown fox", "Please answer in JSON:", "Numbers: 0 1 2", "a b c"]

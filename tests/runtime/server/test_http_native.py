@@ -132,7 +132,7 @@ def test_flush_routes(server):
     r = requests.post(server.url + "/flush_cache", timeout=30)  # no body, as the frontend sends
     assert r.status_code == 200
     assert requests.get(server.url + "/flush_cache", timeout=30).status_code == 200
-    # /concate_and_append_request is refused: tests/server/test_sessions_http.py
+    # /concate_and_append_request is refused: tests/runtime/server/test_sessions_http.py
 
 
 def test_errors_name_the_field(server):
