@@ -306,3 +306,14 @@ def test_tests_mirror_the_source_tree():
             strays.append(str(rel))
     assert strays == [], f"test folders with no source folder of that path: {strays}"
     assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_layers.py"]
+
+
+def test_every_source_folder_is_an_installed_package():
+    """pyproject lists its packages by name: a new folder missing there works in an editable
+    install (and so in CI) but is absent from a wheel."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {module_name(init) for folder in PACKAGES if folder != "bench"
+               for init in (ROOT / folder).rglob("__init__.py")}
+    assert sorted(folders - listed) == []
