@@ -36,6 +36,14 @@ def count_up(sequence: list[int]) -> int:
     return max(2, (sequence[-1] + 1) % VOCAB)
 
 
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    """The fake model's greedy output: n tokens after `prompt`."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(count_up(seq))
+    return seq[len(prompt):]
+
 @dataclass
 class ForwardCall:
     mode: ForwardMode

@@ -7,7 +7,7 @@ from __future__ import annotations
 from helpers.fake_runner import (
     FakeRunner,
     collect,
-    count_up,
+    expected,
     fake_scheduler,
     generate,
     run_to_idle,
@@ -15,14 +15,6 @@ from helpers.fake_runner import (
 
 from radixflow.runtime.forward_batch import ForwardMode
 from radixflow.runtime.scheduler.req import ReqStatus
-
-
-def expected(prompt: list[int], n: int) -> list[int]:
-    """The fake model's greedy output."""
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(count_up(seq))
-    return seq[len(prompt):]
 
 
 def extends(runner: FakeRunner):

@@ -10,6 +10,7 @@ from helpers.fake_runner import (
     FakeRunner,
     collect,
     count_up,
+    expected,
     fake_scheduler,
     generate,
     run_to_idle,
@@ -17,13 +18,6 @@ from helpers.fake_runner import (
 
 from radixflow.runtime.messages import AbortReq, GenerateReq
 from radixflow.runtime.sampling_params import SamplingParams
-
-
-def expected(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(count_up(seq))
-    return seq[len(prompt):]
 
 
 def eos_after(n: int):

@@ -12,7 +12,7 @@ import torch
 from helpers.fake_runner import (
     FakeRunner,
     collect,
-    count_up,
+    expected,
     fake_scheduler,
     generate,
     run_to_idle,
@@ -21,13 +21,6 @@ from helpers.fake_runner import (
 from radixflow.runtime.forward_batch import ForwardMode
 from radixflow.runtime.scheduler import decode, device, scheduler
 from radixflow.runtime.scheduler.req import ReqStatus
-
-
-def expected(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(count_up(seq))
-    return seq[len(prompt):]
 
 
 def decodes(runner: FakeRunner):
