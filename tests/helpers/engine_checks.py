@@ -16,11 +16,17 @@ def settle(engine) -> None:
 
 
 @contextlib.contextmanager
-def jump_forward(engine, enabled: bool):
-    """Requests submitted inside get (or not) jump-forward; the flag is read per request."""
+def grammar_flag(engine, name: str, enabled: bool):
+    """Requests submitted inside get (or not) the scheduler's `name` grammar feature
+    (jump_forward, budget_safe); the flag is read per request."""
     grammars = engine.scheduler.grammars
-    before, grammars.jump_forward = grammars.jump_forward, enabled
+    before = getattr(grammars, name)
+    setattr(grammars, name, enabled)
     try:
         yield
     finally:
-        grammars.jump_forward = before
+        setattr(grammars, name, before)
+
+
+def jump_forward(engine, enabled: bool):
+    return grammar_flag(engine, "jump_forward", enabled)

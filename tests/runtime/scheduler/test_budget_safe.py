@@ -5,7 +5,6 @@ valid, within max_new_tokens, saying closed_early when the closing ended it; the
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import random
@@ -14,7 +13,7 @@ import re
 import pytest
 from helpers.constraint_corpus import load_grammars, load_regexes, load_schemas
 from helpers.constraint_validators import grammar_ok, schema_errors
-from helpers.engine_checks import settle
+from helpers.engine_checks import grammar_flag, settle
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.response_builder import LOGPROB_FLOOR
@@ -32,15 +31,9 @@ def engine(tiny_llama):
         yield eng
 
 
-@contextlib.contextmanager
 def server_budget_safe(engine, enabled: bool):
     """Requests compiled inside get (or not) the server's budget-safe closing."""
-    grammars = engine.scheduler.grammars
-    before, grammars.budget_safe = grammars.budget_safe, enabled
-    try:
-        yield
-    finally:
-        grammars.budget_safe = before
+    return grammar_flag(engine, "budget_safe", enabled)
 
 
 def feasible(engine, kind: str, spec: str, budget: int) -> bool:
