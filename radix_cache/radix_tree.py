@@ -19,7 +19,7 @@ from radixflow.radix_cache.tree_audit import check_tree, pretty_tree, short_key
 class TreeNode:
     """One edge of the tree: a token-id segment and the KV slots that hold it."""
 
-    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access")
+    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access", "hits")
 
     def __init__(self, key: list[int], value: Any, parent: TreeNode | None,
                  last_access: float = 0) -> None:
@@ -29,6 +29,7 @@ class TreeNode:
         self.parent = parent  # None for the root and for nodes dropped from the tree
         self.lock_ref = 0  # locks on this node or any descendant
         self.last_access = last_access
+        self.hits = 0  # requests whose cached prefix ran through this node (record_hit)
 
     def __repr__(self) -> str:
         return (f"TreeNode(key={short_key(self.key)}, lock_ref={self.lock_ref}, "
@@ -155,7 +156,7 @@ class RadixTree:
         """
         parent = node.parent
         upper = TreeNode(node.key[:n], node.value[:n], parent, node.last_access)
-        upper.lock_ref = node.lock_ref
+        upper.lock_ref, upper.hits = node.lock_ref, node.hits
         upper.children[node.key[n]] = node
         parent.children[node.key[0]] = upper
         node.key = node.key[n:]
@@ -171,6 +172,12 @@ class RadixTree:
         self._evictable_len += len(key)
 
     # ---- locks ----
+
+    def record_hit(self, node: TreeNode) -> None:
+        """Count one request reusing the path root..node (the cache view shows the counts)."""
+        while node is not None and node is not self.root:
+            node.hits += 1
+            node = node.parent
 
     def lock(self, node: TreeNode) -> None:
         """+1 lock on `node` and its ancestors (root excluded); their tokens become protected."""

@@ -36,6 +36,14 @@ class SessionParams(msgspec.Struct, frozen=True, omit_defaults=True):
     drop_previous_output: bool = False  # continue from `rid`'s prompt, without its output
 
 
+class EmbedSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """How an embedding request pools its prompt's final hidden states."""
+
+    pooling: str = "last"  # "last" | "mean" | "cls"
+    normalize: bool = True  # L2-normalise the pooled vector
+    dimensions: int | None = None  # Matryoshka truncation (before normalising)
+
+
 class GenerateReq(_Msg):
     rid: str
     input_ids: list[int]
@@ -53,6 +61,15 @@ class GenerateReq(_Msg):
     # it is; None: sampling has none, or the request was built by hand (the scheduler then
     # prepares it on a compile thread).
     constraint: Constraint | None = None
+    # --enable-priority-scheduling: lower values are admitted first and retracted last
+    # (None: the default, 0).
+    priority: int | None = None
+    # A tenant's namespace in the radix cache: its prefixes never match another salt's.
+    cache_salt: str | None = None
+    # Under --dp-size: the replica the client asked for (SGLang's routed_dp_rank).
+    routed_dp_rank: int | None = None
+    # --is-embedding: compute the prompt, pool its hidden states, finish (no tokens).
+    embed: EmbedSpec | None = None
 
 
 class AbortReq(_Msg):
@@ -84,7 +101,7 @@ class OpenSessionDone(_Msg):
 
 class SessionsClosed(_Msg):
     """Sessions a scheduler closed on its own (their timeout passed), so the HTTP process
-    forgets them too (SchedulerClient.session_replica). Passed on by the detokenizer."""
+    forgets them too (SchedulerClient.sessions). Passed on by the detokenizer."""
 
     session_ids: list[str]
     dp_rank: int = 0  # the replica that held them (serve --dp-size)
@@ -148,6 +165,8 @@ class ReqTokenOut(_Msg):
     # may be shown (what could still become a stop is held back; the cut at the stop, or
     # after it with no_stop_trim). None: all of it.
     text_len: int | None = None
+    # An embedding request's pooled vector (its only output, with the finish).
+    embedding: list[float] | None = None
 
 
 class TokenBatchOut(_Msg):
@@ -180,6 +199,22 @@ class FlushCacheDone(_Msg):
     success: bool
 
 
+class CacheSnapshotReq(_Msg):
+    """Ask a scheduler for a view of its radix tree and pools (the /dashboard)."""
+
+    query_id: str
+    max_nodes: int = 512
+
+
+class CacheSnapshot(_Msg):
+    """A scheduler's answer to CacheSnapshotReq: `view` is plain JSON (scheduler/cache_view.py
+    says what it holds). Passed on by the detokenizer."""
+
+    query_id: str
+    view: dict
+    dp_rank: int = 0
+
+
 class ProcessFailed(_Msg):
     """A process reports that it cannot go on (its loop raised)."""
 
@@ -189,7 +224,7 @@ class ProcessFailed(_Msg):
 
 Message = (GenerateReq | AbortReq | FlushCacheReq | OpenSessionReq | CloseSessionReq | Finish
            | TokenBatchOut | TextBatchOut | SchedulerStats | FlushCacheDone | OpenSessionDone
-           | SessionsClosed | ProcessFailed)
+           | SessionsClosed | CacheSnapshotReq | CacheSnapshot | ProcessFailed)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

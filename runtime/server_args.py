@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,15 +18,6 @@ from .tool_call_formats import check_parser_name as check_tool_call_parser
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
-
-
-class _DeprecatedFlag(argparse.Action):
-    """A boolean flag's old name: sets it, and says which name to use instead."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        new = "--" + self.dest.replace("_", "-")
-        print(f"radixflow: {option_string} is deprecated, use {new}", file=sys.stderr)
-        setattr(namespace, self.dest, True)
 
 
 @dataclass
@@ -164,6 +154,16 @@ class ServerArgs:
     seed: int = _arg(0, "seed of the draws of requests that carry no seed of their own: the "
                      "same requests in the same order and batching give the same outputs",
                      aliases=("--random-seed",))
+    # The APIs (docs/server-api.md).
+    is_embedding: bool = _arg(
+        False, "serve embeddings (/v1/embeddings, /encode) instead of generations: the "
+        "prompt's final hidden states pooled as the model's config says (vLLM: --task embed)")
+    enable_priority_scheduling: bool = _arg(
+        False, "honour requests' `priority`: lower values are admitted first and, when the KV "
+        "pool or the running slots are full, retract running requests of higher values")
+    max_stored_responses: int = _arg(
+        1024, "/v1/responses kept for previous_response_id and retrieval (the oldest go "
+        "first; store: false keeps none)")
     log_level: str = _arg("info", "logging level")
 
     def __post_init__(self) -> None:
@@ -179,7 +179,8 @@ class ServerArgs:
                      "max_request_bytes", "http_header_timeout", "max_connections",
                      "max_queued_requests", "max_prompts_per_request", "max_select_choices",
                      "max_open_sessions", "max_session_requests", "max_session_timeout",
-                     "max_stream_buffer_bytes", "grammar_compile_threads"):
+                     "max_stream_buffer_bytes", "grammar_compile_threads",
+                     "max_stored_responses"):
             positive(name)
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction must be in (0, 1), got {self.mem_fraction}")
@@ -235,46 +236,15 @@ class ServerArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            hint = hints[f.name]
-            help_text = f.metadata.get("help", "")
-            names = (flag, *f.metadata.get("aliases", ()))
-            if hint is bool:
-                parser.add_argument(*names, action="store_true", default=f.default,
-                                    help=help_text)
-                for alias in f.metadata.get("deprecated_aliases", ()):
-                    parser.add_argument(alias, action=_DeprecatedFlag, dest=f.name, nargs=0,
-                                        help=f"deprecated: use {flag}")
-                continue
-            origin, args = typing.get_origin(hint), typing.get_args(hint)
-            if origin is Literal:
-                parser.add_argument(*names, choices=args, default=f.default, help=help_text)
-                continue
-            base = next((a for a in args if a is not type(None)), hint) if args else hint
-            if typing.get_origin(base) is list:
-                base = typing.get_args(base)[0]
-            parser.add_argument(*names, type=base, default=f.default,
-                                nargs=f.metadata.get("nargs"),
-                                help=f"{help_text} (default: {f.default})")
-        parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                            help="the model, as vLLM's `vllm serve MODEL` takes it (or --model)")
-        parser.add_argument("--enable-prefix-caching", action="store_true",
-                            help="vLLM's flag: prefix caching (the radix cache) is on unless "
-                                 "--disable-radix-cache")
+        from .server_flags import add_flags
+
+        add_flags(cls, parser)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
-        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
-        tag = getattr(ns, "model_tag", None)
-        if tag is not None:
-            if values["model"] is not None and values["model"] != tag:
-                raise ValueError(f"two models given: {tag!r} and --model {values['model']!r}")
-            values["model"] = tag
-        if getattr(ns, "enable_prefix_caching", False) and values["disable_radix_cache"]:
-            raise ValueError("--enable-prefix-caching contradicts --disable-radix-cache")
-        return cls(**values)
+        from .server_flags import args_from_flags
+
+        return args_from_flags(cls, ns)
 
 
 def server_args_from(model_path: str | None, kwargs: dict[str, Any], *, who: str) -> ServerArgs:

@@ -260,6 +260,7 @@ SERVER_ARGS_LEAVES = frozenset({
     "radixflow.runtime.parallel_flags",  # --tp-size, --nnodes, --dist-init-addr, --dp-size
     "radixflow.runtime.reasoning",  # --reasoning-parser's names
     "radixflow.runtime.tool_call_formats",  # --tool-call-parser's names
+    "radixflow.runtime.server_flags",  # the CLI generated from the fields
     "radixflow.runtime.balance", "radixflow.runtime.balance.config",  # the routing flags
 })
 LOWER_LAYERS = ("radixflow.kernels", "radixflow.radix_cache")

@@ -91,6 +91,8 @@ class Prefill:
             state.req_to_token[req.req_pool_idx, :cached] = \
                 cat_slots(match.values).to(torch.int32)
         if req.num_retractions == 0:
+            if cached:
+                state.tree.record_hit(node)
             req.cached_len = cached
             state.stats["cache_hit_tokens"] += cached
             state.stats["prompt_tokens"] += len(req.input_ids)

@@ -11,7 +11,7 @@ import zmq
 
 from ..errors import InvariantBroken
 from ..ipc import PullSocket, PushSocket
-from ..messages import ProcessFailed, SessionsClosed
+from ..messages import CacheSnapshot, ProcessFailed, SessionsClosed
 from ..server_args import ServerArgs
 from .scheduler import Scheduler
 
@@ -51,7 +51,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
             # When idle, wait for work, but no longer than the stats interval.
             msgs = inbox.recv_batch(STATS_INTERVAL_MS if sched.is_idle else 0)
             for out in sched.step(msgs):
-                if dp_rank and isinstance(out, SessionsClosed):
+                if dp_rank and isinstance(out, SessionsClosed | CacheSnapshot):
                     out = msgspec.structs.replace(out, dp_rank=dp_rank)
                 outbox.send(out)
             now = time.monotonic()

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from ..messages import (
     AbortReq,
+    CacheSnapshot,
+    CacheSnapshotReq,
     CloseSessionReq,
     FlushCacheDone,
     FlushCacheReq,
@@ -33,6 +35,7 @@ from ..messages import (
 )
 from ..reasoning import ReasoningParser
 from ..server_args import ServerArgs, chat_template_text
+from .cache_view import cache_view
 from .commit import Commit
 from .decode import Decode, overlap_wanted
 from .device import use_device
@@ -191,6 +194,9 @@ class Scheduler:
                                                msg.timeout) or (None, None)
             out.append(OpenSessionDone(session_id=msg.session_id, success=error is None,
                                        message=error, status_code=status))
+        elif isinstance(msg, CacheSnapshotReq):
+            out.append(CacheSnapshot(query_id=msg.query_id,
+                                     view=cache_view(self.state, msg.max_nodes)))
         elif isinstance(msg, CloseSessionReq):
             if not self.sessions.close(msg.session_id):
                 logger.info("close_session: no open session %r", msg.session_id)

@@ -16,7 +16,15 @@ from starlette.responses import Response
 
 from ..errors import ContextTooLong, RadixflowError
 from ..server_args import ServerArgs
-from . import native_routes, openai_api, tokenize_routes
+from . import (
+    anthropic_routes,
+    dashboard_routes,
+    embedding_routes,
+    native_routes,
+    openai_api,
+    responses_routes,
+    tokenize_routes,
+)
 from .auth import ApiKeyMiddleware
 from .door import DoorMiddleware
 from .metrics import Metrics
@@ -50,6 +58,10 @@ def create_app(args: ServerArgs, client: SchedulerClient, metrics: Metrics | Non
     app.include_router(openai_api.router)
     app.include_router(native_routes.router)
     app.include_router(tokenize_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(embedding_routes.router)
+    app.include_router(dashboard_routes.router)
     return app
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from ..errors import InvalidRequest, ServerBusy, ServerUnavailable, StreamBuffer
 from ..ipc import AsyncPullSocket, PushSocket
 from ..messages import (
     AbortReq,
+    CacheSnapshot,
+    CacheSnapshotReq,
     CloseSessionReq,
     FlushCacheDone,
     FlushCacheReq,
@@ -38,7 +41,9 @@ from ..messages import (
 )
 from ..reasoning import ReasoningParser
 from .data_parallel import total_stats
+from .replica_queries import ReplicaQueries
 from .request_group import RequestGroup, RequestState
+from .session_homes import SessionHomes
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +80,7 @@ class SchedulerClient:
         self.balancer = LoadBalancer(range(len(addrs)),
                                      PolicyConfig(method="round_robin") if one else policy)
         self.replica_stats: list[SchedulerStats | None] = [None] * len(addrs)
-        self.session_replica: dict[str, int] = {}  # the replica each open session lives on
+        self.sessions = SessionHomes()  # the replica each open session lives on
         self.states: dict[str, RequestState] = {}
         # Set from ServerArgs by create_app: requests waiting or running at most (past it a
         # 503 with Retry-After), and text a request may have waiting for its client.
@@ -83,9 +88,7 @@ class SchedulerClient:
         self.max_stream_buffer_bytes: int = 4 * 1024 * 1024
         self.stats_time: float | None = None
         self.failure: str | None = None
-        self._flush_waiters: list[asyncio.Future[bool]] = []
-        self._session_waiters: dict[str, asyncio.Future[OpenSessionDone]] = {}
-        self._flush_acks: list[bool] = []  # replicas' answers to the flush under way
+        self.queries = ReplicaQueries(len(addrs))  # flushes and cache views
         self._flush_lock = asyncio.Lock()
         self._recv_task: asyncio.Task | None = None
 
@@ -110,11 +113,8 @@ class SchedulerClient:
         for state in self.states.values():
             state.group.fail(error)
         self.states.clear()
-        for fut in [*self._flush_waiters, *self._session_waiters.values()]:
-            if not fut.done():
-                fut.set_exception(ServerUnavailable(message))
-        self._flush_waiters.clear()
-        self._session_waiters.clear()
+        self.sessions.fail(ServerUnavailable(message))
+        self.queries.fail(ServerUnavailable(message))
 
     @property
     def is_healthy(self) -> bool:
@@ -131,6 +131,11 @@ class SchedulerClient:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         for req in reqs:
+            if req.routed_dp_rank is not None and not (
+                    0 <= req.routed_dp_rank < len(self.sched_socks)):
+                raise InvalidRequest(f"routed_dp_rank {req.routed_dp_rank} is not a replica: "
+                                     f"this server runs {len(self.sched_socks)} (--dp-size)",
+                                     param="routed_dp_rank")
             if req.rid in self.states:
                 raise InvalidRequest(f"a request with rid {req.rid!r} is already running",
                                      param="rid")
@@ -154,9 +159,12 @@ class SchedulerClient:
 
     def _replica_for(self, req: GenerateReq) -> int:
         session = getattr(req, "session", None)
+        if req.routed_dp_rank is not None and session is None:
+            self.balancer.assign(req.routed_dp_rank)
+            return req.routed_dp_rank
         if len(self.sched_socks) == 1 or session is not None:
             # A session's history is on its replica (unknown ids: 0 says there is none).
-            replica = 0 if session is None else self.session_replica.get(session.id, 0)
+            replica = 0 if session is None else self.sessions.replica(session.id)
             self.balancer.assign(replica)
             return replica
         key = token_key(req.input_ids) if self.balancer.needs_key else None
@@ -171,6 +179,15 @@ class SchedulerClient:
         if self.metrics is not None:
             self.metrics.request_aborted()
 
+    def abort_request(self, rid: str) -> bool:
+        """/abort_request: stop a request another connection is waiting for; its response
+        ends with an abort finish. False: no request `rid` is waiting or running."""
+        state = self.states.get(rid)
+        if state is None or self.failure is not None:
+            return False
+        self.sched_socks[state.replica].send(AbortReq(rid=rid))
+        return True
+
     def release(self, group: RequestGroup) -> None:
         for rid in list(group.unfinished):
             self.abort(rid)
@@ -180,52 +197,34 @@ class SchedulerClient:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         async with self._flush_lock:  # one flush at a time: its answers are counted
-            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            self._flush_waiters.append(fut)
-            self._flush_acks = []
-            for sock in self.sched_socks:
-                sock.send(FlushCacheReq())
-            flushed = await asyncio.wait_for(fut, timeout)
+            acks = await self.queries.ask(self.sched_socks, FlushCacheReq(), "flush", timeout)
+        flushed = all(acks)
         if flushed:
             self.balancer.clear_cache()
         return flushed
+
+    async def cache_snapshots(self, max_nodes: int, timeout: float = 10.0) -> list[dict]:
+        """Every replica's cache view (scheduler/cache_view.py), in dp_rank order."""
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        answers = await self.queries.ask(
+            self.sched_socks, CacheSnapshotReq(query_id=(qid := uuid.uuid4().hex),
+                                               max_nodes=max_nodes), qid, timeout)
+        return [{"dp_rank": a.dp_rank, **a.view} for a in sorted(answers,
+                                                                 key=lambda a: a.dp_rank)]
 
     async def open_session(self, msg: OpenSessionReq, timeout: float = 30.0) -> OpenSessionDone:
         """Ask the scheduler to open the session; its answer (success False: the id is taken)."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        if msg.session_id in self._session_waiters:
-            return OpenSessionDone(session_id=msg.session_id, success=False,
-                                   message=f"session {msg.session_id!r} is being opened")
-        fut: asyncio.Future[OpenSessionDone] = asyncio.get_running_loop().create_future()
-        self._session_waiters[msg.session_id] = fut
-        replica = self._session_home(msg.session_id)
-        try:
-            self.sched_socks[replica].send(msg)
-            done = await asyncio.wait_for(fut, timeout)
-        finally:
-            self._session_waiters.pop(msg.session_id, None)
-        if done.success:
-            self.session_replica[msg.session_id] = replica
-        return done
-
-    def _session_home(self, session_id: str) -> int:
-        """The replica a session opens on: its old one (an id taken there stays refused), else
-        the one with the fewest sessions, then the fewest requests in flight."""
-        if session_id in self.session_replica:
-            return self.session_replica[session_id]
-        counts = [0] * len(self.sched_socks)
-        for replica in self.session_replica.values():
-            counts[replica] += 1
-        return min(range(len(counts)), key=lambda r: (counts[r], self.balancer.load[r], r))
+        return await self.sessions.open(msg, self.sched_socks, self.balancer.load, timeout)
 
     def close_session(self, msg: CloseSessionReq) -> None:
         """Sent, not answered: requests sent after it find the session closed (one socket, in
         order)."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        replica = self.session_replica.pop(msg.session_id, 0)
-        self.sched_socks[replica].send(msg)
+        self.sched_socks[self.sessions.close(msg.session_id)].send(msg)
 
     # -- receive loop ----------------------------------------------------------------------
 
@@ -247,22 +246,13 @@ class SchedulerClient:
             if msg.dp_rank < len(self.replica_stats):
                 self.replica_stats[msg.dp_rank], self.stats_time = msg, time.time()
         elif isinstance(msg, FlushCacheDone):
-            self._flush_acks.append(msg.success)
-            if len(self._flush_acks) < len(self.sched_socks):
-                return  # every replica answers
-            flushed, self._flush_acks = all(self._flush_acks), []
-            waiters, self._flush_waiters = self._flush_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(flushed)
+            self.queries.answer("flush", msg.success)
+        elif isinstance(msg, CacheSnapshot):
+            self.queries.answer(msg.query_id, msg)
         elif isinstance(msg, OpenSessionDone):
-            fut = self._session_waiters.get(msg.session_id)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            self.sessions.answer(msg)
         elif isinstance(msg, SessionsClosed):  # reaped by their timeout
-            for sid in msg.session_ids:
-                if self.session_replica.get(sid) == msg.dp_rank:
-                    del self.session_replica[sid]
+            self.sessions.closed(msg.session_ids, msg.dp_rank)
         elif isinstance(msg, ProcessFailed):
             logger.error("the %s process failed: %s", msg.process, msg.message)
             self.fail(f"the {msg.process} process failed: {msg.message}")
