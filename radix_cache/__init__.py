@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from radixflow.radix_cache.radix_tree import MatchResult, RadixTree, TreeNode, common_prefix_len
+from radixflow.radix_cache.tree_audit import namespace_label
 
-__all__ = ["MatchResult", "RadixTree", "TreeNode", "common_prefix_len"]
+__all__ = ["MatchResult", "RadixTree", "TreeNode", "common_prefix_len", "namespace_label"]

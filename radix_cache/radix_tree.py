@@ -4,6 +4,12 @@ Pure Python: a node's value is any sliceable sequence of KV slots (a list of int
 tensor); the tree only slices it and takes its length. The tree never frees slots itself:
 `insert` says how many of the given slots were duplicates, `evict` and `reset` hand back the
 slots they drop, and the caller returns them to its pool.
+
+Namespaces (a request's `cache_salt`): `match_prefix`, `insert` take `namespace=`, a string;
+each namespace is a child of the root that holds no tokens (filed under the string, where
+token children are filed under ints; `node.namespace` names it), so a prefix cached in one
+namespace never matches in another nor in the unsalted tree (`namespace=None`). Eviction is one
+LRU over every namespace; a namespace left empty is dropped.
 """
 
 from __future__ import annotations
@@ -19,17 +25,20 @@ from radixflow.radix_cache.tree_audit import check_tree, pretty_tree, short_key
 class TreeNode:
     """One edge of the tree: a token-id segment and the KV slots that hold it."""
 
-    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access", "hits")
+    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access", "hits",
+                 "namespace")
 
     def __init__(self, key: list[int], value: Any, parent: TreeNode | None,
-                 last_access: float = 0) -> None:
-        self.children: dict[int, TreeNode] = {}  # keyed by the first token of the child's key
+                 last_access: float = 0, namespace: str | None = None) -> None:
+        # keyed by the first token of the child's key (the root's namespaces: by their name)
+        self.children: dict[int | str, TreeNode] = {}
         self.key = key
         self.value = value  # len(value) == len(key)
         self.parent = parent  # None for the root and for nodes dropped from the tree
         self.lock_ref = 0  # locks on this node or any descendant
         self.last_access = last_access
         self.hits = 0  # requests whose cached prefix ran through this node (record_hit)
+        self.namespace = namespace  # set on a namespace's own (token-less) node only
 
     def __repr__(self) -> str:
         return (f"TreeNode(key={short_key(self.key)}, lock_ref={self.lock_ref}, "
@@ -91,19 +100,22 @@ class RadixTree:
 
     # ---- lookup and insertion ----
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        """Longest cached prefix of `key`.
+    def match_prefix(self, key: Sequence[int], namespace: str | None = None) -> MatchResult:
+        """Longest cached prefix of `key` in `namespace` (None: the unsalted tree).
 
         Side effects: the nodes on the matched path get a fresh ``last_access``; if the match
         ends inside a node's key, that node is split in two so ``last_node`` covers exactly
         ``key[:length]`` (the tree's contents and sizes do not change). Nothing is locked: call
-        ``lock(result.last_node)`` to keep the matched slots from eviction.
+        ``lock(result.last_node)`` to keep the matched slots from eviction. When nothing
+        matched, ``last_node`` is the root, whatever the namespace.
         """
         if self.disabled:
             return MatchResult([], 0, self.root)
         key = _as_token_list(key)
         now = next(self._clock)
-        node, values, length = self.root, [], 0
+        node, values, length = self._start(namespace, now, create=False), [], 0
+        if node is None:
+            return MatchResult([], 0, self.root)
         while length < len(key):
             child = node.children.get(key[length])
             if child is None:
@@ -115,10 +127,10 @@ class RadixTree:
             values.append(child.value)
             length += n
             node = child
-        return MatchResult(values, length, node)
+        return MatchResult(values, length, node if length else self.root)
 
-    def insert(self, key: Sequence[int], value: Any) -> int:
-        """Store `key` -> `value` (one slot per token).
+    def insert(self, key: Sequence[int], value: Any, namespace: str | None = None) -> int:
+        """Store `key` -> `value` (one slot per token) in `namespace` (None: unsalted).
 
         Returns how many leading tokens of `key` were already cached. The tree keeps
         ``value[returned:]``; ``value[:returned]`` are duplicates that the caller still owns
@@ -130,11 +142,11 @@ class RadixTree:
         """
         if len(value) != len(key):
             raise ValueError(f"insert: len(value)={len(value)} != len(key)={len(key)}")
-        if self.disabled:
+        if self.disabled or not len(key):
             return 0
         key = _as_token_list(key)
         now = next(self._clock)
-        node, length = self.root, 0
+        node, length = self._start(namespace, now, create=True), 0
         while length < len(key):
             child = node.children.get(key[length])
             if child is None:
@@ -147,6 +159,19 @@ class RadixTree:
             length += n
             node = child
         return length
+
+    def _start(self, namespace: str | None, now: int, *, create: bool) -> TreeNode | None:
+        """The node a key of `namespace` starts below (made if `create`), or None."""
+        if namespace is None:
+            return self.root
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
+        node = self.root.children.get(namespace)
+        if node is None and create:
+            node = self.root.children[namespace] = TreeNode([], [], self.root, now, namespace)
+        if node is not None:
+            node.last_access = now
+        return node
 
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut `node` after its first n tokens; returns the new upper part.
@@ -229,7 +254,10 @@ class RadixTree:
             self._evictable_len -= len(leaf.key)
             evicted.append(leaf.value)
             freed += len(leaf.key)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.namespace is not None and not parent.children:
+                del self.root.children[parent.namespace]  # an empty namespace: dropped
+                parent.parent = None
+            elif parent is not self.root and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return evicted
@@ -247,7 +275,8 @@ class RadixTree:
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
-            values.append(node.value)
+            if node.namespace is None:
+                values.append(node.value)
             node.parent = None
             stack.extend(node.children.values())
         # NOTE: the root object survives, so a request holding it as its (no-op) lock is fine.

@@ -6,6 +6,7 @@ Cold code, kept out of radix_tree.py so the hot paths (match_prefix, insert) rea
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +20,11 @@ def short_key(key: list[int], limit: int = 8) -> str:
     return f"[{', '.join(map(str, key[:limit]))}, ... +{len(key) - limit}]"
 
 
+def namespace_label(namespace: str) -> str:
+    """A namespace (a tenant's cache_salt) as views show it: a short digest, not the salt."""
+    return "ns:" + hashlib.sha256(namespace.encode()).hexdigest()[:8]
+
+
 def check_tree(tree: RadixTree) -> None:
     """Assert every invariant of `tree`."""
     root = tree.root
@@ -30,8 +36,13 @@ def check_tree(tree: RadixTree) -> None:
         node = stack.pop()
         child_locks = 0
         for first, child in node.children.items():
-            assert child.key, f"empty key below {node!r}"
-            assert child.key[0] == first, f"{child!r} filed under token {first}"
+            if child.namespace is not None:
+                assert node is root and first == child.namespace, f"{child!r} misfiled"
+                assert not child.key and not len(child.value), f"namespace {child!r} holds tokens"
+                assert child.children, f"empty namespace {child!r} kept"
+            else:
+                assert child.key, f"empty key below {node!r}"
+                assert child.key[0] == first, f"{child!r} filed under token {first}"
             assert child.parent is node, f"{child!r} has a wrong parent"
             assert len(child.value) == len(child.key), f"{child!r}: len(value) != len(key)"
             assert child.last_access <= node.last_access or node is root, (
@@ -42,6 +53,9 @@ def check_tree(tree: RadixTree) -> None:
             continue
         # lock_ref = direct locks on the node + the locks of its children
         assert node.lock_ref >= child_locks, f"{node!r}: lock_ref < children's locks"
+        if node.namespace is not None:  # never locked itself, never a leaf
+            assert node.lock_ref == child_locks, f"namespace {node!r} locked directly"
+            continue
         if node.lock_ref:
             protected_len += len(node.key)
         else:
@@ -61,7 +75,7 @@ def pretty_tree(tree: RadixTree) -> str:
     stack = [(child, 1) for child in reversed(list(tree.root.children.values()))]
     while stack:
         node, depth = stack.pop()
-        lines.append(f"{'  ' * depth}{short_key(node.key)} lock={node.lock_ref} "
-                     f"t={node.last_access}")
+        what = short_key(node.key) if node.namespace is None else namespace_label(node.namespace)
+        lines.append(f"{'  ' * depth}{what} lock={node.lock_ref} t={node.last_access}")
         stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from radixflow.radix_cache import RadixTree, TreeNode, common_prefix_len
 
 keys = st.lists(st.integers(0, 3), min_size=1, max_size=10)
+namespaces = st.sampled_from([None, None, "a", "b"])  # cache_salt; None: unsalted
 
 
 def path_key(node: TreeNode) -> list[int]:
@@ -25,6 +26,13 @@ def path_key(node: TreeNode) -> list[int]:
     return [t for part in reversed(parts) for t in part]
 
 
+def namespace_of(node: TreeNode) -> str | None:
+    """The namespace a node's prefix lives in (None: the unsalted tree)."""
+    while node.parent is not None and node.namespace is None:
+        node = node.parent
+    return node.namespace
+
+
 def as_ints(values) -> list[int]:
     out: list[int] = []
     for v in values:
@@ -32,16 +40,16 @@ def as_ints(values) -> list[int]:
     return out
 
 
-def tree_contents(tree: RadixTree) -> dict[tuple[int, ...], int]:
-    """prefix -> slot of its last token, read straight off the nodes."""
+def tree_contents(tree: RadixTree) -> dict[tuple[str | None, tuple[int, ...]], int]:
+    """(namespace, prefix) -> slot of its last token, read straight off the nodes."""
     out = {}
-    stack = [(child, ()) for child in tree.root.children.values()]
+    stack = [(child, child.namespace, ()) for child in tree.root.children.values()]
     while stack:
-        node, prefix = stack.pop()
+        node, ns, prefix = stack.pop()
         for token, slot in zip(node.key, as_ints([node.value]), strict=True):
             prefix += (token,)
-            out[prefix] = slot
-        stack.extend((child, prefix) for child in node.children.values())
+            out[ns, prefix] = slot
+        stack.extend((child, ns, prefix) for child in node.children.values())
     return out
 
 
@@ -66,7 +74,8 @@ class SlotAllocator:
 
 
 class TreeVsModel(RuleBasedStateMachine):
-    """The model: `cached` maps every cached prefix (a tuple) to the slot of its last token."""
+    """The model: `cached` maps every cached (namespace, prefix) to the slot of its last token;
+    namespaces never share prefixes."""
 
     use_tensors = False
     capacity = 40
@@ -75,17 +84,19 @@ class TreeVsModel(RuleBasedStateMachine):
         super().__init__()
         self.tree = RadixTree()
         self.slots = SlotAllocator(self.capacity)
-        self.cached: dict[tuple[int, ...], int] = {}
-        self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
+        self.cached: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        self.locks: list[tuple[TreeNode, str | None, tuple[int, ...]]] = []
 
-    def cached_len(self, key: list[int]) -> int:
+    def cached_len(self, key: list[int], ns: str | None) -> int:
         n = 0
-        while n < len(key) and tuple(key[: n + 1]) in self.cached:
+        while n < len(key) and (ns, tuple(key[: n + 1])) in self.cached:
             n += 1
         return n
 
-    def is_protected(self, prefix: tuple[int, ...]) -> bool:
-        return any(locked[: len(prefix)] == prefix for _, locked in self.locks)
+    def is_protected(self, entry: tuple[str | None, tuple[int, ...]]) -> bool:
+        ns, prefix = entry
+        return any(lns == ns and locked[: len(prefix)] == prefix
+                   for _, lns, locked in self.locks)
 
     def do_evict(self, num_tokens: int) -> None:
         evictable_before = self.tree.evictable_size()
@@ -104,8 +115,8 @@ class TreeVsModel(RuleBasedStateMachine):
             assert freed - len(segments[-1]) < num_tokens, "evicted more leaves than needed"
         self.slots.free(slots)
 
-    @rule(key=keys)
-    def insert(self, key):
+    @rule(key=keys, ns=namespaces)
+    def insert(self, key, ns):
         missing = len(key) - len(self.slots.free_slots)
         if missing > 0:
             self.do_evict(missing)
@@ -113,33 +124,37 @@ class TreeVsModel(RuleBasedStateMachine):
         if slots is None:  # everything left is locked
             return
         value = torch.tensor(slots) if self.use_tensors else slots
-        expected_dup = self.cached_len(key)
-        dup = self.tree.insert(key, value)
+        expected_dup = self.cached_len(key, ns)
+        dup = self.tree.insert(key, value, namespace=ns)
         assert dup == expected_dup
         self.slots.free(slots[:dup])
         for i in range(dup, len(key)):
-            self.cached[tuple(key[: i + 1])] = slots[i]
+            self.cached[ns, tuple(key[: i + 1])] = slots[i]
 
-    @rule(key=keys)
-    def match(self, key):
-        result = self.tree.match_prefix(key)
-        assert result.length == self.cached_len(key)
+    @rule(key=keys, ns=namespaces)
+    def match(self, key, ns):
+        result = self.tree.match_prefix(key, namespace=ns)
+        assert result.length == self.cached_len(key, ns)
         assert as_ints(result.values) == [
-            self.cached[tuple(key[: i + 1])] for i in range(result.length)
+            self.cached[ns, tuple(key[: i + 1])] for i in range(result.length)
         ]
         assert path_key(result.last_node) == key[: result.length]
+        if result.length:
+            assert namespace_of(result.last_node) == ns
+        else:
+            assert result.last_node is self.tree.root
 
-    @rule(key=keys)
-    def lock(self, key):
-        result = self.tree.match_prefix(key)
+    @rule(key=keys, ns=namespaces)
+    def lock(self, key, ns):
+        result = self.tree.match_prefix(key, namespace=ns)
         self.tree.lock(result.last_node)
-        self.locks.append((result.last_node, tuple(key[: result.length])))
+        self.locks.append((result.last_node, ns, tuple(key[: result.length])))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
     def unlock(self, data):
         i = data.draw(st.integers(0, len(self.locks) - 1))
-        node, _ = self.locks.pop(i)
+        node, _, _ = self.locks.pop(i)
         self.tree.unlock(node)
 
     @rule(num_tokens=st.integers(0, 45))
@@ -160,13 +175,16 @@ class TreeVsModel(RuleBasedStateMachine):
         self.tree.check()
         contents = tree_contents(self.tree)
         assert contents == self.cached
-        for prefix in self.cached:
-            assert len(prefix) == 1 or prefix[:-1] in self.cached, "eviction left a hole"
+        for ns, prefix in self.cached:
+            assert len(prefix) == 1 or (ns, prefix[:-1]) in self.cached, "eviction left a hole"
         protected = sum(self.is_protected(p) for p in self.cached)
         assert self.tree.protected_size() == protected
         assert self.tree.evictable_size() == len(self.cached) - protected
-        for node, prefix in self.locks:
+        for node, ns, prefix in self.locks:
             assert tuple(path_key(node)) == prefix
+            assert not prefix or namespace_of(node) == ns
+        held = {ns for ns, _ in self.cached if ns is not None}
+        assert {n for n in self.tree.root.children if isinstance(n, str)} == held
 
     @invariant()
     def slots_conserved(self):
@@ -380,3 +398,67 @@ def test_pretty_lists_nodes():
 def test_import_does_not_pull_in_torch():
     code = "import sys, radixflow.radix_cache; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- namespaces (cache_salt) ----
+
+
+def test_namespaces_never_share_prefixes():
+    tree = RadixTree()
+    tree.insert([1, 2, 3], [10, 11, 12])
+    assert tree.match_prefix([1, 2, 3], namespace="a").length == 0
+    assert tree.insert([1, 2, 3], [20, 21, 22], namespace="a") == 0  # not a duplicate
+    assert tree.insert([1, 2, 4], [30, 31, 32], namespace="b") == 0
+    assert as_ints(tree.match_prefix([1, 2, 3], namespace="a").values) == [20, 21, 22]
+    assert as_ints(tree.match_prefix([1, 2, 3]).values) == [10, 11, 12]
+    assert tree.match_prefix([1, 2, 3], namespace="b").length == 2
+    assert tree.match_prefix([1, 2], namespace="c").last_node is tree.root
+    assert tree.total_size() == 9 and tree.evictable_size() == 9
+    a = tree.root.children["a"]
+    assert a.namespace == "a" and a.key == [] and namespace_of(a.children[1]) == "a"
+    tree.check()
+
+
+def test_a_namespace_does_not_collide_with_a_token_and_refuses_non_strings():
+    tree = RadixTree()
+    tree.insert([7], [70])
+    tree.insert([7], [71], namespace="7")
+    assert as_ints(tree.match_prefix([7]).values) == [70]
+    with pytest.raises(TypeError):
+        tree.insert([7], [72], namespace=7)
+    tree.check()
+
+
+def test_locks_and_lru_eviction_span_namespaces_and_empty_ones_go():
+    tree = RadixTree()
+    tree.insert([1, 2], [10, 11], namespace="a")
+    tree.insert([1, 2], [20, 21])
+    tree.insert([3], [30], namespace="b")
+    locked = tree.match_prefix([1, 2], namespace="a").last_node
+    tree.lock(locked)
+    assert tree.root.children["a"].lock_ref == 1 and tree.protected_size() == 2
+    tree.check()
+    assert tree.evict(1) == [[20, 21]]  # the oldest unlocked leaf, in any namespace
+    assert as_ints(tree.evict(5)) == [30] and "b" not in tree.root.children
+    tree.check()
+    tree.unlock(locked)
+    assert as_ints(tree.evict(5)) == [10, 11] and tree.root.children == {}
+    tree.check()
+
+
+def test_reset_and_pretty_with_namespaces():
+    tree = RadixTree()
+    tree.insert([1, 2], [10, 11], namespace="tenant-secret")
+    text = tree.pretty()
+    assert "ns:" in text and "tenant-secret" not in text
+    assert sorted(as_ints(tree.reset())) == [10, 11] and tree.root.children == {}
+    tree.check()
+
+
+def test_split_inside_a_namespace():
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4], [10, 11, 12, 13], namespace="a")
+    node = tree.match_prefix([1, 2, 9], namespace="a").last_node
+    assert node.key == [1, 2] and node.parent is tree.root.children["a"]
+    assert tree.insert([1, 2, 5], [20, 21, 22], namespace="a") == 2
+    tree.check()
