@@ -14,7 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .responses import error_response
 
-OPEN_PATHS = frozenset({"/health"})
+# /dashboard's page files hold nothing of the server's; its data (/dashboard/state) needs the key
+OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/app.js", "/dashboard/app.css"})
 WRONG_KEY = "missing or incorrect API key: send the header 'Authorization: Bearer <key>'"
 
 # (status, message) -> the response that refuses a request
