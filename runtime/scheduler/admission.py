@@ -8,7 +8,7 @@ computed once and then found in the tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixflow.radix_cache import common_prefix_len
 
@@ -26,11 +26,23 @@ class ExtendPlan:
 
 
 @dataclass
+class Blocked:
+    """The first waiting request that found no room: it needs a running place and a row
+    (`place`), and `kv_slots` more KV slots than are left. The prefill token budget running
+    out is not being blocked (the next step has a fresh one)."""
+
+    req: Req
+    place: bool
+    kv_slots: int
+
+
+@dataclass
 class Budget:
     tokens: int  # prefill tokens left in this batch
     kv_slots: int  # free + evictable KV slots left
     rows: int  # free request rows left
     running: int  # running-request places left
+    blocked: Blocked | None = field(default=None)  # set by plan_extend
 
     def fits(self, n: int) -> bool:
         return n <= self.tokens and n <= self.kv_slots
@@ -43,11 +55,15 @@ class Budget:
             self.running -= 1
 
 
-def order_waiting(waiting: list[Req], policy: str, match_len) -> list[Req]:
-    """Longest-prefix-match first (ties by arrival), or first come first served."""
-    if policy == "fcfs":
-        return sorted(waiting, key=lambda r: r.arrival)
-    return sorted(waiting, key=lambda r: (-match_len(r), r.arrival))
+def order_waiting(waiting: list[Req], policy: str, match_len, *,
+                  priority: bool = False) -> list[Req]:
+    """Longest-prefix-match first (ties by arrival), or first come first served; with
+    `priority`, lower `req.priority` values first and the policy within one value."""
+    def key(r: Req) -> tuple:
+        first = (r.priority,) if priority else ()
+        return (*first, r.arrival) if policy == "fcfs" else (*first, -match_len(r), r.arrival)
+
+    return sorted(waiting, key=key)
 
 
 def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk_size: int,
@@ -67,15 +83,17 @@ def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk
         plans.append(ExtendPlan(req, n))
     admitted: list[Req] = []
     for req in waiting:
-        if budget.rows <= 0 or budget.running <= 0 or budget.tokens <= 0:
+        if budget.tokens <= 0:
             break
         todo = uncached_len(req)
         if _shares_uncached_prefix(req, todo, admitted):
             continue
         n = min(todo, chunk_size, budget.tokens)
         cost = lock_cost(req) if lock_cost is not None else 0
+        no_place = budget.rows <= 0 or budget.running <= 0
         # Admit only when the whole rest of the prompt will fit in KV (chunks may follow).
-        if todo + cost > budget.kv_slots:
+        if no_place or todo + cost > budget.kv_slots:
+            budget.blocked = Blocked(req, no_place, max(0, todo + cost - budget.kv_slots))
             break
         budget.take(n, new_row=True)
         budget.kv_slots -= todo - n + cost  # reserve the later chunks too

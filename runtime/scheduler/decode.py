@@ -115,7 +115,7 @@ class Decode:
 
     def alloc(self, reqs: list[Req]) -> torch.Tensor:
         """A slot per uncomputed token; retract the requests with the most tokens left until
-        it fits."""
+        it fits (under --enable-priority-scheduling the highest priority value first)."""
         while True:
             live = [r for r in reqs if r.status == ReqStatus.RUNNING]
             slots = self.state.kv.try_alloc(sum(r.seq_len - r.computed_len for r in live))
@@ -123,7 +123,12 @@ class Decode:
                 return slots
             if len(live) <= 1:
                 raise RuntimeError("KV pool too small to decode even one request")
-            victim = max(live, key=lambda r: (r.num_tokens_left, r.arrival))
+            if self.state.args.enable_priority_scheduling:  # the highest value goes first
+                victim = max(live, key=lambda r: (r.priority, r.num_tokens_left, r.arrival))
+            else:
+                victim = max(live, key=lambda r: (r.num_tokens_left, r.arrival))
+            logger.info("KV pool full: retracting request %s (%d tokens left)", victim.rid,
+                        victim.num_tokens_left)
             retract(self.state, victim)
 
     # ---- one pass, then its tokens ----
@@ -203,8 +208,6 @@ class Decode:
 def retract(state: SchedulerState, req: Req) -> None:
     """Send a running request back to the front of the queue; its computed tokens go to the
     tree, so readmitting it recomputes only what was evicted meanwhile."""
-    logger.info("KV pool full: retracting request %s (%d tokens left)", req.rid,
-                req.num_tokens_left)
     state.kv.release(req)
     state.running.remove(req)
     req.status = ReqStatus.WAITING

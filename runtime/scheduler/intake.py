@@ -33,7 +33,8 @@ class Intake:
         req = Req.from_message(msg, state.num_arrivals, state.device)
         cont = None
         if msg.session is not None:
-            cont = state.sessions.continuation(req.rid, msg.session, req.input_ids)
+            cont = state.sessions.continuation(req.rid, msg.session, req.input_ids,
+                                               cache_salt=req.cache_salt)
             if isinstance(cont, str):
                 state.finish(req, Finish(type="abort", message=cont, status_code=400))
                 return

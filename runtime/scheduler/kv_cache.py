@@ -19,12 +19,15 @@ class KVCache:
     def __init__(self, tree: RadixTree, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool):
         self.tree, self.kv_pool, self.req_to_token_pool = tree, kv_pool, req_to_token_pool
         self.req_to_token = req_to_token_pool.req_to_token
+        self.num_evicted_tokens = 0  # tree tokens evicted to make room (the /dashboard)
 
     def try_alloc(self, n: int) -> torch.Tensor | None:
         """n free slots, evicting unlocked tree leaves if needed; None if they cannot be had."""
         if n > self.kv_pool.num_free:
             short = n - self.kv_pool.num_free
-            self.kv_pool.free(cat_slots(self.tree.evict(short)))
+            evicted = cat_slots(self.tree.evict(short))
+            self.num_evicted_tokens += len(evicted)
+            self.kv_pool.free(evicted)
         return self.kv_pool.alloc(n)
 
     def alloc(self, n: int) -> torch.Tensor:
@@ -41,7 +44,7 @@ class KVCache:
         if self.tree.disabled:
             self.kv_pool.free(slots)
         else:
-            dup = self.tree.insert(req.fill_ids[:n], slots.clone())
+            dup = self.tree.insert(req.fill_ids[:n], slots.clone(), namespace=req.cache_salt)
             if dup > req.tree_len:
                 self.kv_pool.free(slots[req.tree_len:dup])
         self.tree.unlock(req.last_node)
@@ -55,10 +58,10 @@ class KVCache:
         n = req.computed_len
         key = req.fill_ids[:n]
         slots = self.req_to_token[req.req_pool_idx, :n].long()
-        dup = self.tree.insert(key, slots.clone())
+        dup = self.tree.insert(key, slots.clone(), namespace=req.cache_salt)
         if dup > req.tree_len:
             self.kv_pool.free(slots[req.tree_len:dup])
-        match = self.tree.match_prefix(key)
+        match = self.tree.match_prefix(key, namespace=req.cache_salt)
         self.req_to_token[req.req_pool_idx, :match.length] = cat_slots(match.values).to(torch.int32)
         self.tree.lock(match.last_node)
         self.tree.unlock(req.last_node)

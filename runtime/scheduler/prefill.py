@@ -13,6 +13,7 @@ from ..messages import Finish
 from ..sampling import compute_logprobs, top_logprobs
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .kv_cache import cat_slots, evictable_len
+from .priority import Preemption
 from .req import Req, ReqStatus
 
 if TYPE_CHECKING:
@@ -38,10 +39,14 @@ class Prefill:
     def __init__(self, state: SchedulerState, grammars: SchedulerGrammar, commit: Commit):
         self.state, self.grammars, self.commit = state, grammars, commit
         self.budget_while_decoding = prefill_budget_while_decoding(state.args, state.device)
+        self.preemption = Preemption(state) if state.args.enable_priority_scheduling else None
+        self.blocked = None  # the waiting request the last plan() found no room for
 
     def run(self) -> None:
         """Admit what fits and compute one chunk of every prefilling request."""
         plans = self.plan()
+        if self.preemption is not None and self.preemption.make_room(self.blocked):
+            plans = self.plan()  # with the room the retracted requests left
         if not plans:
             return
         for plan in plans:
@@ -64,25 +69,28 @@ class Prefill:
 
         def match(req: Req) -> MatchResult:
             if req not in matches:
-                matches[req] = state.tree.match_prefix(req.fill_ids)
+                matches[req] = state.tree.match_prefix(req.fill_ids, namespace=req.cache_salt)
             return matches[req]
 
         def match_len(req: Req) -> int:
             return prefix_cap(req, match(req).length)
 
         ready = [r for r in state.waiting if r.pending_grammar is None]  # not compiling
-        waiting = order_waiting(ready, args.schedule_policy, match_len)
-        return plan_extend(state.prefilling, waiting, budget, args.chunk_size,
-                           lambda r: r.seq_len - match_len(r),
-                           lambda r: evictable_len(match(r).last_node))
+        waiting = order_waiting(ready, args.schedule_policy, match_len,
+                                priority=self.preemption is not None)
+        plans = plan_extend(state.prefilling, waiting, budget, args.chunk_size,
+                            lambda r: r.seq_len - match_len(r),
+                            lambda r: evictable_len(match(r).last_node))
+        self.blocked = budget.blocked
+        return plans
 
     def _admit(self, req: Req) -> None:
         state = self.state
-        match = state.tree.match_prefix(req.fill_ids)
+        match = state.tree.match_prefix(req.fill_ids, namespace=req.cache_salt)
         cached = prefix_cap(req, match.length)
         node = match.last_node
         if cached < match.length:  # only part of the match is used: lock a shorter path
-            match = state.tree.match_prefix(req.fill_ids[:cached])
+            match = state.tree.match_prefix(req.fill_ids[:cached], namespace=req.cache_salt)
             node = match.last_node
         req.req_pool_idx = state.req_to_token_pool.alloc()
         state.tree.lock(node)

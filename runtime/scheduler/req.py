@@ -61,6 +61,8 @@ class Req:
     session_node: SessionNode | None = None  # its node in a session while it runs
     thinking: Thinking | None = None  # of a request that separates its reasoning
     announced: bool = False  # its first output, which says how to decode it, went out
+    priority: int = 0  # lower first (--enable-priority-scheduling; the message's None is 0)
+    cache_salt: str | None = None  # its namespace in the radix tree (None: unsalted)
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:
@@ -69,7 +71,8 @@ class Req:
         req = cls(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling,
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num, arrival=arrival,
-                  constraint=msg.constraint)
+                  constraint=msg.constraint, priority=msg.priority or 0,
+                  cache_salt=msg.cache_salt)
         if msg.sampling.seed is not None:
             req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req

@@ -25,6 +25,8 @@ Limits (ServerArgs): at most `max_open_sessions` are open at once (opening anoth
 with status 429: try again once one closes or times out); an idle session lives at most
 `max_session_timeout` seconds (`timeout: null` means that, a longer one is clipped to it); a
 session holds at most `max_session_requests` requests (a request past it is refused, 400).
+Its first request fixes the session's `cache_salt` (its radix-tree namespace): a later request
+with another salt (or none where it had one) is refused, 400, since its history is cached there.
 Sessions closed by their timeout are reported (`take_expired`), so the HTTP side can forget
 them too.
 """
@@ -67,6 +69,8 @@ class Session:
     timeout: float | None
     last_active: float
     nodes: dict[str, SessionNode] = field(default_factory=dict)  # by rid
+    salt_fixed: bool = False  # by its first request: then every request sends `cache_salt`
+    cache_salt: str | None = None
 
     def is_timed_out(self, now: float) -> bool:
         return self.timeout is not None and now - self.last_active > self.timeout
@@ -169,7 +173,8 @@ class Sessions:
     # ---- requests ----
 
     def continuation(self, rid: str, params: SessionParams, input_ids: list[int],
-                     now: float | None = None) -> Continuation | str:
+                     now: float | None = None, *,
+                     cache_salt: str | None = None) -> Continuation | str:
         """The prompt of request `rid` (its own tokens `input_ids`) in session `params.id`,
         or why it cannot have one. Changes nothing but the session's last activity."""
         now = time.monotonic() if now is None else now
@@ -178,6 +183,10 @@ class Sessions:
             return (f"session_params.id: no open session {params.id!r} (it was never opened, "
                     "was closed, or timed out); open one with /open_session")
         session.last_active = now
+        if session.salt_fixed and cache_salt != session.cache_salt:
+            had = "a cache_salt" if session.cache_salt is not None else "no cache_salt"
+            return (f"cache_salt: session {params.id!r} was started with {had}; every request "
+                    "of a session must send the same cache_salt (its history is cached under it)")
         if rid in session.nodes:
             return (f"rid {rid!r} is already a request of session {params.id!r}; a request's "
                     "rid names it in its session, so it must be new")
@@ -219,6 +228,8 @@ class Sessions:
         """Record the admitted request in its session; return the running requests that
         `replace` displaces (the scheduler aborts them)."""
         session, parent = cont.session, cont.parent
+        if not session.salt_fixed:
+            session.salt_fixed, session.cache_salt = True, req.cache_salt
         displaced: list[Req] = []
         if cont.params.replace:
             if parent is None:
