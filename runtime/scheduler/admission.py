@@ -2,8 +2,9 @@
 
 Budgets: `max_prefill_tokens` per batch, `chunk_size` per request per step, free request rows,
 `max_running_requests`, and KV slots (free + evictable). A request that shares a long
-uncached prefix with one already admitted in this batch waits one round, so the prefix is
-computed once and then found in the tree.
+uncached prefix with one already admitted in this batch (under the same cache_salt) waits one
+round, so the prefix is computed once and then found in the tree. Under priority scheduling,
+the first request that finds no room is recorded (`Budget.blocked`, for priority.py).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def _shares_uncached_prefix(req: Req, todo: int, admitted: list[Req]) -> bool:
     cached = req.seq_len - todo
     ids = req.fill_ids
     for other in admitted:
+        if other.cache_salt != req.cache_salt:  # another namespace: it would not find it
+            continue
         if common_prefix_len(other.fill_ids, ids) - cached > IN_BATCH_SHARE_THRESHOLD:
             return True
     return False
