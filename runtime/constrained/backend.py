@@ -103,6 +103,11 @@ class GrammarBackend:
         """Compiles started so far (cache hits add none)."""
         return self._cache.num_compiles
 
+    def cache_stats(self) -> dict:
+        """The compile cache, for the /dashboard: entries, hits, compiles."""
+        return {"entries": len(self._cache), "hits": self._cache.num_hits,
+                "compiles": self._cache.num_compiles}
+
     def new_state(self, compiled: CompiledGrammar, *, budget_safe: bool = False) -> GrammarState:
         """A request's state; with `budget_safe`, it carries a BudgetCloser (closing.py)."""
         state = GrammarState(xgr.GrammarMatcher(compiled), self.table)

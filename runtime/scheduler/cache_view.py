@@ -1,31 +1,46 @@
 """What the /dashboard shows of one scheduler: its radix tree (the most recently used nodes,
-with their token counts, hits, last use and the requests that hold them), its KV pool and its
-queues, as plain JSON (the CacheSnapshot message's `view`)."""
+with their token counts, hits, last use and the requests that hold them), its KV pool,
+evictions, its queues and its grammar cache, as plain JSON (the CacheSnapshot message's
+`view`).
+
+The tree is walked breadth first, most recently used children first, so a bounded view keeps
+the shared prefixes near the root. `last_access` is the tree's logical clock (bigger: more
+recent), not a time. A cache_salt namespace shows as a node with no tokens and no text: the
+salt itself is a tenant's secret and never leaves the scheduler.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixflow.radix_cache import TreeNode
 
+    from .grammar import SchedulerGrammar
     from .state import SchedulerState
 
 PREVIEW_TOKENS = 48  # of each node's key, decoded for the page
+GRAMMAR_COUNTERS = ("num_masked_rows", "num_jumps", "num_forced_tokens", "num_closed_early")
 
 
-def cache_view(state: SchedulerState, max_nodes: int) -> dict:
+def cache_view(state: SchedulerState, max_nodes: int,
+               grammars: SchedulerGrammar | None = None) -> dict:
     tree = state.tree
     holders = _holders(state)
-    nodes, queue, ids = [], [tree.root], {id(tree.root): 0}
+    nodes: list[dict] = []
+    queue: deque[TreeNode] = deque([tree.root])
+    ids = {id(tree.root): 0}
     while queue and len(nodes) < max_nodes:
-        node = queue.pop(0)
+        node = queue.popleft()
         nid = ids[id(node)]
         nodes.append({
             "id": nid, "parent": None if node.parent is None else ids.get(id(node.parent)),
             "tokens": len(node.key), "hits": node.hits, "last_access": node.last_access,
             "locks": node.lock_ref, "text": _preview(state, node),
+            "namespace": node.namespace is not None,
             "requests": holders.get(id(node), []),
         })
         children = sorted(node.children.values(), key=lambda c: -c.last_access)
@@ -38,13 +53,25 @@ def cache_view(state: SchedulerState, max_nodes: int) -> dict:
         "nodes": nodes, "truncated": bool(queue),
         "tree_tokens": tree.total_size(), "evictable_tokens": tree.evictable_size(),
         "kv_total_tokens": pool.num_slots, "kv_free_tokens": pool.num_free,
+        "evicted_tokens": getattr(state.kv, "num_evicted_tokens", 0),
+        "radix_cache": not tree.disabled,
         "requests": [{"rid": r.rid, "phase": phase, "prompt_tokens": len(r.input_ids),
                       "output_tokens": len(r.output_ids), "cached_tokens": r.cached_len}
                      for phase, queue_ in (("waiting", state.waiting),
                                            ("prefilling", state.prefilling),
                                            ("running", state.running))
                      for r in queue_],
+        "grammar": grammar_view(grammars),
     }
+
+
+def grammar_view(grammars: SchedulerGrammar | None) -> dict | None:
+    """The grammar backend's compile cache and counters; None before any constraint built it."""
+    backend = None if grammars is None else grammars.built_backend
+    if backend is None:
+        return None
+    counters = dataclasses.asdict(grammars.stats)
+    return {**backend.cache_stats(), **{k: counters[k] for k in GRAMMAR_COUNTERS}}
 
 
 def _holders(state: SchedulerState) -> dict[int, list[str]]:

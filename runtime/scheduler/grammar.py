@@ -126,6 +126,12 @@ class SchedulerGrammar:
             self._build()
         return self._backend.result()
 
+    @property
+    def built_backend(self) -> GrammarBackend | None:
+        """The backend if it is built, else None (a view must not start the build)."""
+        built = self._backend is not None and self._backend.done()
+        return self._backend.result() if built and not self._backend.exception() else None
+
     # ---- compiling ----
 
     def submit(self, req: Req) -> Finish | None:

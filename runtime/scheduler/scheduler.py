@@ -196,7 +196,7 @@ class Scheduler:
                                        message=error, status_code=status))
         elif isinstance(msg, CacheSnapshotReq):
             out.append(CacheSnapshot(query_id=msg.query_id,
-                                     view=cache_view(self.state, msg.max_nodes)))
+                                     view=cache_view(self.state, msg.max_nodes, self.grammars)))
         elif isinstance(msg, CloseSessionReq):
             if not self.sessions.close(msg.session_id):
                 logger.info("close_session: no open session %r", msg.session_id)
