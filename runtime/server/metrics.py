@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..messages import SchedulerStats
+from .dashboard_history import DashboardHistory
 
 disable_created_metrics()  # the *_created samples only add noise to every scrape
 
@@ -114,6 +115,7 @@ class Metrics:
                              labels, buckets=_LATENCY_BUCKETS,
                              registry=self.registry).labels(model_name)
         self.registry.register(_SchedulerCollector(model_name, stats))
+        self.history = DashboardHistory(stats)  # the /dashboard's charts
         if replicas is not None:
             self.registry.register(_ReplicaCollector(model_name, replicas))
 
@@ -127,10 +129,12 @@ class Metrics:
                          completion_tokens: int) -> None:
         self.finished.inc()
         self.e2e.observe(now - created)
+        ttft = tpot = None
         if first_token is not None:
-            self.ttft.observe(first_token - created)
+            self.ttft.observe(ttft := first_token - created)
             if completion_tokens > 1:
-                self.tpot.observe((now - first_token) / (completion_tokens - 1))
+                self.tpot.observe(tpot := (now - first_token) / (completion_tokens - 1))
+        self.history.request_finished(ttft, tpot)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
