@@ -13,6 +13,7 @@ from radixflow.kernels.cpu.rows import RowKernels
 from .attention import check_backend_fits_device, create_attention_backend, warm_up_attention
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
 from .memory_pool import KVPool, ReqToTokenPool
+from .model_loader.pooling import PoolingConfig, read_pooling
 from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
@@ -46,11 +47,22 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 class ModelRunner:
     """The model, its KV pool and attention. With --tp-size > 1, one rank's: `tp_rank` 0 is
     the scheduler's (its forward first sends the batch plan to the others, and returns the
-    logits), the others run runtime/distributed/worker.py's loop."""
+    logits), the others run runtime/distributed/worker.py's loop.
+
+    With --is-embedding, an extend forward returns the wanted rows' final normed hidden states
+    (lm_head is not run) and `pooling` says how the scheduler pools them (read from the
+    folder once, here); no decode paths are built."""
 
     def __init__(self, args: ServerArgs, model_folder, hf_config: dict, tp_rank: int = 0):
         self.args = args
         self.model_args = ModelArgs.from_hf_config(hf_config)
+        self.pooling: PoolingConfig | None = None
+        if args.is_embedding:
+            if args.tp_size > 1:
+                raise ValueError("--is-embedding does not run with --tp-size > 1 (its ranks "
+                                 "would gather logits the embedding forward never computes)")
+            self.pooling = read_pooling(model_folder)
+            logger.info("embeddings: %s", self.pooling.describe())
         self.tp = self.plan_sender = None
         if args.tp_size > 1:
             from .distributed import TensorParallel
@@ -85,10 +97,11 @@ class ModelRunner:
                                              local.num_heads, local.num_kv_heads, ma.head_dim,
                                              ma.head_dim ** -0.5, dtype=self.dtype)
         warm_up_attention(self.attn, self.kv_pool, self.req_to_token_pool.req_to_token)
-        self.cpu_decode = None if args.disable_cpu_decode else self._cpu_decode()
+        decodes = not (args.is_embedding or args.disable_cpu_decode)
+        self.cpu_decode = self._cpu_decode() if decodes else None
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None
-                                else None)
+                                and not args.is_embedding else None)
         if self.tp and self.tp.is_driver:
             from .distributed.plan import PlanSender
 
@@ -136,7 +149,7 @@ class ModelRunner:
             else:
                 model = LlamaForCausalLM(self.model_args)
         model.to_empty(device=self.device)
-        model.load_weights(weights)
+        model.load_weights(weights, need_lm_head=not self.args.is_embedding)
         self.quantization = self._quantize(model)  # from the checkpoint's own weights
         if self.tp and not self.tp.all_agree(self.quantization == "int4") \
                 and self.quantization == "int4":
@@ -220,10 +233,23 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model_args.vocab_size
 
+    @property
+    def is_embedding(self) -> bool:
+        return self.pooling is not None
+
+    def embedding_info(self) -> dict | None:
+        """What the HTTP side needs of an embedding server (model_info["embedding"]); None
+        on a generation server."""
+        if self.pooling is None:
+            return None
+        return {"pooling": self.pooling.pooling, "normalize": self.pooling.normalize,
+                "hidden_size": self.model_args.hidden_size}
+
     def forward(self, mode: ForwardMode, parts: list[BatchRequest],
                 out_slots: torch.Tensor) -> torch.Tensor:
         """Run one forward; returns float32 logits of every wanted position, in part order
-        (None on tensor-parallel ranks other than 0)."""
+        (None on tensor-parallel ranks other than 0); on an embedding server their final
+        hidden states instead."""
         if self.plan_sender is not None:
             self.plan_sender.send(mode, parts, out_slots, self.req_to_token_pool.req_to_token)
         c_step = self.cpu_decode
@@ -259,4 +285,6 @@ class ModelRunner:
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
             return self.compiled_decode(batch)  # plans its own attention inside the graph
         self.attn.prepare(batch)
+        if self.pooling is not None:
+            return self.model(batch, self.attn, hidden=True)
         return self.model(batch, self.attn)

@@ -133,15 +133,18 @@ class LlamaForCausalLM(nn.Module):
                                     args.rope_theta, args.rope_scaling)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab]."""
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend, *,
+                hidden: bool = False) -> torch.Tensor:
+        """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab];
+        `hidden`: their final normed hidden states instead (float32, [rows, hidden_size]),
+        lm_head not run (embeddings)."""
         x, delta = self.embed_tokens(batch.input_ids), None
         rope = self.rope.tables(batch.positions, x.dtype)
         for layer in self.layers:
             x, delta = layer(x, delta, batch, rope, attn)
         wanted = batch.logits_indices
         _, x = self.norm.add_forward(x[wanted], delta[wanted])
-        return self.lm_head(x).float()
+        return x.float() if hidden else self.lm_head(x).float()
 
     def bind_row_kernels(self, kernels: RowKernels | None) -> None:
         """Run the norms, rope and SiLU of every layer through `kernels` (None: torch ops)."""
@@ -149,8 +152,10 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, (RMSNorm, Attention, FeedForward)):
                 module.rows = kernels
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up. Raises on missing or extra names."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *,
+                     need_lm_head: bool = True) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up. Raises on missing or extra names
+        (`need_lm_head` False: an embedding model's checkpoint may have no head)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
@@ -175,7 +180,8 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
             loaded.add("lm_head.weight")
-        missing = [n for n in self._expected_loaded_names() if n not in loaded]
+        missing = [n for n in self._expected_loaded_names() if n not in loaded
+                   and (need_lm_head or n != "lm_head.weight")]
         if missing:
             raise ValueError(f"checkpoint is missing weights: {missing[:5]}"
                              f"{' ...' if len(missing) > 5 else ''}")

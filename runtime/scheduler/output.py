@@ -34,7 +34,7 @@ def make_output(req: Req) -> ReqTokenOut | None:
         output_logprobs=req.pending_logprobs if req.return_logprob else None,
         output_top_logprobs=req.pending_top_logprobs if req.top_logprobs_num else None,
         decode=None if req.announced else decode_spec(req), text_len=_text_len(req, end),
-        **input_logprobs)
+        embedding=req.embedding, **input_logprobs)
     req.pending_logprobs, req.pending_top_logprobs = [], []
     req.announced = True
     return out

@@ -11,6 +11,7 @@ import torch
 from ..forward_batch import BatchRequest, ForwardMode
 from ..messages import Finish
 from ..sampling import compute_logprobs, top_logprobs
+from . import embedding
 from .admission import Budget, ExtendPlan, order_waiting, plan_extend
 from .kv_cache import cat_slots, evictable_len
 from .priority import Preemption
@@ -44,6 +45,7 @@ class Prefill:
 
     def run(self) -> None:
         """Admit what fits and compute one chunk of every prefilling request."""
+        embedding.refuse_mismatched(self.state)  # (a generation on an embedding server, ...)
         plans = self.plan()
         if self.preemption is not None and self.preemption.make_room(self.blocked):
             plans = self.plan()  # with the room the retracted requests left
@@ -117,6 +119,7 @@ class Prefill:
     def _extend(self, plans: list[ExtendPlan]) -> None:
         state = self.state
         parts, slot_chunks, sample_reqs, sample_rows, logprob_rows = [], [], [], [], []
+        embed_rows = []  # (req, start, first row, rows): hidden states to pool
         row = 0
         for plan in plans:
             req, n = plan.req, plan.extend_len
@@ -126,13 +129,16 @@ class Prefill:
             slot_chunks.append(slots)
             completes = start + n == req.seq_len
             offsets = []
-            if req.wants_input_logprobs and not req.reported_input_logprobs:
+            if req.embed is not None:  # its rows are hidden states: pooled, never sampled
+                offsets = embedding.wanted_rows(req, start, n)
+                embed_rows.append((req, start, row, len(offsets)))
+            elif req.wants_input_logprobs and not req.reported_input_logprobs:
                 # logits at position p score prompt token p + 1
                 lo = max(start, req.logprob_start_len)
                 hi = min(start + n, len(req.input_ids) - 1)
                 offsets = [p - start for p in range(lo, hi)]
                 logprob_rows.append((req, lo, row, len(offsets)))
-            if completes and req.num_tokens_left > 0:
+            if completes and req.num_tokens_left > 0 and req.embed is None:
                 if not offsets or offsets[-1] != n - 1:
                     offsets.append(n - 1)
                 sample_reqs.append(req)
@@ -146,6 +152,8 @@ class Prefill:
             plan.req.computed_len += plan.extend_len
         for req, lo, first_row, count in logprob_rows:
             record_input_logprobs(req, lo, logits[first_row:first_row + count])
+        for req, start, first_row, count in embed_rows:
+            embedding.pool_chunk(req, start, logits[first_row:first_row + count])
         for plan in plans:
             self._after_chunk(plan.req)
         if sample_reqs:
@@ -164,7 +172,9 @@ class Prefill:
             state.running.append(req)
         if req.wants_input_logprobs:
             state.touched[req.rid] = req
-        if req.num_tokens_left <= 0:
+        if req.embed is not None:
+            embedding.finish_embedding(state, req)
+        elif req.num_tokens_left <= 0:
             state.finish(req, Finish(type="length", length=req.sampling.max_new_tokens))
         elif prefilled and req.num_retractions == 0:
             state.kv.cache_unfinished(req)  # share the prompt with requests still waiting
@@ -175,6 +185,8 @@ def prefix_cap(req: Req, matched: int) -> int:
     cap = req.seq_len - 1
     if req.wants_input_logprobs and not req.reported_input_logprobs:
         cap = min(cap, req.logprob_start_len)
+    if req.embed is not None:
+        cap = embedding.usable_prefix(req, cap)
     return min(matched, cap)
 
 

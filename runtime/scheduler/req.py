@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..messages import Finish, GenerateReq
+from ..messages import EmbedSpec, Finish, GenerateReq
 from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,6 +63,11 @@ class Req:
     announced: bool = False  # its first output, which says how to decode it, went out
     priority: int = 0  # lower first (--enable-priority-scheduling; the message's None is 0)
     cache_salt: str | None = None  # its namespace in the radix tree (None: unsalted)
+    # An embedding request (scheduler/embedding.py): how it pools, what it pooled so far
+    # (the running sum and its count of positions, across chunks), the vector at its finish.
+    embed: EmbedSpec | None = None
+    pooled: tuple[torch.Tensor, int] | None = None
+    embedding: list[float] | None = None
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:
@@ -72,7 +77,7 @@ class Req:
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num, arrival=arrival,
                   constraint=msg.constraint, priority=msg.priority or 0,
-                  cache_salt=msg.cache_salt)
+                  cache_salt=msg.cache_salt, embed=msg.embed)
         if msg.sampling.seed is not None:
             req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req

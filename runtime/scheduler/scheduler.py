@@ -239,6 +239,8 @@ class Scheduler:
             "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
             "cpu": runner.cpu_info(),
             "reasoning_parser": self.args.reasoning_parser,
+            # --is-embedding: {pooling, normalize, hidden_size} (None: a generation server)
+            "embedding": getattr(runner, "embedding_info", lambda: None)(),
         }
 
     def use_device_here(self) -> None:
