@@ -96,7 +96,8 @@ class Engine(GenerateAPI):
     def generate_from_body(self, body: dict) -> dict | list[dict] | Iterator[dict]:
         parsed = parse_generate(body, self.tokenizer, self.scheduler.context_len,
                                 vocab_size=self.scheduler.runner.vocab_size,
-                                reasoning=self.scheduler.reasoning.parser)
+                                reasoning=self.scheduler.reasoning.parser,
+                                priority_scheduling=self.args.enable_priority_scheduling)
         if parsed.stream:
             if parsed.is_batch:
                 raise InvalidRequest("streaming is supported for a single prompt with n=1",

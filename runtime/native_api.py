@@ -16,15 +16,17 @@ from typing import Any
 from .errors import InvalidRequest
 from .messages import GenerateReq
 from .native_fields import (
+    check_fields,
     check_reasoning,
     logprob_window,
     opt_bool,
     prompt_sources,
-    refuse_unsupported,
     request_ids,
     sampling_list,
     tokenize_sources,
+    with_thinking_cap,
 )
+from .native_placement import placement
 from .reasoning import ReasoningParser
 from .request_building import check_constraint, check_prompt_count, fit_to_context, new_rid
 from .response_builder import ResponseBuilder
@@ -58,24 +60,28 @@ class ParsedGenerate:
 def parse_generate(
     body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None,
     reasoning: ReasoningParser | None = None, max_prompts: int | None = None,
+    priority_scheduling: bool = False,
 ) -> ParsedGenerate:
     """Validate a /generate body and build its GenerateReqs.
 
-    Raises InvalidRequest (or ContextTooLong) naming the offending field. Unknown top-level
-    keys are ignored, as SGLang's frontend requires; unknown sampling keys are errors.
-    `max_prompts` (--max-prompts-per-request): the most requests (prompts x n) one body may
-    make. Tokenizes and checks constraints, which may take a while on a large body: servers
-    call it off the event loop.
+    Raises InvalidRequest (or ContextTooLong) naming the offending field: a top-level key that
+    is not a /generate field (native_fields.SERVED_FIELDS), or one of SGLang's that radixflow
+    does not implement (REFUSED_FIELDS), is a 400 as an unknown sampling key is (SGLang's
+    frontend sends only served fields). `priority_scheduling`: the server runs with
+    --enable-priority-scheduling (else a `priority` is a 400). `max_prompts`
+    (--max-prompts-per-request): the most requests (prompts x n) one body may make. Tokenizes
+    and checks constraints, which may take a while on a large body: servers call it off the
+    event loop.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     if vocab_size is None:
         vocab_size = len(tokenizer)
-    refuse_unsupported(body)
+    check_fields(body)
     sources, is_batch, param = prompt_sources(body, vocab_size)
     # Counted before any tokenizing: a batch past the cap costs no work.
     check_prompt_count(len(sources), 1, max_prompts, param=param)
-    samplings = sampling_list(body, len(sources))
+    samplings = with_thinking_cap(body, sampling_list(body, len(sources)))
     check_prompt_count(len(sources), [s.n for s in samplings], max_prompts, param=param)
     prompts = tokenize_sources(sources, is_batch, param, tokenizer)
     constraints = []
@@ -89,6 +95,7 @@ def parse_generate(
     return_logprob = opt_bool(body, "return_logprob")
     return_text = opt_bool(body, "return_text_in_logprobs")
     start, top_n = logprob_window(body, return_logprob)
+    where = placement(body, priority_scheduling=priority_scheduling)
 
     reqs: list[GenerateReq] = []
     multi = is_batch or any(s.n > 1 for s in samplings)
@@ -112,7 +119,7 @@ def parse_generate(
                 rid=req_rid, input_ids=ids, sampling=dataclasses.replace(one, seed=seed),
                 return_logprob=return_logprob, logprob_start_len=start,
                 top_logprobs_num=top_n, stream=stream, session=session,
-                reasoning=separate_reasoning, constraint=constraint))
+                reasoning=separate_reasoning, constraint=constraint, **where))
     return ParsedGenerate(reqs=reqs, is_batch=multi, stream=stream,
                           return_text_in_logprobs=return_text, reasoning=reasoning)
 

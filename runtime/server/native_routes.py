@@ -43,7 +43,8 @@ async def generate(request: Request) -> Response:
     parsed = await asyncio.to_thread(
         parse_generate, body, client.tokenizer, client.context_length,
         vocab_size=client.vocab_size, reasoning=client.reasoning,
-        max_prompts=state.args.max_prompts_per_request)
+        max_prompts=state.args.max_prompts_per_request,
+        priority_scheduling=state.args.enable_priority_scheduling)
     group = client.submit(parsed.reqs)
     builders = parsed.builders(client.tokenizer)
     return await respond(

@@ -33,7 +33,6 @@ FRONTEND_GEN = {
         "frequency_penalty": 0.0, "presence_penalty": 0.0, "ignore_eos": False,
         "regex": None, "json_schema": None,
     },
-    "some_future_sglang_key": {"x": 1},
 }
 
 
@@ -152,6 +151,7 @@ def test_max_new_tokens_clipped_to_context(tok):
     ({"text": "a", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
     ({"text": "a", "return_logprob": True, "top_logprobs_num": 10**6}, "top_logprobs_num"),
     ({"text": "a", "image_data": "abc"}, "image_data"),
+    ({"text": "a", "some_future_sglang_key": {"x": 1}}, "some_future_sglang_key"),
     ({"text": "a", "rid": 5}, "rid"),
 ])
 def test_bad_bodies_raise_invalid_request(tok, body, param):
