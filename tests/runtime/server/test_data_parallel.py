@@ -222,3 +222,17 @@ def test_engine_refuses_dp():
     with pytest.raises(ValueError, match="dp_size > 1"):
         server_args_from(None, {"dp_size": 2}, who="Engine")
     assert server_args_from(None, {"dp_size": 2}, who="Runtime").dp_size == 2
+
+
+def test_the_dashboard_state_has_every_replicas_tree_and_figures(dp_server):
+    for text in PROMPTS[:4]:
+        generate(dp_server, text)
+    r = requests.get(dp_server.url + "/dashboard/state", timeout=60)
+    assert r.status_code == 200, r.text
+    state = r.json()
+    assert state["dp_size"] == 2 and [s["dp_rank"] for s in state["replicas"]] == [0, 1]
+    for replica in state["replicas"]:
+        assert replica["nodes"][0]["id"] == 0 and replica["kv_total_tokens"] > 0
+        assert "routed_requests" in replica["stats"]
+    assert sum(s["stats"]["routed_requests"] for s in state["replicas"]) >= 4
+    assert sum(s["tree_tokens"] for s in state["replicas"]) > 0
