@@ -8,6 +8,9 @@ the e5-mistral family are: the last token's hidden state, normalised.
 
 Modules radixflow cannot run (Dense projections, max or weighted pooling, a Pooling that
 drops the prompt) are refused at start-up, naming the file, rather than served wrong.
+
+`mismatch` says why a request cannot run on a server of the other kind (the HTTP side and the
+scheduler refuse alike; nothing here loads torch).
 """
 
 from __future__ import annotations
@@ -85,3 +88,17 @@ def _read_json(path: Path):
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+GENERATION_ON_EMBEDDING_SERVER = (
+    "this server serves embeddings (--is-embedding): use /v1/embeddings or /encode; "
+    "generation needs a server started without --is-embedding")
+EMBEDDING_ON_GENERATION_SERVER = (
+    "embeddings need a server started with --is-embedding (this one serves generations)")
+
+
+def mismatch(is_embed_request: bool, embedding_server: bool) -> str | None:
+    """Why a request cannot run on this kind of server, or None."""
+    if is_embed_request == embedding_server:
+        return None
+    return EMBEDDING_ON_GENERATION_SERVER if is_embed_request else GENERATION_ON_EMBEDDING_SERVER

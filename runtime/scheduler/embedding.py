@@ -25,27 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from ..messages import Finish
+from ..model_loader.pooling import mismatch
 from .req import Req
 
 if TYPE_CHECKING:
     from .state import SchedulerState
 
-GENERATION_ON_EMBEDDING_SERVER = (
-    "this server serves embeddings (--is-embedding): use /v1/embeddings or /encode; "
-    "generation needs a server started without --is-embedding")
-EMBEDDING_ON_GENERATION_SERVER = (
-    "embeddings need a server started with --is-embedding (this one serves generations)")
-
 
 def serves_embeddings(state: SchedulerState) -> bool:
     return getattr(state.runner, "pooling", None) is not None
-
-
-def mismatch(is_embed_request: bool, embedding_server: bool) -> str | None:
-    """Why a request cannot run on this kind of server, or None."""
-    if is_embed_request == embedding_server:
-        return None
-    return EMBEDDING_ON_GENERATION_SERVER if is_embed_request else GENERATION_ON_EMBEDDING_SERVER
 
 
 def refuse_mismatched(state: SchedulerState) -> None:

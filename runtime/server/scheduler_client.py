@@ -39,6 +39,7 @@ from ..messages import (
     SessionsClosed,
     TextBatchOut,
 )
+from ..model_loader.pooling import mismatch
 from ..reasoning import ReasoningParser
 from .data_parallel import total_stats
 from .replica_queries import ReplicaQueries
@@ -130,7 +131,11 @@ class SchedulerClient:
     def submit(self, reqs: list[GenerateReq]) -> RequestGroup:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
+        embedding_server = self.model_info.get("embedding") is not None
         for req in reqs:
+            why = mismatch(req.embed is not None, embedding_server)  # (--is-embedding)
+            if why is not None:
+                raise InvalidRequest(why)
             if req.routed_dp_rank is not None and not (
                     0 <= req.routed_dp_rank < len(self.sched_socks)):
                 raise InvalidRequest(f"routed_dp_rank {req.routed_dp_rank} is not a replica: "

@@ -134,3 +134,15 @@ def test_a_generation_on_an_embedding_scheduler_is_refused(chunked, tiny_llama):
     assert generation.model_info()["embedding"] is None
     finish = run_to_idle(generation, embed("e", [5, 6, 7], "last"))["e"].finish
     assert finish.status_code == 400 and "--is-embedding" in finish.message
+
+
+def test_a_folder_without_modules_json_pools_the_last_token(bare_folder):
+    """Qwen3-Embedding style: the runner resolves last-token pooling, normalised, and what it
+    serves matches transformers' last hidden state of the same folder."""
+    sched = scheduler(bare_folder)
+    info = sched.model_info()["embedding"]
+    assert (info["pooling"], info["normalize"]) == ("last", True)
+    got = run_to_idle(sched, *[embed(f"r{i}", ids, info["pooling"])
+                               for i, ids in enumerate(INPUTS)])
+    for i, h in enumerate(reference_hidden(bare_folder, INPUTS)):
+        assert close(got[f"r{i}"].outputs[0].embedding, pooled(h, "last")), i
