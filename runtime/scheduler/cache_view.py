@@ -53,7 +53,7 @@ def cache_view(state: SchedulerState, max_nodes: int,
         "nodes": nodes, "truncated": bool(queue),
         "tree_tokens": tree.total_size(), "evictable_tokens": tree.evictable_size(),
         "kv_total_tokens": pool.num_slots, "kv_free_tokens": pool.num_free,
-        "evicted_tokens": getattr(state.kv, "num_evicted_tokens", 0),
+        "evicted_tokens": state.kv.num_evicted_tokens,
         "radix_cache": not tree.disabled,
         "requests": [{"rid": r.rid, "phase": phase, "prompt_tokens": len(r.input_ids),
                       "output_tokens": len(r.output_ids), "cached_tokens": r.cached_len}
