@@ -23,6 +23,7 @@ from ..session_requests import parse_close_session, parse_open_session
 from .data_parallel import replica_info
 from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
 from .metrics import CONTENT_TYPE
+from .native_admin_routes import router as admin_router
 from .respond import collect, respond
 from .responses import SSE_DONE, OrjsonResponse, error_body, error_response, sse
 from .scheduler_client import RequestGroup, SchedulerClient
@@ -31,6 +32,7 @@ from .state import ServerState, read_json, server_state
 VERSION = "0.1.0"
 
 router = APIRouter()
+router.include_router(admin_router)  # /abort_request, /tokenizer_info
 
 
 @router.post("/generate")

@@ -45,7 +45,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM
+    include_obfuscation: bool = False  # OpenAI's: a no-op (no obfuscation field is sent)
 
 
 class JsonSchemaFormat(_Strict):
@@ -110,6 +111,11 @@ class _SamplingRequest(_Strict):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     structured_outputs: StructuredOutputs | None = None
+    # When and where it runs (native_placement.py): vLLM's and SGLang's names.
+    priority: int | None = None
+    cache_salt: str | None = None
+    routed_dp_rank: int | None = None  # SGLang
+    data_parallel_rank: int | None = None  # SGLang's deprecated name of routed_dp_rank
 
 
 class CompletionRequest(_SamplingRequest):
@@ -145,6 +151,16 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
+class PromptCacheOptions(_Strict):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = sampling_field("max_new_tokens", ge=1)
@@ -163,6 +179,26 @@ class ChatCompletionRequest(_SamplingRequest):
     separate_reasoning: bool = True
     stream_reasoning: bool = True  # false: the reasoning in one chunk, when it is complete
     thinking_budget: int | None = sampling_field("thinking_budget")
+    # OpenAI's other fields (openai_fields.py says what each does here).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    safety_identifier: str | None = Field(None, max_length=128)
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prediction: Prediction | None = None
+    modalities: list[Literal["text", "audio"]] | None = Field(None, max_length=2)
+    verbosity: Literal["low", "medium", "high"] | None = None
+    # Refused when set (a 400 saying why): typed loosely so the refusal, not a type error,
+    # is what the client reads.
+    audio: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    functions: Any = None
+    function_call: Any = None
 
 
 class TokenizeRequest(_Strict):

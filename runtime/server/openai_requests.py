@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
+from ..native_placement import placement
 from ..reasoning import ReasoningParser
 from ..request_building import (
     check_constraint,
@@ -20,36 +19,22 @@ from ..request_building import (
     tokenize_prompt,
 )
 from ..sampling_params import SamplingParams
-from .deadline import TimedOut, run_with_deadline
+from .build_limits import NO_LIMITS, RENDER_TIMEOUT, BuildLimits
+from .chat_render import render_chat, template_variables
 from .openai_constraints import constraint_fields
+from .openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_refused, effort_update
 from .openai_protocol import ChatCompletionRequest, CompletionRequest, sampling_names
-from .openai_tools import ToolPlan, with_tools
+from .openai_tools import ToolPlan
 from .responses import validation_error
 from .scheduler_client import SchedulerClient
 from .tool_parsers import ToolParser
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
-
-RENDER_TIMEOUT = 10.0  # seconds a chat template render may take
-
-
-@dataclass(frozen=True)
-class BuildLimits:
-    """What building one request may cost (docs/server-api.md, "Limits")."""
-
-    max_prompts: int | None = None  # --max-prompts-per-request: prompts x n
-    max_rendered_chars: int | None = None  # of a rendered chat prompt
-    render_timeout: float = RENDER_TIMEOUT
-
-    @classmethod
-    def of(cls, args: Any) -> BuildLimits:
-        """The limits of a server started with `args` (ServerArgs): a rendered prompt may be
-        twice the largest body, plus 64 KiB of template text."""
-        return cls(max_prompts=args.max_prompts_per_request,
-                   max_rendered_chars=2 * args.max_request_bytes + 65536)
-
-
-NO_LIMITS = BuildLimits()
+# (BuildLimits and render_chat live in build_limits.py and chat_render.py; importers of this
+# module keep finding them here)
+__all__ = ["NO_LIMITS", "RENDER_TIMEOUT", "BuildLimits", "Job", "chat_job", "completion_job",
+           "render_chat", "requested_sampling", "template_variables", "validate_body"]
+_FIELDS = {ChatCompletionRequest: CHAT_FIELDS, CompletionRequest: COMPLETION_FIELDS}
 
 
 @dataclass
@@ -76,6 +61,8 @@ def validate_body(raw: Any, model: type[BaseModel], *, served_model_name: str,
         body = model.model_validate(raw, strict=None)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+    if type(body) in _FIELDS:  # OpenAI's fields this server refuses (openai_fields.py)
+        check_refused(body, _FIELDS[type(body)])
     if body.model not in model_names:
         raise ModelNotFound(f"the model {body.model!r} does not exist; this server serves "
                             f"{served_model_name!r}")
@@ -94,7 +81,8 @@ def completion_job(client: SchedulerClient, body: CompletionRequest,
     check_prompt_count(_num_prompts(body.prompt), body.n, limits.max_prompts,
                        param="prompt" if body.n == 1 else "n")
     ids_list, texts = _completion_prompts(client, body.prompt)
-    return _build_job(client, body, ids_list, texts, logprobs=body.logprobs, echo=body.echo)
+    return _build_job(client, body, ids_list, texts, limits, logprobs=body.logprobs,
+                      echo=body.echo)
 
 
 def _num_prompts(prompt: Any) -> int:
@@ -138,6 +126,9 @@ def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPl
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     check_prompt_count(1, body.n, limits.max_prompts, param="n")
+    if client.reasoning is not None:  # else reasoning_effort is a no-op
+        body = body.model_copy(update=effort_update(
+            body, getattr(client.tokenizer, "chat_template", None)))
     text = render_chat(client.tokenizer, body, tools, tool_parser, limits)
     if tools is not None and tools.parser.special_text:
         # the format's markers are special tokens: the text must keep them to be parsed
@@ -148,7 +139,7 @@ def chat_job(client: SchedulerClient, body: ChatCompletionRequest, tools: ToolPl
         raise InvalidRequest("thinking_budget needs a server started with --reasoning-parser",
                              param="thinking_budget")
     reasoning = client.reasoning if body.separate_reasoning else None
-    return _build_job(client, body, [ids], [text], logprobs=logprobs,
+    return _build_job(client, body, [ids], [text], limits, logprobs=logprobs,
                       constraint=tools.sampling_fields() if tools else None,
                       reasoning=reasoning)
 
@@ -176,10 +167,11 @@ def _sampling(body: AnyRequest, requested: dict[str, Any], choice: int, room: in
     return sampling
 
 
-def _build_job(client: SchedulerClient, body: AnyRequest,
-               prompts: list[list[int]], prompt_texts: list[str], *,
-               logprobs: int | None, echo: bool = False,
-               constraint: dict | None = None, reasoning: ReasoningParser | None = None) -> Job:
+def _build_job(client: SchedulerClient, body: AnyRequest, prompts: list[list[int]],
+               prompt_texts: list[str], limits: BuildLimits, *, logprobs: int | None,
+               echo: bool = False, constraint: dict | None = None,
+               reasoning: ReasoningParser | None = None) -> Job:
+    where = placement(body, priority_scheduling=limits.priority_scheduling, openai=True)
     requested = requested_sampling(body)
     explicit = "max_new_tokens" in requested
     reqs = []
@@ -195,99 +187,7 @@ def _build_job(client: SchedulerClient, body: AnyRequest,
                 rid=new_rid(), input_ids=ids, sampling=sampling,
                 return_logprob=logprobs is not None, logprob_start_len=0 if echo else -1,
                 top_logprobs_num=logprobs or 0, stream=body.stream,
-                reasoning=reasoning is not None,
+                reasoning=reasoning is not None, **where,
                 constraint=check_constraint(sampling)))  # (prepared in _sampling: a hit)
     return Job(reqs=reqs, prompts=prompts, prompt_texts=prompt_texts, n=body.n,
                reasoning=reasoning)
-
-
-# apply_chat_template's own arguments, and what the server passes itself: a client's
-# chat_template_kwargs may only hold the template's variables (enable_thinking, ...).
-_NOT_TEMPLATE_VARIABLES = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "sanitize_control_tokens", "tokenizer", "processor_kwargs",
-})
-_REQUEST_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", "messages")
-
-
-@functools.lru_cache(maxsize=8)
-def _template_arguments(tokenizer_type: type) -> frozenset[str]:
-    """The named parameters of `tokenizer_type.apply_chat_template`."""
-    try:
-        params = inspect.signature(tokenizer_type.apply_chat_template).parameters
-    except (AttributeError, TypeError, ValueError):
-        return frozenset()
-    return frozenset(name for name, p in params.items()
-                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self")
-
-
-def template_variables(tokenizer: Any, kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """A client's `chat_template_kwargs`, checked: a 400 naming the first key that is not a
-    template variable (a template of its own, a tokenizer option, a field the server sets)."""
-    if not kwargs:
-        return {}
-    reserved = _NOT_TEMPLATE_VARIABLES | _template_arguments(type(tokenizer))
-    for key in kwargs:
-        param = f"chat_template_kwargs.{key}"
-        if key == "chat_template":
-            raise InvalidRequest("chat_template_kwargs may not carry a chat template: the "
-                                 "server renders with the model's template, or the one its "
-                                 "operator set with --chat-template", param=param)
-        if key in _REQUEST_FIELDS:
-            raise InvalidRequest(f"chat_template_kwargs may not set {key!r}: it is the "
-                                 f"request's own field", param=param)
-        if key in reserved:
-            raise InvalidRequest(f"chat_template_kwargs may only hold template variables; "
-                                 f"{key!r} is an option of the tokenizer's "
-                                 f"apply_chat_template", param=param)
-        if not key.isidentifier() or key.startswith("_"):
-            raise InvalidRequest(f"chat_template_kwargs key {key!r} is not a template variable "
-                                 f"name", param=param)
-    return kwargs
-
-
-def render_chat(tokenizer: Any, body: ChatCompletionRequest, tools: ToolPlan | None = None,
-                tool_parser: ToolParser | None = None,
-                limits: BuildLimits = NO_LIMITS) -> str:
-    """The prompt text: the model's chat template applied to the messages (and tools; past
-    tool calls in `tool_parser`'s format). The render is stopped past limits.render_timeout
-    and its text refused past limits.max_rendered_chars (400s)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequest("this model has no chat template; use /v1/completions",
-                             param="messages")
-    variables = template_variables(tokenizer, body.chat_template_kwargs)
-    messages = []
-    for m in body.messages:
-        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            msg["name"] = m.name
-        messages.append(msg)
-    messages, tool_kwargs = with_tools(tokenizer, messages, body.messages, tools, tool_parser)
-    continue_final = body.continue_final_message
-    if continue_final and body.messages[-1].role != "assistant":
-        raise InvalidRequest("continue_final_message needs a final assistant message",
-                             param="continue_final_message")
-
-    def render() -> str:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False,
-            add_generation_prompt=body.add_generation_prompt and not continue_final,
-            continue_final_message=continue_final, **tool_kwargs, **variables)
-
-    try:
-        text = run_with_deadline(render, limits.render_timeout)
-    except TimedOut:
-        raise InvalidRequest(f"rendering the chat template took longer than "
-                             f"{limits.render_timeout:g} s, the limit; send fewer or shorter "
-                             f"messages", param="messages") from None
-    except InvalidRequest:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- any template error (jinja, raise_exception)
-        raise InvalidRequest(f"the chat template rejected the messages: {exc}",
-                             param="messages") from None
-    if limits.max_rendered_chars is not None and len(text) > limits.max_rendered_chars:
-        raise InvalidRequest(f"the rendered chat prompt has {len(text)} characters; the limit "
-                             f"is {limits.max_rendered_chars}", param="messages")
-    return text
