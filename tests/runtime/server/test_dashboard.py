@@ -100,3 +100,15 @@ def test_the_history_buckets_tokens_and_latencies_by_time():
     assert [p["t"] for p in series["points"]] == [990.0, 995.0, 1000.0, 1005.0]
     now[0] += 100.0  # past the ring: the old buckets are gone, empty points remain
     assert all(p["requests"] == 0 for p in history.series()["points"])
+
+
+def test_the_grammar_cache_shows_once_a_constraint_compiled(server, client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    for _ in range(2):
+        client.chat.completions.create(model="tiny", max_tokens=8, response_format=fmt,
+                                       messages=[{"role": "user", "content": "A number."}])
+    (replica,) = _state(server, max_nodes=1)["replicas"]
+    grammar = replica["grammar"]
+    assert grammar["entries"] >= 1 and grammar["compiles"] >= 1 and grammar["hits"] >= 1
+    assert grammar["num_masked_rows"] > 0
