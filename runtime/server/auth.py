@@ -1,4 +1,5 @@
-"""API keys at the door: `Authorization: Bearer <key>`, checked before a route sees the request.
+"""API keys at the door: `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`),
+checked before a route sees the request.
 
 ApiKeyMiddleware is the server's (--api-key: every path but /health); `radixflow router` adds
 its admin key for the management routes to it (router/auth.py), with its own error bodies.
@@ -12,22 +13,29 @@ from collections.abc import Callable
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .anthropic_errors import error_response as anthropic_error
+from .anthropic_errors import is_anthropic_path
 from .responses import error_response
 
 # /dashboard's page files hold nothing of the server's; its data (/dashboard/state) needs the key
 OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/app.js", "/dashboard/app.css"})
-WRONG_KEY = "missing or incorrect API key: send the header 'Authorization: Bearer <key>'"
+WRONG_KEY = ("missing or incorrect API key: send the header 'Authorization: Bearer <key>' (or "
+             "'x-api-key: <key>')")
 
 # (status, message) -> the response that refuses a request
 Refusal = Callable[[int, str], Response]
 
 
 def bearer_header(scope: Scope) -> bytes:
-    """The request's first Authorization header, b"" when it has none."""
+    """The request's first Authorization header; without one its x-api-key header (what the
+    anthropic client sends) as `Bearer <key>`; b"" when it has neither."""
+    api_key = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             return value
-    return b""
+        if name == b"x-api-key" and api_key is None:
+            api_key = b"Bearer " + value
+    return api_key or b""
 
 
 def bearer(key: str | None) -> bytes | None:
@@ -60,5 +68,5 @@ class ApiKeyMiddleware:
     def refusal(self, path: str, given: bytes) -> Response | None:
         """The answer to a request whose Authorization header is `given`; None to let it in."""
         if self.expected is not None and not hmac.compare_digest(given, self.expected):
-            return self.refuse(401, WRONG_KEY)
+            return (anthropic_error if is_anthropic_path(path) else self.refuse)(401, WRONG_KEY)
         return None
