@@ -1,0 +1,39 @@
+"""A strict /generate on a live server: unknown and refused fields are 400s naming them,
+priority needs its flag, cache_salt and routed_dp_rank are served."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+GREEDY = {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
+
+
+def post(server, body):
+    return requests.post(server.url + "/generate", data=json.dumps(body), timeout=120,
+                         headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"max_tokens": 2}, "max_tokens", "unknown field"),
+    ({"return_entropy": True}, "return_entropy", "not supported"),
+    ({"lora_path": "adapter"}, "lora_path", "LoRA"),
+    ({"bootstrap_host": "10.0.0.1"}, "bootstrap_host", "disaggregation"),
+    ({"priority": 1}, "priority", "--enable-priority-scheduling"),
+    ({"routed_dp_rank": 1}, "routed_dp_rank", "not a replica"),
+])
+def test_bad_fields_are_400s_naming_them(server, body, param, says):
+    r = post(server, {"text": "Hi", "sampling_params": GREEDY, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and says in error["message"]
+
+
+def test_served_extras_generate(server):
+    body = {"text": "Hi", "sampling_params": GREEDY, "cache_salt": "tenant-a",
+            "routed_dp_rank": 0, "log_metrics": False, "no_logs": True}
+    r = post(server, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 2
