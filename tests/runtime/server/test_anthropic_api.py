@@ -11,6 +11,7 @@ import anthropic
 import jsonschema
 import pytest
 import requests
+from helpers.live_server import wait_idle
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                             "unit": {"enum": ["C", "F"]}},
@@ -239,3 +240,13 @@ def test_missing_max_tokens_and_unknown_model(server, ac):
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     # the server is still there
     assert ac.messages.create(model="tiny", max_tokens=1, messages=HI).usage.output_tokens == 1
+
+
+def test_closed_stream_aborts_its_request(server, ac):
+    before = wait_idle(server)
+    with ac.messages.stream(model="tiny", max_tokens=4000, messages=HI) as stream:
+        for i, _ in enumerate(stream.text_stream):
+            if i == 2:
+                break
+    after = wait_idle(server)  # the request was aborted: nothing runs, no KV held
+    assert after["generation_tokens"] - before["generation_tokens"] < 4000
