@@ -13,7 +13,8 @@ The router's own routes: /health (200 while a worker is left), /get_server_info 
 (each worker's load, requests routed, routing tree size, and its own scheduler stats and
 cache hit rate), /list_workers, /add_worker, /remove_worker, /flush_cache (every worker),
 /metrics (the router's: metrics.py). /get_model_info, /model_info, /v1/models, /version and
-/health_generate are answered by a worker.
+/health_generate are answered by a worker. The other APIs (Anthropic's messages, OpenAI's
+responses and embeddings, /encode, /tokenizer_info) are relayed by api_routes.py.
 
 Keys (auth.py): --api-key is the clients' (every route but /health and the management
 ones); /add_worker, /remove_worker and /flush_cache need --admin-api-key and are refused when
@@ -33,6 +34,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from ..server.responses import OrjsonResponse
+from .api_routes import add_api_routes
 from .args import RouterArgs, check_worker_url
 from .auth import RouterAuthMiddleware
 from .errors import router_error
@@ -63,6 +65,8 @@ def create_app(router: Router) -> FastAPI:
             return await forward(router, request, path, keyed=False)
 
         app.add_api_route(path, passthrough, methods=["GET"])
+
+    add_api_routes(app, router)
 
     @app.get("/health")
     async def health() -> Response:

@@ -23,10 +23,11 @@ logger = logging.getLogger(__name__)
 SSE = "text/event-stream"
 
 
-async def forward(router: Router, request: Request, path: str, *, keyed: bool) -> Response:
+async def forward(router: Router, request: Request, path: str, *, keyed: bool,
+                  worker: str | None = None) -> Response:
     """Send the request to a worker (chosen by the policy when `keyed`: those count in the
-    workers' loads), retrying elsewhere while no byte of an answer has come back; relay the
-    answer."""
+    workers' loads; only `worker` when given, for state that lives on one), retrying
+    elsewhere while no byte of an answer has come back; relay the answer."""
     assert router.http is not None
     body = await request.body()
     key = None
@@ -40,7 +41,7 @@ async def forward(router: Router, request: Request, path: str, *, keyed: bool) -
     last_error = "no worker is available"
     while True:
         try:
-            url = router.pick(key, keyed, tried)
+            url = router.pick(key, keyed, tried, only=worker)
         except NoWorker:
             return router_error(503, f"no worker could take the request: {last_error}")
         tried.add(url)

@@ -163,9 +163,16 @@ class Router:
         if url in self.workers:
             self.workers[url].healthy = False
 
-    def pick(self, key: str | None, keyed: bool, tried: set[str]) -> str:
-        """The next worker to try: healthy ones first (the policy's choice when `keyed`).
-        Raises NoWorker when every worker was tried."""
+    def pick(self, key: str | None, keyed: bool, tried: set[str], *,
+             only: str | None = None) -> str:
+        """The next worker to try: healthy ones first (the policy's choice when `keyed`);
+        `only` that one, once. Raises NoWorker when every worker was tried."""
+        if only is not None:
+            if only in tried or only not in self.workers:
+                raise NoWorker(f"worker {only} is gone")
+            if keyed:
+                self.balancer.assign(only)
+            return only
         unhealthy = {u for u, s in self.workers.items() if not s.healthy}
         for exclude in (tried | unhealthy, tried):
             if keyed:

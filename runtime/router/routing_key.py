@@ -6,17 +6,30 @@ from typing import Any
 
 from ..balance.prefix_tree import token_key
 
+# path -> the field that holds its prompt (a chat's messages for the chat APIs)
+PROMPT_FIELDS = {"/v1/completions": "prompt", "/generate": "text", "/encode": "text",
+                 "/v1/embeddings": "input"}
+
 
 def routing_key(path: str, body: Any) -> str | None:
-    """The prompt of a /generate, /v1/completions or /v1/chat/completions body (a chat's
-    messages as text, token ids as characters); None when it has none. A batch goes where
-    its first prompt goes."""
+    """The prompt of a generation or embedding body (a chat's messages as text, with
+    Anthropic's system and the Responses API's instructions first; token ids as characters);
+    None when it has none. A batch goes where its first prompt goes."""
     if not isinstance(body, dict):
         return None
     if path == "/v1/chat/completions":
         return _chat_key(body.get("messages"))
-    prompt = _first(body.get("prompt") if path == "/v1/completions" else body.get("text"))
-    if path == "/generate" and prompt is None:
+    if path == "/v1/messages":
+        return _chat_key([{"role": "system", "content": body.get("system")},
+                          *_list(body.get("messages"))])
+    if path == "/v1/responses":
+        items = body.get("input")
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        return _chat_key([{"role": "system", "content": body.get("instructions")},
+                          *_list(items)])
+    prompt = _first(body.get(PROMPT_FIELDS.get(path, "text")))
+    if path in ("/generate", "/encode") and prompt is None:
         prompt = _first(body.get("input_ids"))
     if isinstance(prompt, str):
         return prompt
@@ -24,6 +37,10 @@ def routing_key(path: str, body: Any) -> str | None:
                                         for t in prompt):
         return token_key(prompt)
     return None
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _first(value: Any) -> Any:

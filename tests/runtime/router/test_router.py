@@ -128,6 +128,41 @@ def test_flush_cache_reaches_every_worker(router, workers):
     assert generate(router.url, text)["meta_info"]["cached_tokens"] == 0
 
 
+def test_a_stored_response_is_continued_on_the_worker_that_holds_it(router, workers):
+    import openai
+
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=120)
+    first = client.responses.create(model="tiny", max_output_tokens=4, input="Name a bird.",
+                                    instructions="You answer in one word, about birds. " * 4)
+    holders = [w.url for w in workers
+               if requests.get(f"{w.url}/v1/responses/{first.id}", timeout=30).ok]
+    assert len(holders) == 1
+    before = routed(router)
+    # Another conversation's prompt would go elsewhere by the policy; the id decides instead.
+    second = client.responses.create(model="tiny", max_output_tokens=4, input="And a fish?",
+                                     previous_response_id=first.id)
+    assert second.usage.input_tokens_details.cached_tokens > 0  # that worker's radix cache
+    deltas = {u: n - before[u] for u, n in routed(router).items()}
+    assert deltas[holders[0]] == 1 and sum(deltas.values()) == 1
+    assert client.responses.retrieve(second.id).id == second.id
+    assert [i.type for i in client.responses.input_items.list(second.id).data]
+    client.responses.delete(first.id)
+    for call in (lambda: client.responses.retrieve(first.id),
+                 lambda: client.responses.create(model="tiny", input="again",
+                                                 previous_response_id=first.id)):
+        with pytest.raises(openai.NotFoundError, match=first.id):
+            call()
+
+
+def test_the_other_apis_are_relayed(router, workers):
+    r = requests.post(router.url + "/v1/embeddings", timeout=30,
+                      json={"model": "tiny", "input": "hello"})
+    assert r.status_code == 400 and "--is-embedding" in r.text  # the worker's own answer
+    r = requests.get(router.url + "/v1/responses/" + "x" * 500, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+
+
 def idle_workers(workers, router, timeout: float = 60.0) -> list[dict]:
     """The workers' server info once none runs a request and the router counts no load."""
     deadline = time.monotonic() + timeout

@@ -28,6 +28,17 @@ from radixflow.runtime.server.auth import ApiKeyMiddleware
      "<system>be brief\n<user>hi\n"),
     ("/v1/chat/completions", {"messages": "not a list"}, None),
     ("/generate", ["not", "a", "dict"], None),
+    ("/v1/messages", {"system": [{"type": "text", "text": "sys"}],
+                      "messages": [{"role": "user", "content": "hi"}]}, "<system>sys\n<user>hi\n"),
+    ("/v1/messages", {"messages": 3}, "<system>\n"),
+    ("/v1/responses", {"instructions": "be kind", "input": "hello"},
+     "<system>be kind\n<user>hello\n"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "a"}]}, {"type": "function_call_output"}]},
+     "<system>\n<user>a\n<None>\n"),
+    ("/v1/embeddings", {"input": ["doc one", "doc two"]}, "doc one"),
+    ("/v1/embeddings", {"input": [4, 5]}, token_key([4, 5])),
+    ("/encode", {"input_ids": [9]}, token_key([9])),
 ])
 def test_routing_key(path, body, key):
     assert routing_key(path, body) == key
