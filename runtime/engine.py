@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .detokenize import Detokenizer
+from .engine_encode import run_encode
 from .errors import InvalidRequest, ServerUnavailable
 from .generate_api import GenerateAPI, prefill_only
 from .ipc import LocalInbox
@@ -103,15 +104,13 @@ class Engine(GenerateAPI):
                 raise InvalidRequest("streaming is supported for a single prompt with n=1",
                                      param="stream")
             return self._stream(parsed)
-        builders = self._submit(parsed)
-        try:
-            for builder in builders:
-                while not builder.finished:
-                    self._next_output(builder)
-        finally:
-            self._forget(parsed.reqs)
+        builders = self.run_to_end(parsed)
         raise_if_rejected(builders)
         return parsed.response([b.result() for b in builders])
+
+    def encode(self, prompt: Any, *, dimensions: int | None = None) -> dict | list[dict]:
+        """Embed a text, texts or token ids (is_embedding=True): /encode's answer."""
+        return run_encode(self, prompt, dimensions)
 
     def run_program(self, program: dict, *, stream: bool = False,
                     on_text: Any = None) -> dict:
@@ -210,6 +209,16 @@ class Engine(GenerateAPI):
                 self._pending[req.rid] = _Pending(queue.Queue(), stream=parsed.stream)
         for req in parsed.reqs:
             self._inbox.put(req)
+        return builders
+
+    def run_to_end(self, parsed: ParsedGenerate) -> list[ResponseBuilder]:
+        builders = self._submit(parsed)  # and wait until each finished
+        try:
+            for builder in builders:
+                while not builder.finished:
+                    self._next_output(builder)
+        finally:
+            self._forget(parsed.reqs)
         return builders
 
     def _next_output(self, builder: ResponseBuilder, block: bool = True) -> bool:

@@ -7,15 +7,18 @@ routes call it off the event loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ContextTooLong, InvalidRequest
-from ..messages import EmbedSpec, GenerateReq
+from ..errors import ContextTooLong, InvalidRequest, RadixflowError
+from ..messages import EmbedSpec, GenerateReq, ReqTextOut
 from ..model_loader.pooling import EMBEDDING_ON_GENERATION_SERVER
 from ..request_building import new_rid, tokenize_prompt
+from ..response_builder import ResponseBuilder
 from ..sampling_params import SamplingParams
 from .embedding_protocol import MAX_INPUTS
-from .scheduler_client import SchedulerClient
+
+if TYPE_CHECKING:
+    from .scheduler_client import SchedulerClient
 
 EMBED_SAMPLING = SamplingParams(max_new_tokens=0)  # the prompt only: nothing is sampled
 
@@ -28,6 +31,31 @@ class EmbeddingJob:
     @property
     def prompt_tokens(self) -> int:
         return sum(len(r.input_ids) for r in self.reqs)
+
+
+class EmbeddingBuilder(ResponseBuilder):
+    """A ResponseBuilder that keeps the request's vector (its only output, at the finish)."""
+
+    embedding: list[float] | None = None
+
+    def add(self, out: ReqTextOut) -> None:
+        super().add(out)
+        if out.token.embedding is not None:
+            self.embedding = out.token.embedding
+
+    def vector(self) -> list[float]:
+        if self.embedding is None:  # aborted (/abort_request) before it was computed
+            reason = (self.finish_reason or {}).get("message") or "no embedding came back"
+            raise RadixflowError(f"the request was aborted: {reason}")
+        return self.embedding
+
+
+def encode_result(builders: list[EmbeddingBuilder], job: EmbeddingJob) -> Any:
+    """/encode's answer (and Engine.encode's): one object per input, a list for a batch."""
+    outs = [{"embedding": b.vector(), "meta_info": {
+        "id": b.req.rid, "finish_reason": b.finish_reason, "prompt_tokens": b.prompt_tokens,
+        "cached_tokens": b.cached_tokens}} for b in builders]
+    return outs if job.batch else outs[0]
 
 
 def embedding_info(client: SchedulerClient) -> dict:

@@ -18,15 +18,15 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from ..errors import InvalidRequest, RadixflowError
-from ..messages import ReqTextOut
-from ..response_builder import ResponseBuilder
+from ..errors import InvalidRequest
 from .embedding_protocol import EmbeddingRequest, EncodeRequest
 from .embedding_requests import (
+    EmbeddingBuilder,
     EmbeddingJob,
     embedding_info,
     embedding_job,
     encode_inputs,
+    encode_result,
     openai_inputs,
 )
 from .openai_requests import validate_body
@@ -35,23 +35,6 @@ from .responses import validation_error
 from .state import ServerState, read_json, server_state
 
 router = APIRouter()
-
-
-class EmbeddingBuilder(ResponseBuilder):
-    """A ResponseBuilder that keeps the request's vector (its only output, at the finish)."""
-
-    embedding: list[float] | None = None
-
-    def add(self, out: ReqTextOut) -> None:
-        super().add(out)
-        if out.token.embedding is not None:
-            self.embedding = out.token.embedding
-
-    def vector(self) -> list[float]:
-        if self.embedding is None:  # aborted (/abort_request) before it was computed
-            reason = (self.finish_reason or {}).get("message") or "no embedding came back"
-            raise RadixflowError(f"the request was aborted: {reason}")
-        return self.embedding
 
 
 @router.post("/v1/embeddings")
@@ -93,13 +76,7 @@ async def encode(request: Request) -> Response:
 
     job = await asyncio.to_thread(build)
 
-    def result(builders: list[EmbeddingBuilder]) -> Any:
-        outs = [{"embedding": b.vector(), "meta_info": {
-            "id": b.req.rid, "finish_reason": b.finish_reason, "prompt_tokens": b.prompt_tokens,
-            "cached_tokens": b.cached_tokens}} for b in builders]
-        return outs if job.batch else outs[0]
-
-    return await _answer(request, state, job, result)
+    return await _answer(request, state, job, lambda builders: encode_result(builders, job))
 
 
 async def _answer(request: Request, state: ServerState, job: EmbeddingJob,

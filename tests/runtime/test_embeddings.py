@@ -146,3 +146,26 @@ def test_a_folder_without_modules_json_pools_the_last_token(bare_folder):
                                for i, ids in enumerate(INPUTS)])
     for i, h in enumerate(reference_hidden(bare_folder, INPUTS)):
         assert close(got[f"r{i}"].outputs[0].embedding, pooled(h, "last")), i
+
+
+def test_engine_encode_answers_as_encode_does(bare_folder):
+    from radixflow import Engine
+    from radixflow.runtime.errors import InvalidRequest
+
+    with Engine(str(bare_folder), is_embedding=True, dtype="float32",
+                max_total_tokens=1024) as engine:
+        batch = engine.encode(INPUTS[:2])
+        single = engine.encode(INPUTS[0], dimensions=8)
+        text = engine.encode(["hello world", "hello there"])
+        with pytest.raises(InvalidRequest, match="--is-embedding"):
+            engine.generate("hello", {"max_new_tokens": 2})
+        with pytest.raises(InvalidRequest, match="prompt must not be empty"):
+            engine.encode([])
+    want = reference_hidden(bare_folder, INPUTS[:2])
+    assert isinstance(batch, list) and len(batch) == 2
+    for got, h, ids in zip(batch, want, INPUTS, strict=False):
+        assert close(got["embedding"], pooled(h, "last"))
+        assert got["meta_info"]["prompt_tokens"] == len(ids)
+    assert isinstance(single, dict) and len(single["embedding"]) == 8
+    assert close(single["embedding"], pooled(want[0], "last", dimensions=8))
+    assert len(text) == 2 and text[0]["embedding"] != text[1]["embedding"]
