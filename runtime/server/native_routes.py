@@ -1,5 +1,5 @@
 """The SGLang-compatible native routes: /generate, /program, sessions, health, info, cache,
-metrics."""
+metrics (and, from native_admin_routes, /abort_request and /tokenizer_info)."""
 
 from __future__ import annotations
 

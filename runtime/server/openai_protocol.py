@@ -2,8 +2,10 @@
 
 Strict: wrong JSON types and unknown fields are 400s naming the field, as OpenAI does. The
 documented extensions of vLLM and SGLang are accepted: sampling (top_k, min_p, ignore_eos, ...),
-constraints (SGLang's regex / ebnf / json_schema, vLLM's guided_* and structured_outputs), and
-vLLM's /tokenize and /detokenize bodies.
+constraints (SGLang's regex / ebnf / json_schema, vLLM's guided_* and structured_outputs),
+priority / cache_salt / routed_dp_rank, and vLLM's /tokenize and /detokenize bodies. Every
+field of OpenAI's own is declared here, those refused too (openai_fields.py says what each
+does; validate_body refuses them by name).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""OpenAI request bodies -> GenerateReqs: validation, prompts, sampling options."""
+"""OpenAI request bodies -> GenerateReqs: validation (OpenAI's refused fields by name,
+openai_fields.py), prompts, sampling options, reasoning_effort, and when and where each
+request runs (native_placement.py)."""
 
 from __future__ import annotations
 
