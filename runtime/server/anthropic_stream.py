@@ -24,7 +24,7 @@ from .anthropic_format import (
     thinking_block,
     tool_use_block,
 )
-from .responses_stream import _Splitter as Splitter  # the text -> thinking/text/call deltas
+from .responses_stream import Splitter  # the text -> thinking/text/call deltas
 from .scheduler_client import RequestGroup
 
 

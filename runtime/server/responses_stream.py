@@ -117,7 +117,7 @@ class Events:
         self.open = None
 
 
-class _Splitter:
+class Splitter:
     """A choice's growing text -> its new reasoning, text and tool-call deltas."""
 
     def __init__(self, obj: ResponseObject, b: ResponseBuilder):
@@ -162,7 +162,7 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
     events.emit("response.in_progress", response=obj.snapshot("in_progress", []))
     for chunk in events.take():
         yield chunk
-    splitter = _Splitter(obj, b)
+    splitter = Splitter(obj, b)
     try:
         while not group.done:
             for _, out in await group.next():

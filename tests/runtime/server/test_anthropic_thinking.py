@@ -1,7 +1,8 @@
 """/v1/messages on a server with --api-key and --reasoning-parser deepseek-r1 (a tiny random
 model with Qwen3's tokenizer and DeepSeek-R1's template, whose generation prompt opens
 <think>): the anthropic client's x-api-key, 401s in Anthropic's shape, and thinking
-(enabled with a budget, disabled, omitted), plain and streamed."""
+(enabled with a budget, disabled, omitted), plain and streamed; and /v1/responses' reasoning
+items on the same server."""
 
 from __future__ import annotations
 
@@ -82,3 +83,30 @@ def test_thinking_disabled_and_omitted(ac):
     with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
         ac.messages.create(model="tiny", max_tokens=3, messages=HI,
                            thinking={"type": "enabled", "budget_tokens": 3})
+
+
+@pytest.fixture(scope="module")
+def oai(keyed):
+    import openai
+
+    return openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_responses_reasoning_items_plain_and_streamed(oai):
+    """The same reasoning server through /v1/responses: reasoning.effort is the thinking
+    budget, the thinking comes back as a reasoning item (and as its summary when asked for),
+    streamed as response.reasoning_text.delta events that add up to it."""
+    kw = dict(model="tiny", input="Pick a number.", max_output_tokens=10, temperature=0)
+    r = oai.responses.create(reasoning={"effort": "low", "summary": "auto"}, **kw)
+    first = r.output[0]
+    assert first.type == "reasoning" and first.content[0].type == "reasoning_text"
+    thought = first.content[0].text
+    assert thought and first.summary[0].text == thought
+    closed = oai.responses.create(reasoning={"effort": "none"}, **kw)  # budget 0: no thinking
+    assert [i.type for i in closed.output] == ["message"]
+    events = list(oai.responses.create(reasoning={"effort": "low"}, stream=True, **kw))
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    # all 10 tokens went to thinking: OpenAI's "incomplete" (max_output_tokens), not completed
+    assert events[-1].type == "response.incomplete" == f"response.{r.status}"
+    final = events[-1].response
+    assert "".join(deltas) == thought == final.output[0].content[0].text
