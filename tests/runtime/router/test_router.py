@@ -161,6 +161,16 @@ def test_the_other_apis_are_relayed(router, workers):
     assert r.status_code == 400 and "--is-embedding" in r.text  # the worker's own answer
     r = requests.get(router.url + "/v1/responses/" + "x" * 500, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+    import anthropic
+
+    ac = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Hello there"}]
+    reply = ac.messages.create(model="tiny", max_tokens=3, messages=messages, system="Be brief.")
+    assert reply.type == "message" and reply.usage.output_tokens == 3
+    count = ac.messages.count_tokens(model="tiny", messages=messages, system="Be brief.")
+    assert count.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+    with ac.messages.stream(model="tiny", max_tokens=3, messages=messages) as stream:
+        assert stream.get_final_message().stop_reason == "max_tokens"
 
 
 def idle_workers(workers, router, timeout: float = 60.0) -> list[dict]:
