@@ -25,9 +25,6 @@ from .tool_parsers import ToolParser
 
 # Hosted tools OpenAI runs on its side; radixflow runs none of them.
 _FUNCTION = "function"
-# reasoning.effort -> thinking budget (tokens) on a server with --reasoning-parser.
-EFFORT_BUDGET = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384,
-                 "xhigh": 32768}
 
 
 @dataclass
@@ -57,7 +54,8 @@ def build(client: SchedulerClient, body: ResponsesRequest, history: list[dict[st
         "tool_choice": chat_tool_choice(body.tool_choice),
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": response_format(body),
-        "thinking_budget": thinking_budget(client, body)}
+        # as chat's reasoning_effort: a thinking budget with a reasoning parser, else nothing
+        "reasoning_effort": body.reasoning.effort if body.reasoning is not None else None}
     for name in ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty",
                  "stop"):
         fields[name] = getattr(body, name)
@@ -126,13 +124,3 @@ def response_format(body: ResponsesRequest) -> dict[str, Any] | None:
             "description": fmt.description}
     return {"type": "json_schema",
             "json_schema": {k: v for k, v in spec.items() if v is not None}}
-
-
-def thinking_budget(client: SchedulerClient, body: ResponsesRequest) -> int | None:
-    effort = body.reasoning.effort if body.reasoning is not None else None
-    if effort is None:
-        return None
-    if client.reasoning is None:
-        raise InvalidRequest("reasoning.effort needs a reasoning model (a server started with "
-                             "--reasoning-parser)", param="reasoning.effort")
-    return EFFORT_BUDGET[effort]

@@ -160,7 +160,6 @@ def test_cancel_a_running_stream(server, client):
     ({"include": ["file_search_call.results"]}, "include"),
     ({"tool_choice": "required"}, "needs tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-    ({"reasoning": {"effort": "high"}}, "reasoning-parser"),
     ({"truncation": "auto"}, "truncation"),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "schema"),
