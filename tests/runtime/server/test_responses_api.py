@@ -179,3 +179,10 @@ def test_unknown_model_and_ids_are_404s(client):
         client.responses.create(model="other", input="hi")
     with pytest.raises(openai.NotFoundError):
         client.responses.delete("resp_nope")
+
+
+def test_reasoning_effort_without_a_reasoning_parser_is_a_no_op(client):
+    """As chat's reasoning_effort (Codex sends one whatever the model): no reasoning item."""
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=3,
+                                reasoning={"effort": "high"})
+    assert [i.type for i in r.output] == ["message"] and r.usage.output_tokens == 3
