@@ -127,7 +127,7 @@ def parse_generate(
 def describe_model(model_info: dict, tokenizer: Any, **extra: Any) -> dict:
     """The /get_model_info body: the scheduler's model_info, the tokenizer's chat template and
     special tokens (what a client needs to render chat turns itself), and `extra` fields."""
-    info = {**model_info, "is_generation": True,
+    info = {**model_info, "is_generation": model_info.get("embedding") is None,
             "chat_template": getattr(tokenizer, "chat_template", None),
             "bos_token": getattr(tokenizer, "bos_token", None),
             "eos_token": getattr(tokenizer, "eos_token", None)}

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from ..errors import InvalidRequest
+from ..response_builder import raise_if_rejected
 from .embedding_protocol import EmbeddingRequest, EncodeRequest
 from .embedding_requests import (
     EmbeddingBuilder,
@@ -30,8 +31,9 @@ from .embedding_requests import (
     openai_inputs,
 )
 from .openai_requests import validate_body
-from .respond import respond
+from .respond import collect, respond
 from .responses import validation_error
+from .scheduler_client import SchedulerClient
 from .state import ServerState, read_json, server_state
 
 router = APIRouter()
@@ -77,6 +79,16 @@ async def encode(request: Request) -> Response:
     job = await asyncio.to_thread(build)
 
     return await _answer(request, state, job, lambda builders: encode_result(builders, job))
+
+
+async def embed_once(client: SchedulerClient) -> list[float]:
+    """One token's embedding, waited for (/health_generate on an embedding server)."""
+    job = embedding_job(client, [[0]], batch=False, dimensions=None, param="input_ids")
+    builders = [EmbeddingBuilder(r, client.tokenizer) for r in job.reqs]
+    async with client.submit(job.reqs) as group:
+        await collect(group, builders)
+    raise_if_rejected(builders)
+    return builders[0].vector()
 
 
 async def _answer(request: Request, state: ServerState, job: EmbeddingJob,

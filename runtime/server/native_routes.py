@@ -22,6 +22,7 @@ from ..response_builder import ResponseBuilder, raise_if_rejected
 from ..session_requests import parse_close_session, parse_open_session
 from .data_parallel import replica_info
 from .disconnect import CLIENT_CLOSED, ClientGone, until_disconnect
+from .embedding_routes import embed_once
 from .metrics import CONTENT_TYPE
 from .native_admin_routes import router as admin_router
 from .respond import collect, respond
@@ -175,8 +176,13 @@ async def health(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    await asyncio.wait_for(generate_json(server_state(request).client, body), timeout=60)
+    client = server_state(request).client
+    if client.model_info.get("embedding") is not None:  # --is-embedding: embed one token
+        probe = embed_once(client)
+    else:
+        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        probe = generate_json(client, body)
+    await asyncio.wait_for(probe, timeout=60)
     return Response(status_code=200)
 
 

@@ -157,3 +157,10 @@ def test_a_generation_server_refuses_embeddings(server, client):
         client.embeddings.create(model="tiny", input="hi")
     r = requests.post(server.url + "/encode", json={"text": "hi"}, timeout=30)
     assert r.status_code == 400 and "--is-embedding" in r.json()["error"]["message"]
+
+
+def test_health_generate_and_model_info_know_an_embedding_server(emb_server, server):
+    assert requests.get(emb_server.url + "/health_generate", timeout=60).status_code == 200
+    info = requests.get(emb_server.url + "/get_model_info", timeout=30).json()
+    assert info["is_generation"] is False and info["embedding"]["pooling"] == "mean"
+    assert requests.get(server.url + "/get_model_info", timeout=30).json()["is_generation"]
