@@ -3,6 +3,7 @@ tokenizer reads)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,5 +71,6 @@ def tokenizer_info(tokenizer: Any, context_length: int) -> dict[str, Any]:
 
 @router.get("/tokenizer_info")
 async def get_tokenizer_info(request: Request) -> Response:
-    client = server_state(request).client
-    return OrjsonResponse(tokenizer_info(client.tokenizer, client.context_length))
+    client = server_state(request).client  # len() of a large vocabulary: off the loop
+    info = await asyncio.to_thread(tokenizer_info, client.tokenizer, client.context_length)
+    return OrjsonResponse(info)
