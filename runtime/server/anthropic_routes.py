@@ -8,13 +8,14 @@ come in Anthropic's shape (anthropic_errors).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..response_builder import ResponseBuilder
-from .anthropic_build import Built, build, count_tokens
+from .anthropic_build import build, count_tokens
 from .anthropic_errors import AnthropicRoute
 from .anthropic_format import MessageFormat
 from .anthropic_protocol import CountTokensRequest, MessagesRequest
@@ -25,23 +26,28 @@ from .responses import OrjsonResponse
 from .state import ServerState, read_json, server_state
 
 router = APIRouter(route_class=AnthropicRoute)
+T = TypeVar("T")
 
 
-def _validate(raw: Any, state: ServerState, model: type) -> Any:
-    return validate_body(raw, model, served_model_name=state.served_model_name,
-                         model_names=state.model_names)
+async def _off_loop(request: Request, model: type,
+                    make: Callable[[ServerState, Any], T]) -> tuple[ServerState, T]:
+    """The body read, validated as `model` and made into something by `make`, off the event
+    loop (templates render and prompts tokenize there)."""
+    state = server_state(request)
+    raw = await read_json(request)
+
+    def run() -> T:
+        body = validate_body(raw, model, served_model_name=state.served_model_name,
+                             model_names=state.model_names)
+        return make(state, body)
+
+    return state, await asyncio.to_thread(run)
 
 
 @router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
-    state = server_state(request)
-    raw = await read_json(request)
-
-    def make() -> Built:
-        body = _validate(raw, state, MessagesRequest)
-        return build(state.client, body, state.tool_parser, BuildLimits.of(state.args))
-
-    built = await asyncio.to_thread(make)  # renders, tokenizes: off the loop
+    state, built = await _off_loop(request, MessagesRequest, lambda state, body: build(
+        state.client, body, state.tool_parser, BuildLimits.of(state.args)))
     client, job = state.client, built.job
     fmt = MessageFormat(built, state.served_model_name)
     group = client.submit(job.reqs)
@@ -52,11 +58,6 @@ async def create_message(request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens")
 async def count_message_tokens(request: Request) -> Response:
-    state = server_state(request)
-    raw = await read_json(request)
-
-    def count() -> int:
-        body = _validate(raw, state, CountTokensRequest)
-        return count_tokens(state.client, body, state.tool_parser, BuildLimits.of(state.args))
-
-    return OrjsonResponse({"input_tokens": await asyncio.to_thread(count)})
+    _, count = await _off_loop(request, CountTokensRequest, lambda state, body: count_tokens(
+        state.client, body, state.tool_parser, BuildLimits.of(state.args)))
+    return OrjsonResponse({"input_tokens": count})
