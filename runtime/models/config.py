@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
+from .rope_scaling import rope_settings
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -45,18 +46,7 @@ class ModelArgs:
         family = SUPPORTED_ARCHITECTURES[arch]
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
-        # transformers >= 5 writes rope settings into `rope_parameters`; older configs use
-        # rope_theta + rope_scaling.
-        rope = dict(config.get("rope_parameters") or {})
-        rope_theta = float(rope.pop("rope_theta", config.get("rope_theta", 10000.0)))
-        scaling = config.get("rope_scaling") or (rope if rope else None)
-        if scaling is not None:
-            scaling = dict(scaling)
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            if kind == "default":
-                scaling = None
-            elif kind not in ("llama3", "linear"):
-                raise InvalidRequest(f"unsupported rope scaling type {kind!r}", param="model")
+        rope = rope_settings(config)  # rope_theta/rope_scaling or rope_parameters
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -69,9 +59,9 @@ class ModelArgs:
             head_dim=head_dim,
             intermediate_size=config["intermediate_size"],
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            rope_theta=rope.theta,
+            rope_scaling=rope.scaling,
+            max_position_embeddings=rope.max_positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
             qk_norm=family == "qwen3",
