@@ -80,8 +80,11 @@ class ModelRunner:
             torch.set_num_threads(args.num_threads)  # (a rank's share: TensorParallel)
         ma = self.model_args
         local = self.tp.spec.local_args(ma) if self.tp else ma  # this rank's heads
-        self.context_len = min(args.context_length or ma.max_position_embeddings,
-                               ma.max_position_embeddings)
+        self.context_len = min(args.context_length or ma.context_limit, ma.context_limit)
+        if ma.context_limit < ma.max_position_embeddings:
+            logger.warning("%s: its sliding window of %d tokens is not attended as a window; "
+                           "requests are limited to %d tokens (where a window sees them all)",
+                           ma.architecture, ma.sliding_window, ma.context_limit)
         self.model = self._load_model(model_folder)
         self.kv_dtype = self._kv_dtype()
         per_token = KVPool.bytes_per_token(ma.num_layers, local.num_kv_heads, ma.head_dim,
@@ -95,7 +98,7 @@ class ModelRunner:
                                                 self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device,
                                              local.num_heads, local.num_kv_heads, ma.head_dim,
-                                             ma.head_dim ** -0.5, dtype=self.dtype)
+                                             ma.attn_scale, dtype=self.dtype)
         warm_up_attention(self.attn, self.kv_pool, self.req_to_token_pool.req_to_token)
         decodes = not (args.is_embedding or args.disable_cpu_decode)
         self.cpu_decode = self._cpu_decode() if decodes else None
@@ -156,7 +159,8 @@ class ModelRunner:
             raise ValueError("--quantization auto: this rank's shard of the weights is 4-bit "
                              "groups and another rank's is not; pass --quantization none or int4")
         model.to(self.dtype)
-        model.rope.reset_tables(self.device)  # fp32 tables, whatever the model dtype
+        # fp32 tables, whatever the model dtype; longrope picks its factors by the context
+        model.rope.reset_tables(self.device, context_len=self.context_len)
         if can_pack(self.device, self.dtype):
             pack_linears_(model)
         if self.device.type == "cpu" and cpu_kernels.available():
