@@ -11,6 +11,10 @@
   [r * shard, (r + 1) * shard) with shard = ceil(vocab / tp_size), the last rank's tail padded
   with zero rows (logits of padding rows are dropped when the ranks' logits are gathered).
 - Norms (q/k norms of Qwen3 too: per head_dim) are replicated.
+- Phi-3's fused qkv_proj / gate_up_proj tensors are split into their parts, each sharded as
+  above; o_proj / down_proj biases (attention_bias, mlp_bias) are rank 0's (zeros elsewhere),
+  so the all-reduce adds them once. Granite's multipliers, partial rotary and NoPE layers are
+  per-rank arithmetic that needs no split.
 """
 
 from __future__ import annotations
@@ -103,12 +107,22 @@ class ShardSpec:
             return _rows(tensor, self.heads[0] * d, self.heads[1] * d)
         if module in ("k_proj", "v_proj"):
             return _rows(tensor, self.kv_heads[0] * d, self.kv_heads[1] * d)
+        if module == "qkv_proj":  # fused in the checkpoint (Phi-3): each part's rows
+            q, kv = self.heads[1] * self.tp_size * d, self.num_kv_heads * d
+            return torch.cat([self.shard(f"q_proj.{kind}", tensor[:q]),
+                              self.shard(f"k_proj.{kind}", tensor[q:q + kv]),
+                              self.shard(f"v_proj.{kind}", tensor[q + kv:])])
+        if module == "gate_up_proj":
+            gate, up = tensor.chunk(2, dim=0)
+            return torch.cat([_rows(gate, *self.intermediate), _rows(up, *self.intermediate)])
         if module == "o_proj" and kind == "weight":
             return tensor[:, self.heads[0] * d:(self.heads[0] + self.heads[1]) * d]
         if module in ("gate_proj", "up_proj"):
             return _rows(tensor, *self.intermediate)
         if module == "down_proj" and kind == "weight":
             return tensor[:, self.intermediate[0]:sum(self.intermediate)]
+        if module in ("o_proj", "down_proj") and kind == "bias":  # added once, by rank 0
+            return tensor if self.rank == 0 else torch.zeros_like(tensor)
         if module in ("embed_tokens", "lm_head") and kind == "weight":
             piece = tensor[self.vocab_start:self.vocab_start + self.vocab_rows]
             if piece.shape[0] < self.vocab_rows:  # the last rank's padding

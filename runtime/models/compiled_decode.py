@@ -43,8 +43,9 @@ def decode_layers(layers: list, norm: torch.nn.Module, x: torch.Tensor, cos: tor
         # the query heads of a KV group ride the query axis, as in TorchNativeAttnBackend
         queries = q.reshape(1, kv_heads, attn.num_heads // kv_heads, head_dim)
         out = F.scaled_dot_product_attention(queries, keys, values, scale=scale)
-        x = x + attn.o_proj(out.reshape(1, attn.q_size))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        # (Block._scaled: Granite's residual multiplier; partial / no RoPE is in `project`)
+        x = x + layer._scaled(attn.o_proj(out.reshape(1, attn.q_size)))
+        x = x + layer._scaled(layer.mlp(layer.post_attention_layernorm(x)))
     return norm(x)
 
 
@@ -70,11 +71,11 @@ class SingleRequestDecode:
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, out_slot: torch.Tensor,
              kv_slots: torch.Tensor, kv_pool: KVPool) -> torch.Tensor:
         model = self.model
-        x = model.embed_tokens(input_ids)
+        x = model.embed(input_ids)
         cos, sin = model.rope.tables(positions, x.dtype)
         h = self._compiled(list(model.layers), model.norm, x, cos, sin, out_slot, kv_slots,
                            kv_pool.k, kv_pool.v, self.scale)
-        return model.lm_head(h).float()
+        return model.logits(h)
 
     @torch.inference_mode()
     def warm_up(self, kv_pool: KVPool) -> None:

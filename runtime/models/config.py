@@ -1,4 +1,7 @@
-"""ModelArgs: the few numbers a Llama-family forward needs, read from an HF config.json."""
+"""ModelArgs: the few numbers a Llama-family forward needs, read from an HF config.json.
+
+SUPPORTED_ARCHITECTURES maps each HF architecture radixflow loads to its family; what a family
+adds to the Llama blocks is read in families.py."""
 
 from __future__ import annotations
 
@@ -6,13 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
+from .families import family_fields
 from .rope_scaling import rope_settings
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
@@ -34,6 +41,55 @@ class ModelArgs:
     qkv_bias: bool  # Qwen2
     qk_norm: bool  # Qwen3
     eos_token_ids: tuple[int, ...]
+    # ---- beyond Llama (families.py); the defaults are Llama's ----
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    attention_multiplier: float | None = None  # softmax scale (Granite); None: head_dim ** -0.5
+    embedding_multiplier: float = 1.0  # Granite
+    residual_multiplier: float = 1.0  # Granite
+    logits_scaling: float = 1.0  # Granite: logits / logits_scaling
+    rotary_dim: int | None = None  # Phi-3's partial rotary; None: head_dim
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers without RoPE
+    sliding_window: int | None = None  # some layer attends through a window this wide
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_ARCHITECTURES.get(self.architecture, "llama")
+
+    @property
+    def attn_scale(self) -> float:
+        """The softmax scale of every layer's attention."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return self.head_dim ** -0.5
+
+    @property
+    def rope_dim(self) -> int:
+        """Dims of each head that rotate (the width of the cos/sin tables)."""
+        return self.rotary_dim or self.head_dim
+
+    def layer_has_rope(self, layer_id: int) -> bool:
+        return layer_id not in self.nope_layers
+
+    @property
+    def context_limit(self) -> int:
+        """Positions a request may reach: a windowed model's window (families.py)."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    def fused_decode_gaps(self) -> list[str]:
+        """What of this model the C decode step does not compute (empty: it computes all)."""
+        gaps = []
+        if self.residual_multiplier != 1.0:
+            gaps.append(f"residual_multiplier {self.residual_multiplier}")
+        if self.rope_dim != self.head_dim:
+            gaps.append(f"partial rotary ({self.rope_dim} of {self.head_dim} dims)")
+        if self.nope_layers:
+            gaps.append(f"layers without RoPE {list(self.nope_layers)}")
+        if self.o_proj_bias or self.mlp_bias:
+            gaps.append("o_proj / MLP biases")
+        return gaps
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelArgs:
@@ -47,13 +103,14 @@ class ModelArgs:
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         rope = rope_settings(config)  # rope_theta/rope_scaling or rope_parameters
+        num_layers = config["num_hidden_layers"]
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
             architecture=arch,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
-            num_layers=config["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
@@ -66,4 +123,5 @@ class ModelArgs:
             qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             eos_token_ids=eos_ids,
+            **family_fields(family, config, num_layers, head_dim),
         )

@@ -61,6 +61,8 @@ class CpuDecode:
         if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype != torch.bfloat16:
             return None, "it reads a bf16 KV cache on the CPU"
         a = model.args
+        if gaps := a.fused_decode_gaps():
+            return None, f"{a.architecture}'s {', '.join(gaps)}"
         shape = cpu_decode.ModelShape(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim,
                                       a.intermediate_size, a.vocab_size, a.rms_norm_eps, scale)
         reason = cpu_decode.check_shape(shape, cpu_kernels.limits())
@@ -114,8 +116,10 @@ class CpuDecode:
         model = self.model
         ids = torch.tensor([p.ids[0] for p in parts], dtype=torch.int64)
         pos = torch.tensor([p.start_pos for p in parts], dtype=torch.int64)
-        x = model.embed_tokens.weight.index_select(0, ids).float()
+        x = model.embed(ids).float()  # (Granite's embedding multiplier in the model dtype)
         cos, sin = model.rope.cos.index_select(0, pos), model.rope.sin.index_select(0, pos)
-        return self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), req_to_token,
+        logits = self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), req_to_token,
                          torch.tensor([p.req_pool_idx for p in parts], dtype=torch.int64),
                          pos + 1, logit_rows=sum(wanted))
+        scaling = model.args.logits_scaling
+        return logits if scaling == 1.0 else logits / scaling

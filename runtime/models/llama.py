@@ -1,7 +1,11 @@
-"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over the token-slot KV pool.
+"""The Llama family (Llama 2/3, SmolLM2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3) over the
+token-slot KV pool.
 
 gpt-fast style: Transformer -> Block -> Attention / FeedForward. q/k/v and gate/up are fused
-into one matmul each by the weight loader (see `load_weights`).
+into one matmul each by the weight loader (see `load_weights`; Phi-3's checkpoints hold them
+fused already). The families' differences are ModelArgs fields the blocks read: Granite's
+multipliers (embedding, residual, softmax scale, logits), SmolLM3's layers without RoPE,
+Phi-3's partial rotary width, biases on o_proj and the MLP.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ class Attention(nn.Module):
         self.kv_size = args.num_kv_heads * args.head_dim
         self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_proj_bias)
+        # dims of each head that rotate: all (Llama), the first rotary_dim (Phi-3's partial
+        # rotary), none (SmolLM3's NoPE layers)
+        self.rotary_dim = args.rope_dim if args.layer_has_rope(layer_id) else 0
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
@@ -79,8 +86,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
-        if self.rows is None or not self.rows.rope_(qk, *rope):  # (in place in the qkv rows)
-            qk = apply_rope(qk, *rope)  # q and k heads rotated together
+        if self.rotary_dim == self.head_dim:
+            if self.rows is None or not self.rows.rope_(qk, *rope):  # (in place, qkv rows)
+                qk = apply_rope(qk, *rope)  # q and k heads rotated together
+        elif self.rotary_dim:  # the tables are rotary_dim wide
+            rd = self.rotary_dim
+            qk = torch.cat([apply_rope(qk[..., :rd], *rope), qk[..., rd:]], dim=-1)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, v
 
@@ -91,8 +102,9 @@ class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.intermediate_size = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size,
+                                      bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -110,6 +122,7 @@ class Block(nn.Module):
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = FeedForward(args)
+        self.residual_multiplier = args.residual_multiplier  # Granite's; 1.0 elsewhere
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch,
                 rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend
@@ -117,8 +130,13 @@ class Block(nn.Module):
         """The residual stream x and the previous layer's output `delta` (None before the
         first layer) -> this layer's (x, delta): each sum is taken where its norm is."""
         x, h = self.input_layernorm.add_forward(x, delta)
-        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, batch, rope, attn))
-        return x, self.mlp(h)
+        h = self._scaled(self.self_attn(h, batch, rope, attn))
+        x, h = self.post_attention_layernorm.add_forward(x, h)
+        return x, self._scaled(self.mlp(h))
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        m = self.residual_multiplier
+        return out if m == 1.0 else out * m
 
 
 class LlamaForCausalLM(nn.Module):
@@ -129,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.rope = RotaryEmbedding(args.head_dim, args.max_position_embeddings,
+        self.rope = RotaryEmbedding(args.rope_dim, args.max_position_embeddings,
                                     args.rope_theta, args.rope_scaling)
 
     @torch.inference_mode()
@@ -138,13 +156,25 @@ class LlamaForCausalLM(nn.Module):
         """Logits (float32) of the rows in batch.logits_indices: [num_logit_rows, vocab];
         `hidden`: their final normed hidden states instead (float32, [rows, hidden_size]),
         lm_head not run (embeddings)."""
-        x, delta = self.embed_tokens(batch.input_ids), None
+        x, delta = self.embed(batch.input_ids), None
         rope = self.rope.tables(batch.positions, x.dtype)
         for layer in self.layers:
             x, delta = layer(x, delta, batch, rope, attn)
         wanted = batch.logits_indices
         _, x = self.norm.add_forward(x[wanted], delta[wanted])
-        return x.float() if hidden else self.lm_head(x).float()
+        return x.float() if hidden else self.logits(x)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of `ids` (Granite's scaled by its embedding multiplier)."""
+        x = self.embed_tokens(ids)
+        m = self.args.embedding_multiplier
+        return x if m == 1.0 else x * m
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 logits of final normed hidden rows (Granite's divided by logits_scaling)."""
+        out = self.lm_head(h)
+        s = self.args.logits_scaling
+        return (out if s == 1.0 else out / s).float()
 
     def bind_row_kernels(self, kernels: RowKernels | None) -> None:
         """Run the norms, rope and SiLU of every layer through `kernels` (None: torch ops)."""
@@ -172,7 +202,9 @@ class LlamaForCausalLM(nn.Module):
                     raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
                                      f"expected {tuple(param.shape)}")
                 param.data.copy_(tensor)
-                loaded.add(name)
+                # a fused tensor of the checkpoint (Phi-3's qkv_proj, gate_up_proj) is its parts
+                parts = _fused_parts(name)
+                loaded.update([f"{name}#{p}" for p in parts] if parts else [name])
             else:
                 start, size = self._shard_range(name, shard)
                 param.data[start:start + size].copy_(tensor)
@@ -197,13 +229,15 @@ class LlamaForCausalLM(nn.Module):
     def _expected_loaded_names(self) -> list[str]:
         names = []
         for name, _ in self.named_parameters():
-            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-                names += [f"{name}#{s}" for s in ("q", "k", "v")]
-            elif name.endswith("gate_up_proj.weight"):
-                names += [f"{name}#{s}" for s in ("gate", "up")]
-            else:
-                names.append(name)
+            parts = _fused_parts(name)
+            names += [f"{name}#{p}" for p in parts] if parts else [name]
         return names
+
+
+def _fused_parts(name: str) -> tuple[str, ...]:
+    """The checkpoint tensors fused into our parameter `name` (empty: not fused)."""
+    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    return {"qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up")}.get(module, ())
 
 
 _SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),

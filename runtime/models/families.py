@@ -1,0 +1,91 @@
+"""What each Llama-like family adds to the Llama blocks, read from its HF config.json.
+
+`family_fields(family, config, ...)` returns the ModelArgs fields beyond Llama's, as
+transformers' modeling_<family>.py reads them (their defaults keep Llama / Qwen unchanged):
+
+- Granite: embedding_multiplier (inputs scaled), residual_multiplier (each block's attention
+  and MLP outputs scaled before the residual sum), attention_multiplier (the softmax scale,
+  instead of head_dim ** -0.5), logits_scaling (logits divided by it);
+- SmolLM3: `no_rope_layers` (1: the layer rotates, 0: NoPE), else every
+  `no_rope_layer_interval`-th layer is NoPE;
+- Phi-3 / Phi-3.5 / Phi-4-mini: `partial_rotary_factor` (top level or in rope_parameters):
+  the first head_dim * factor dims of each head rotate, the rest pass through;
+- attention_bias puts a bias on o_proj too (Llama, Granite, SmolLM3, Qwen3; Qwen2's biases
+  are on q/k/v only), mlp_bias on gate/up/down.
+
+Sliding windows (`sliding_window`: Mistral, Phi-3; Qwen2/Qwen3/SmolLM3 with
+use_sliding_window) are not attended as windows: a model with any windowed layer serves at
+most `sliding_window` positions (ModelArgs.context_limit), within which a window of that size
+sees every earlier token, so each path computes what transformers computes; longer requests
+are refused as over the context length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidRequest
+
+_SILU_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3")
+
+
+def family_fields(family: str, config: dict[str, Any], num_layers: int,
+                  head_dim: int) -> dict[str, Any]:
+    arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
+    act = config.get("hidden_act", "silu")
+    if family in _SILU_FAMILIES and act != "silu":
+        raise InvalidRequest(f"{arch} with hidden_act {act!r} is not supported (radixflow's "
+                             "Llama blocks compute SiLU-gated MLPs)", param="model")
+    fields: dict[str, Any] = {
+        "o_proj_bias": family != "qwen2" and bool(config.get("attention_bias", False)),
+        "mlp_bias": bool(config.get("mlp_bias", False)),
+        "sliding_window": _sliding_window(family, config, num_layers),
+    }
+    if family == "granite":
+        fields.update(
+            embedding_multiplier=float(config.get("embedding_multiplier", 1.0)),
+            residual_multiplier=float(config.get("residual_multiplier", 1.0)),
+            attention_multiplier=float(config.get("attention_multiplier", 1.0)),
+            logits_scaling=float(config.get("logits_scaling", 1.0)))
+    if family == "smollm3":
+        fields["nope_layers"] = tuple(i for i, rope in enumerate(_smollm3_rope(config, num_layers))
+                                      if not rope)
+    if family == "phi3":
+        factor = (config.get("rope_parameters") or {}).get(
+            "partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        rotary_dim = int(head_dim * float(factor))
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise InvalidRequest(f"{arch}: partial_rotary_factor {factor} gives {rotary_dim} "
+                                 f"rotary dims of a {head_dim}-dim head (need an even count "
+                                 "> 0)", param="model")
+        fields["rotary_dim"] = rotary_dim
+    return fields
+
+
+def _smollm3_rope(config: dict[str, Any], num_layers: int) -> list[int]:
+    layers = config.get("no_rope_layers")
+    if layers is None:
+        interval = int(config.get("no_rope_layer_interval", 4))
+        layers = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    return list(layers)
+
+
+def _sliding_window(family: str, config: dict[str, Any], num_layers: int) -> int | None:
+    """The window when some layer of this family's model attends through one, else None."""
+    window = config.get("sliding_window")
+    if family in ("llama", "granite") or not window:
+        return None  # (transformers' Llama and Granite read no window)
+    if family in ("qwen2", "qwen3", "smollm3") and not config.get("use_sliding_window"):
+        return None
+    types = config.get("layer_types")
+    if types is None:
+        if family in ("qwen2", "qwen3"):
+            first = int(config.get("max_window_layers", num_layers))
+            types = ["sliding_attention" if i >= first else "full_attention"
+                     for i in range(num_layers)]
+        elif family == "smollm3":
+            types = ["full_attention" if rope else "sliding_attention"
+                     for rope in _smollm3_rope(config, num_layers)]
+        else:  # Mistral, Phi-3: every layer
+            types = ["sliding_attention"] * num_layers
+    return int(window) if "sliding_attention" in types else None

@@ -1,0 +1,152 @@
+"""Granite, SmolLM3 and Phi-3 (families.py over the Llama blocks) against transformers in fp32:
+a tiny random model of each, saved by transformers' own class, greedy output token-identical
+and prompt logprobs within 1e-4 through radixflow.Engine; and the parts other paths need
+(the C decode step's refusal, tensor-parallel shards of fused and biased weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers.tiny_models import _randomize_, _write_generation_config, make_tiny_tokenizer
+
+from radixflow.runtime.distributed.sharding import ShardSpec
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.models.config import SUPPORTED_ARCHITECTURES, ModelArgs
+
+PROMPTS = ["The quick brown fox", "The cache keeps every prefix that two requests share, so the",
+           "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"]
+NEW_TOKENS = 16
+COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+              num_hidden_layers=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+              bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
+
+FAMILIES = {
+    # Granite's four multipliers, not 1, and biases on every projection
+    "granite": ("GraniteConfig", dict(head_dim=16, embedding_multiplier=3.0,
+                                      residual_multiplier=0.5, attention_multiplier=0.1,
+                                      logits_scaling=4.0, attention_bias=True, mlp_bias=True)),
+    # layer 1 (of 0, 1) without RoPE
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, tie_word_embeddings=True)),
+    # Phi-4-mini's 0.75: 12 of each head's 16 dims rotate; qkv and gate_up fused
+    "phi3": ("Phi3Config", dict(partial_rotary_factor=0.75)),
+}
+
+
+def make_family_model(dest, family: str, seed: int = 0, **overrides):
+    config_cls, extra = FAMILIES[family]
+    tokenizer = make_tiny_tokenizer()
+    config = getattr(transformers, config_cls)(
+        **{**COMMON, "vocab_size": len(tokenizer), **extra, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize_(model, seed=seed, std=0.15)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    _write_generation_config(dest, config)
+    return dest, model.eval(), tokenizer
+
+
+def hf_reference(model, tok, prompts):
+    """transformers' greedy continuations of `prompts` and the logprob of each token of the
+    second prompt given the ones before it."""
+    outs = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt").input_ids
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0,
+                                 attention_mask=torch.ones_like(ids))
+        outs.append(gen[0, ids.shape[1]:].tolist())
+    ids = tok(prompts[1], return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+    return outs, ref.gather(1, ids[0, 1:, None]).squeeze(1)
+
+
+def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
+    expected, ref_logprobs = hf_reference(model, tok, prompts)
+    with Engine(str(folder), dtype="float32", max_total_tokens=2048, chunked_prefill_size=7,
+                **engine_args) as engine:
+        params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
+        res = engine.generate(prompts[1], {"max_new_tokens": 0}, return_logprob=True,
+                              logprob_start_len=0)
+        ours = [e[0] for e in res["meta_info"]["input_token_logprobs"][1:]]
+        engine.scheduler.check_slots()
+    torch.testing.assert_close(torch.tensor(ours), ref_logprobs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_matches_hf(tmp_path, family):
+    folder, model, tok = make_family_model(tmp_path, family)
+    check_engine_matches(folder, model, tok)
+
+
+def test_families_are_supported_architectures():
+    for arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM"):
+        assert arch in SUPPORTED_ARCHITECTURES
+
+
+def _args(config: dict) -> ModelArgs:
+    return ModelArgs.from_hf_config({**COMMON, "vocab_size": 300, **config})
+
+
+def test_config_fields():
+    granite = _args(dict(FAMILIES["granite"][1], architectures=["GraniteForCausalLM"]))
+    assert granite.attn_scale == 0.1 and granite.logits_scaling == 4.0
+    assert granite.o_proj_bias and granite.mlp_bias
+    assert "residual_multiplier 0.5" in granite.fused_decode_gaps()[0]
+    smol = _args(dict(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8))
+    assert smol.nope_layers == (3, 7)  # every 4th layer, HF's default interval
+    assert _args(dict(architectures=["SmolLM3ForCausalLM"],
+                      no_rope_layers=[1, 0])).nope_layers == (1,)
+    # Phi-4-mini's config.json keeps the factor at the top level; transformers 5 inside rope
+    for where in ({"partial_rotary_factor": 0.75},
+                  {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.75}}):
+        phi = _args(dict(architectures=["Phi3ForCausalLM"], **where))
+        assert phi.rope_dim == 12 and phi.attn_scale == 16 ** -0.5
+    llama = _args(dict(architectures=["LlamaForCausalLM"]))
+    assert llama.fused_decode_gaps() == [] and llama.rope_dim == 16
+    with pytest.raises(Exception, match="hidden_act"):
+        _args(dict(architectures=["GraniteForCausalLM"], hidden_act="gelu"))
+
+
+def test_sliding_window_caps_the_context():
+    """A window is honoured by serving no more positions than it holds."""
+    phi = _args(dict(architectures=["Phi3ForCausalLM"], sliding_window=100))
+    assert phi.sliding_window == 100 and phi.context_limit == 100
+    mistral = _args(dict(architectures=["MistralForCausalLM"], sliding_window=64))
+    assert mistral.context_limit == 64
+    qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64))
+    assert qwen.context_limit == 512  # use_sliding_window false: full attention
+    qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64,
+                      use_sliding_window=True, max_window_layers=2))
+    assert qwen.context_limit == 512  # no layer at or past max_window_layers
+    qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64,
+                      use_sliding_window=True, max_window_layers=1))
+    assert qwen.context_limit == 64
+
+
+def test_tp_shards_fused_and_biased_weights():
+    """Phi-3's fused qkv_proj / gate_up_proj shard as their parts would; a row-parallel bias
+    is rank 0's alone (the all-reduce adds it once)."""
+    a = _args(dict(architectures=["Phi3ForCausalLM"]))
+    q, k, v = torch.randn(64, 8), torch.randn(32, 8), torch.randn(32, 8)
+    gate, up = torch.randn(128, 8), torch.randn(128, 8)
+    bias = torch.randn(64)
+    for rank in range(2):
+        spec = ShardSpec.create(a, 2, rank)
+        fused = spec.shard("model.layers.0.self_attn.qkv_proj.weight", torch.cat([q, k, v]))
+        parts = [spec.shard(f"model.layers.0.self_attn.{n}_proj.weight", t)
+                 for n, t in (("q", q), ("k", k), ("v", v))]
+        assert torch.equal(fused, torch.cat(parts))
+        fused = spec.shard("model.layers.0.mlp.gate_up_proj.weight", torch.cat([gate, up]))
+        parts = [spec.shard(f"model.layers.0.mlp.{n}_proj.weight", t)
+                 for n, t in (("gate", gate), ("up", up))]
+        assert torch.equal(fused, torch.cat(parts))
+        for name in ("self_attn.o_proj.bias", "mlp.down_proj.bias"):
+            got = spec.shard(f"model.layers.0.{name}", bias)
+            assert torch.equal(got, bias if rank == 0 else torch.zeros_like(bias))
