@@ -4,8 +4,8 @@ It is SGLang's offline engine (`generate(prompt, sampling_params, ...)`, `async_
 `shutdown`, a context manager) and a backend for DSL programs (`rf.set_default_backend(engine)`):
 `generate_from_body` takes a native /generate body and returns the same JSON shapes, so tests,
 offline jobs and programs see exactly what an HTTP client of `radixflow serve` sees: the same
-parsing and response building (native_api, response_builder), the same `Detokenizer` the
-detokenizer process runs, the same rejection errors.
+parsing (the model's sampling defaults too) and response building (native_api,
+response_builder), the same `Detokenizer` the detokenizer process runs, the same rejections.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from .detokenize import Detokenizer
 from .engine_encode import run_encode
@@ -31,6 +31,7 @@ from .messages import (
     OpenSessionDone,
     ReqTextOut,
 )
+from .model_loader.generation_defaults import defaults_of
 from .native_api import ParsedGenerate, describe_model, parse_generate
 from .program import run_program_locally
 from .response_builder import ResponseBuilder, raise_if_rejected
@@ -42,9 +43,8 @@ logger = logging.getLogger(__name__)
 _SHUTDOWN = object()
 
 
-class _Failure:
-    def __init__(self, message: str):
-        self.message = message
+class _Failure(NamedTuple):
+    message: str
 
 
 @dataclasses.dataclass
@@ -55,12 +55,8 @@ class _Pending:
 
 
 class Engine(GenerateAPI):
-    """An in-process radixflow runtime.
-
-    `Engine(model_path=None, **server_args)`: ServerArgs fields as keywords (`model=` is the same
-    as `model_path=`; None is the default SmolLM2-135M-Instruct). Raises ValueError for an
-    unknown or invalid argument.
-    """
+    """An in-process runtime: `Engine(model_path=None, **server_args)`, ServerArgs fields as
+    keywords (`model=` is `model_path=`; None: SmolLM2-135M-Instruct); ValueError if one is bad."""
 
     def __init__(self, model_path: str | None = None, **server_args: Any):
         from .distributed.launch import TPWorkers
@@ -98,7 +94,8 @@ class Engine(GenerateAPI):
         parsed = parse_generate(body, self.tokenizer, self.scheduler.context_len,
                                 vocab_size=self.scheduler.runner.vocab_size,
                                 reasoning=self.scheduler.reasoning.parser,
-                                priority_scheduling=self.args.enable_priority_scheduling)
+                                priority_scheduling=self.args.enable_priority_scheduling,
+                                sampling_defaults=defaults_of(self.model_info))
         if parsed.stream:
             if parsed.is_batch:
                 raise InvalidRequest("streaming is supported for a single prompt with n=1",

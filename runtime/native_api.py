@@ -10,6 +10,7 @@ into the response object (non-stream) or into stream events.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,7 @@ class ParsedGenerate:
 def parse_generate(
     body: Any, tokenizer: Any, context_length: int, *, vocab_size: int | None = None,
     reasoning: ReasoningParser | None = None, max_prompts: int | None = None,
-    priority_scheduling: bool = False,
+    priority_scheduling: bool = False, sampling_defaults: Mapping[str, Any] | None = None,
 ) -> ParsedGenerate:
     """Validate a /generate body and build its GenerateReqs.
 
@@ -69,9 +70,10 @@ def parse_generate(
     does not implement (REFUSED_FIELDS), is a 400 as an unknown sampling key is (SGLang's
     frontend sends only served fields). `priority_scheduling`: the server runs with
     --enable-priority-scheduling (else a `priority` is a 400). `max_prompts`
-    (--max-prompts-per-request): the most requests (prompts x n) one body may make. Tokenizes
-    and checks constraints, which may take a while on a large body: servers call it off the
-    event loop.
+    (--max-prompts-per-request): the most requests (prompts x n) one body may make.
+    `sampling_defaults`: the model's (model_info's default_sampling_params), for the options
+    a request leaves unset. Tokenizes and checks constraints, which may take a while on a
+    large body: servers call it off the event loop.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
@@ -81,7 +83,7 @@ def parse_generate(
     sources, is_batch, param = prompt_sources(body, vocab_size)
     # Counted before any tokenizing: a batch past the cap costs no work.
     check_prompt_count(len(sources), 1, max_prompts, param=param)
-    samplings = with_thinking_cap(body, sampling_list(body, len(sources)))
+    samplings = with_thinking_cap(body, sampling_list(body, len(sources), sampling_defaults))
     check_prompt_count(len(sources), [s.n for s in samplings], max_prompts, param=param)
     prompts = tokenize_sources(sources, is_batch, param, tokenizer)
     constraints = []

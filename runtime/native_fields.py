@@ -6,6 +6,7 @@ the one reported) and builds the GenerateReqs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidRequest
@@ -159,14 +160,17 @@ def tokenize_sources(sources: list[str] | list[list[int]], is_batch: bool, param
     return prompts
 
 
-def sampling_list(body: dict, num_prompts: int) -> list[SamplingParams]:
+def sampling_list(body: dict, num_prompts: int,
+                  defaults: Mapping[str, Any] | None = None) -> list[SamplingParams]:
+    """One SamplingParams per prompt; `defaults`: the model's sampling defaults, for the
+    options a prompt's sampling_params leaves unset."""
     raw = body.get("sampling_params")
     if isinstance(raw, list):
         if len(raw) != num_prompts:
             raise InvalidRequest(f"sampling_params is a list of {len(raw)} but there are "
                                  f"{num_prompts} prompts", param="sampling_params")
-        return [SamplingParams.from_dict(d) for d in raw]
-    params = SamplingParams.from_dict(raw)
+        return [SamplingParams.from_dict(d, defaults) for d in raw]
+    params = SamplingParams.from_dict(raw, defaults)
     return [dataclasses.replace(params) for _ in range(num_prompts)]
 
 

@@ -21,6 +21,7 @@ option (runtime/sampling/, the scheduler).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +124,13 @@ class SamplingParams:
         return None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
-        """Build from a wire dict (SGLang native shape). Nulls mean defaults; unknown keys fail."""
+    def from_dict(cls, d: dict[str, Any] | None,
+                  defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """Build from a wire dict (SGLang native shape). Nulls mean defaults; unknown keys fail.
+
+        `defaults`: option -> the value an option the dict leaves unset (or null) takes instead
+        of the field's default: the model's sampling defaults (model_loader/
+        generation_defaults.py), which every route passes here. A value the dict gives wins."""
         if d is None:
             d = {}
         if not isinstance(d, dict):
@@ -140,6 +146,8 @@ class SamplingParams:
                 raise InvalidRequest(f"unknown sampling parameter {key!r}", param=key)
             if value is not None:
                 kwargs[key] = value
+        for key, value in (defaults or {}).items():
+            kwargs.setdefault(key, value)
         params = cls(**{key: OPTIONS[key].read(value) for key, value in kwargs.items()})
         params.validate()
         return params

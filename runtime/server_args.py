@@ -164,6 +164,12 @@ class ServerArgs:
     max_stored_responses: int = _arg(
         1024, "/v1/responses kept for previous_response_id and retrieval (the oldest go "
         "first; store: false keeps none)")
+    sampling_defaults: Literal["model", "openai"] = _arg(
+        "model", "defaults of temperature, top_p, top_k, min_p and repetition_penalty for "
+        "requests that leave them unset: model, the model's generation_config.json (or its "
+        "GGUF's general.sampling.* metadata), as SGLang's --sampling-defaults model and vLLM's "
+        "--generation-config auto; openai: radixflow's constants (1, 1, off, 0, 1). "
+        "/get_model_info shows those in force (default_sampling_params)")
     log_level: str = _arg("info", "logging level")
 
     def __post_init__(self) -> None:

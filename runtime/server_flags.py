@@ -8,6 +8,12 @@ import sys
 import typing
 from typing import Any, Literal
 
+# vLLM's --generation-config -> --sampling-defaults (vLLM's third form, a folder, is not taken)
+_GENERATION_CONFIG = {"auto": "model", "vllm": "openai"}
+MODELS_EPILOG = ("Model families: docs/models.md lists the architectures radixflow loads and "
+                 "what each supports (tensor parallelism, the C decode step, GGUF, quantized "
+                 "formats, GPU); any other architecture is a start-up error naming it.")
+
 
 class _DeprecatedFlag(argparse.Action):
     """A boolean flag's old name: sets it, and says which name to use instead."""
@@ -50,7 +56,11 @@ def add_flags(cls: type, parser: argparse.ArgumentParser) -> None:
                              "--disable-radix-cache")
     parser.add_argument("--task", choices=("generate", "embed"), default=None,
                         help="vLLM's flag: embed is --is-embedding")
-
+    parser.add_argument("--generation-config", choices=tuple(_GENERATION_CONFIG), default=None,
+                        help="vLLM's flag: auto is --sampling-defaults model, vllm is "
+                             "--sampling-defaults openai")
+    if parser.epilog is None:
+        parser.epilog = MODELS_EPILOG
 
 
 def args_from_flags(cls: type, ns: argparse.Namespace) -> Any:
@@ -65,4 +75,15 @@ def args_from_flags(cls: type, ns: argparse.Namespace) -> Any:
         raise ValueError("--enable-prefix-caching contradicts --disable-radix-cache")
     if getattr(ns, "task", None) == "embed":
         values["is_embedding"] = True
+    peer = getattr(ns, "generation_config", None)
+    if peer is not None:
+        mode = _GENERATION_CONFIG[peer]
+        if values["sampling_defaults"] not in (mode, _field_default(cls, "sampling_defaults")):
+            raise ValueError(f"--generation-config {peer} contradicts --sampling-defaults "
+                             f"{values['sampling_defaults']}")
+        values["sampling_defaults"] = mode
     return cls(**values)
+
+
+def _field_default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)

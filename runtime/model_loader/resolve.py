@@ -33,10 +33,26 @@ def resolve_model(model: str | None, *, cache_dir: Path | None = None) -> Path:
         return _default_model_folder(cache_dir)
     path = Path(model).expanduser()
     if path.is_dir():
-        return _hf_folder(path)
+        return loadable(_hf_folder(path))
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf_folder(path.resolve(), cache_dir)
+        return loadable(_gguf_folder(path.resolve(), cache_dir))
     raise ModelNotFound(_not_found_message(model, path))
+
+
+def loadable(folder: Path) -> Path:
+    """`folder`, if radixflow loads what its config.json describes; else a ModelNotFound saying
+    why (an architecture it does not load, naming those it does; a RoPE type; ...), which
+    `radixflow serve` reports at start-up as one line, before any process starts."""
+    from ..errors import InvalidRequest
+    from ..models.config import ModelArgs
+    from .hf_folder import load_config
+
+    try:
+        ModelArgs.from_hf_config(load_config(folder))
+    except InvalidRequest as exc:
+        raise ModelNotFound(f"{folder / 'config.json'}: {exc.message} (docs/models.md lists "
+                            "the model families radixflow loads)") from None
+    return folder
 
 
 def _default_model_folder(cache_dir: Path) -> Path:

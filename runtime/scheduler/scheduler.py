@@ -33,6 +33,7 @@ from ..messages import (
     SessionsClosed,
     TokenBatchOut,
 )
+from ..model_loader.generation_defaults import sampling_defaults
 from ..reasoning import ReasoningParser
 from ..server_args import ServerArgs, chat_template_text
 from .cache_view import cache_view
@@ -241,6 +242,9 @@ class Scheduler:
             "reasoning_parser": self.args.reasoning_parser,
             # --is-embedding: {pooling, normalize, hidden_size} (None: a generation server)
             "embedding": getattr(runner, "embedding_info", lambda: None)(),
+            # the model's sampling defaults in force (--sampling-defaults), for request parsing
+            "default_sampling_params": sampling_defaults(self.model_folder,
+                                                         self.args.sampling_defaults),
         }
 
     def use_device_here(self) -> None:

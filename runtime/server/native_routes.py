@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 from ..errors import InvalidRequest, ServerUnavailable, TooManyOpen
+from ..model_loader.generation_defaults import defaults_of
 from ..native_api import ParsedGenerate, describe_model, parse_generate
 from ..program import execute_program
 from ..program.errors import ProgramCancelled
@@ -47,7 +48,8 @@ async def generate(request: Request) -> Response:
         parse_generate, body, client.tokenizer, client.context_length,
         vocab_size=client.vocab_size, reasoning=client.reasoning,
         max_prompts=state.args.max_prompts_per_request,
-        priority_scheduling=state.args.enable_priority_scheduling)
+        priority_scheduling=state.args.enable_priority_scheduling,
+        sampling_defaults=defaults_of(client.model_info))
     group = client.submit(parsed.reqs)
     builders = parsed.builders(client.tokenizer)
     return await respond(
@@ -83,7 +85,7 @@ def _parse_json_body(client: SchedulerClient, body: Any,
         body = {**body, "stream": False}
     return parse_generate(body, client.tokenizer, client.context_length,
                           vocab_size=client.vocab_size, reasoning=client.reasoning,
-                          max_prompts=max_prompts)
+                          max_prompts=max_prompts, sampling_defaults=defaults_of(client.model_info))
 
 
 async def run_parsed(client: SchedulerClient, parsed: ParsedGenerate) -> Any:

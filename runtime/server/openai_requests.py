@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidRequest, ModelNotFound
 from ..messages import GenerateReq
+from ..model_loader.generation_defaults import defaults_of
 from ..native_placement import placement
 from ..reasoning import ReasoningParser
 from ..request_building import (
@@ -156,15 +157,16 @@ def requested_sampling(body: AnyRequest) -> dict[str, Any]:
     return options
 
 
-def _sampling(body: AnyRequest, requested: dict[str, Any], choice: int, room: int,
-              constraint: dict | None = None) -> SamplingParams:
+def _sampling(client: SchedulerClient, body: AnyRequest, requested: dict[str, Any],
+              choice: int, room: int, constraint: dict | None = None) -> SamplingParams:
     """Choice `choice`'s SamplingParams; without max_tokens it may fill the `room` left."""
     d = {"max_new_tokens": max(room, 0), **requested, **constraint_fields(body, constraint),
          "n": 1}  # the body's n choices are n requests of one sample each
     if "seed" in d:
         # Every choice gets its own stream of randomness, reproducible from the seed.
         d["seed"] = (d["seed"] + choice) % (1 << 63)
-    sampling = SamplingParams.from_dict(d)
+    # the model's sampling defaults (--sampling-defaults) for what the body leaves unset
+    sampling = SamplingParams.from_dict(d, defaults_of(client.model_info))
     check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
     return sampling
 
@@ -182,7 +184,7 @@ def _build_job(client: SchedulerClient, body: AnyRequest, prompts: list[list[int
             raise InvalidRequest("the prompt is empty (it has no tokens)", param="prompt")
         room = client.context_length - len(ids)
         for j in range(body.n):
-            sampling = _sampling(body, requested, p * body.n + j, room, constraint)
+            sampling = _sampling(client, body, requested, p * body.n + j, room, constraint)
             sampling = fit_to_context(sampling, len(ids), client.context_length, strict=explicit)
             sampling.check_vocab(client.vocab_size)
             reqs.append(GenerateReq(
