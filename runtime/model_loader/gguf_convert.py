@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelNotFound
+from .gguf_families import fix_family_config, read_error_hint
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +36,15 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
     logger.info("converting %s to a Hugging Face folder (once; may take a minute)", gguf_path)
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        fix_family_config(config, gguf_path)  # what the reader drops of phi3 (gguf_families)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         with torch.device("meta"):  # only for the parameter names; costs no memory
             skeleton = AutoModelForCausalLM.from_config(config)
         # NOTE: from_pretrained(gguf_file=...) would do the same but insists on `accelerate`.
         loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
     except (ValueError, KeyError, OSError) as e:
-        raise ModelNotFound(f"could not read {gguf_path} as a GGUF model: {e}") from e
+        raise ModelNotFound(f"could not read {gguf_path} as a GGUF model: {e}"
+                            f"{read_error_hint(e)}") from e
 
     tensors = {k: v.to(torch.float32).contiguous() for k, v in loaded["tensors"].items()}
     # llama.cpp drops `output.weight` when the head is tied to the embedding.

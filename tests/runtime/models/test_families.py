@@ -50,8 +50,8 @@ def make_family_model(dest, family: str, seed: int = 0, **overrides):
 
 
 def hf_reference(model, tok, prompts):
-    """transformers' greedy continuations of `prompts` and the logprob of each token of the
-    second prompt given the ones before it."""
+    """transformers' greedy continuations of `prompts` and the logprob of each token of
+    PROMPTS[1] given the ones before it."""
     outs = []
     for p in prompts:
         ids = tok(p, return_tensors="pt").input_ids
@@ -60,7 +60,7 @@ def hf_reference(model, tok, prompts):
                                  eos_token_id=None, pad_token_id=0,
                                  attention_mask=torch.ones_like(ids))
         outs.append(gen[0, ids.shape[1]:].tolist())
-    ids = tok(prompts[1], return_tensors="pt").input_ids
+    ids = tok(PROMPTS[1], return_tensors="pt").input_ids
     with torch.no_grad():
         ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
     return outs, ref.gather(1, ids[0, 1:, None]).squeeze(1)
@@ -72,7 +72,7 @@ def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
                 **engine_args) as engine:
         params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
-        res = engine.generate(prompts[1], {"max_new_tokens": 0}, return_logprob=True,
+        res = engine.generate(PROMPTS[1], {"max_new_tokens": 0}, return_logprob=True,
                               logprob_start_len=0)
         ours = [e[0] for e in res["meta_info"]["input_token_logprobs"][1:]]
         engine.scheduler.check_slots()
@@ -150,3 +150,70 @@ def test_tp_shards_fused_and_biased_weights():
         for name in ("self_attn.o_proj.bias", "mlp.down_proj.bias"):
             got = spec.shard(f"model.layers.0.{name}", bias)
             assert torch.equal(got, bias if rank == 0 else torch.zeros_like(bias))
+
+
+@pytest.mark.parametrize("family", ["granite", "phi3"])
+def test_family_tp2_matches_hf(tmp_path, family):
+    """Split over two ranks: Granite's row-parallel biases, Phi-3's fused checkpoint tensors."""
+    folder, model, tok = make_family_model(tmp_path, family)
+    check_engine_matches(folder, model, tok, tp_size=2)
+
+
+@pytest.mark.parametrize("family", ["granite", "smollm3"])
+def test_compiled_decode_matches_hf(tmp_path, family):
+    """--enable-torch-compile's decode step: multipliers, biases and NoPE layers."""
+    folder, model, tok = make_family_model(tmp_path, family)
+    expected, _ = hf_reference(model, tok, PROMPTS[:1])
+    with Engine(str(folder), dtype="float32", max_total_tokens=512,
+                enable_torch_compile=True) as engine:
+        out = engine.generate(PROMPTS[0], {"max_new_tokens": NEW_TOKENS, "temperature": 0,
+                                           "ignore_eos": True})
+        assert engine.scheduler.runner.compiled_decode.calls == NEW_TOKENS - 1
+    assert out["output_ids"] == expected[0]
+
+
+def _write_phi3_gguf(folder, model, dest):
+    """`model` (a tiny Phi3ForCausalLM saved in `folder`) as an F32 GGUF, as llama.cpp's
+    converter writes Phi-3: fused attn_qkv / ffn_up, rope.dimension_count the rotary width."""
+    import gguf
+    from helpers.tiny_models import _add_gguf_tokenizer
+
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    writer = gguf.GGUFWriter(str(dest), "phi3")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_dimension_count(int(head_dim * c.rope_parameters["partial_rotary_factor"]))
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    _add_gguf_tokenizer(writer, folder)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, c.num_hidden_layers)
+    for hf_name, tensor in model.state_dict().items():
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)),
+                          tensor.numpy().copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+def test_phi3_gguf_keeps_partial_rotary(tmp_path):
+    """transformers' GGUF reader drops phi3.rope.dimension_count; gguf_families puts it back,
+    so the converted folder computes what the HF folder does."""
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+    from radixflow.runtime.model_loader.hf_folder import load_config
+
+    folder, model, tok = make_family_model(tmp_path / "hf", "phi3")
+    gguf_path = _write_phi3_gguf(folder, model, tmp_path / "phi3.gguf")
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    convert_gguf(gguf_path, converted)
+    assert ModelArgs.from_hf_config(load_config(converted)).rope_dim == 12
+    check_engine_matches(converted, model, tok)
