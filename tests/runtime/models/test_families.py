@@ -49,9 +49,9 @@ def make_family_model(dest, family: str, seed: int = 0, **overrides):
     return dest, model.eval(), tokenizer
 
 
-def hf_reference(model, tok, prompts):
+def hf_reference(model, tok, prompts, logprob_prompt=PROMPTS[1]):
     """transformers' greedy continuations of `prompts` and the logprob of each token of
-    PROMPTS[1] given the ones before it."""
+    `logprob_prompt` given the ones before it."""
     outs = []
     for p in prompts:
         ids = tok(p, return_tensors="pt").input_ids
@@ -60,19 +60,19 @@ def hf_reference(model, tok, prompts):
                                  eos_token_id=None, pad_token_id=0,
                                  attention_mask=torch.ones_like(ids))
         outs.append(gen[0, ids.shape[1]:].tolist())
-    ids = tok(PROMPTS[1], return_tensors="pt").input_ids
+    ids = tok(logprob_prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
     return outs, ref.gather(1, ids[0, 1:, None]).squeeze(1)
 
 
 def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
-    expected, ref_logprobs = hf_reference(model, tok, prompts)
+    expected, ref_logprobs = hf_reference(model, tok, prompts, prompts[1])
     with Engine(str(folder), dtype="float32", max_total_tokens=2048, chunked_prefill_size=7,
                 **engine_args) as engine:
         params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
-        res = engine.generate(PROMPTS[1], {"max_new_tokens": 0}, return_logprob=True,
+        res = engine.generate(prompts[1], {"max_new_tokens": 0}, return_logprob=True,
                               logprob_start_len=0)
         ours = [e[0] for e in res["meta_info"]["input_token_logprobs"][1:]]
         engine.scheduler.check_slots()
@@ -83,6 +83,23 @@ def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
 def test_family_matches_hf(tmp_path, family):
     folder, model, tok = make_family_model(tmp_path, family)
     check_engine_matches(folder, model, tok)
+
+
+def test_phi4_mini_like_longrope_and_partial_rotary(tmp_path):
+    """longrope (rope_scaling.py) over 12 rotary dims: 6-entry factor lists; prompts past
+    original_max_position_embeddings, where transformers uses the long factors."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [1.0 + 1.7 * i for i in range(6)]}
+    folder, model, tok = make_family_model(tmp_path, "phi3", max_position_embeddings=64,
+                                           original_max_position_embeddings=32,
+                                           rope_parameters=rope)
+    long_prompts = [  # 34 to 47 tokens
+        "Once upon a time there was a little robot who lived in a library. Every morning it",
+        "The quick brown fox jumps over the lazy dog. A small model reads a short prompt and "
+        "writes an answer"]
+    assert all(34 <= len(tok(p).input_ids) <= 64 - NEW_TOKENS for p in long_prompts)
+    check_engine_matches(folder, model, tok, long_prompts)
 
 
 def test_families_are_supported_architectures():
