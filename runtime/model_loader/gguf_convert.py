@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelNotFound
+from ..models.rope_scaling import set_gguf_rope
 from .gguf_families import fix_family_config, read_error_hint
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
         fix_family_config(config, gguf_path)  # what the reader drops of phi3 (gguf_families)
+        set_gguf_rope(config, gguf_path)  # rope scaling, which the reader drops (rope_scaling)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         with torch.device("meta"):  # only for the parameter names; costs no memory
             skeleton = AutoModelForCausalLM.from_config(config)

@@ -35,11 +35,11 @@ from typing import Any
 import torch
 
 
-def _base_inv_freq(dim: int, theta: float) -> torch.Tensor:
+def base_inv_freq(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
 
-def _llama3(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+def llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     # long wavelengths slowed by `factor`, short ones kept, the band between blended
     factor = float(s["factor"])
     low_freq_factor = float(s.get("low_freq_factor", 1.0))
@@ -85,7 +85,7 @@ def _yarn(dim: int, theta: float, s: dict[str, Any]) -> tuple[torch.Tensor, floa
     if low == high:
         high += 0.001  # no singularity
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    extrapolation = _base_inv_freq(dim, theta)
+    extrapolation = base_inv_freq(dim, theta)
     extrapolation_weight = 1 - ramp
     inv_freq = (extrapolation / factor) * ramp + extrapolation * extrapolation_weight
     return inv_freq, float(attention_factor)
@@ -114,7 +114,7 @@ def _dynamic(dim: int, theta: float, s: dict[str, Any], seq_len: int) -> torch.T
     factor, max_pos = float(s["factor"]), s["max_position_embeddings"]
     seq_len = max(seq_len, max_pos)
     base = theta * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))
-    return _base_inv_freq(dim, base)
+    return base_inv_freq(dim, base)
 
 
 def rope_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None, *,
@@ -125,11 +125,11 @@ def rope_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None, *,
     context_len = context_len or seq_len
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
-        return _base_inv_freq(dim, theta), 1.0
+        return base_inv_freq(dim, theta), 1.0
     if kind == "linear":
-        return _base_inv_freq(dim, theta) / float(scaling["factor"]), 1.0
+        return base_inv_freq(dim, theta) / float(scaling["factor"]), 1.0
     if kind == "llama3":
-        return _llama3(_base_inv_freq(dim, theta), scaling), 1.0
+        return llama3_inv_freq(base_inv_freq(dim, theta), scaling), 1.0
     if kind == "yarn":
         return _yarn(dim, theta, scaling)
     if kind in ("longrope", "su"):
