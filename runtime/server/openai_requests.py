@@ -166,7 +166,7 @@ def _sampling(client: SchedulerClient, body: AnyRequest, requested: dict[str, An
         # Every choice gets its own stream of randomness, reproducible from the seed.
         d["seed"] = (d["seed"] + choice) % (1 << 63)
     # the model's sampling defaults (--sampling-defaults) for what the body leaves unset
-    sampling = SamplingParams.from_dict(d, defaults_of(client.model_info))
+    sampling = SamplingParams.from_dict(d, defaults_of(getattr(client, "model_info", None)))
     check_constraint(sampling)  # a bad schema is a 400 here, before the scheduler
     return sampling
 
