@@ -4,12 +4,17 @@ with prompt logprobs within 1e-4."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
 from helpers.tiny_models import make_tiny_model
 
 from radixflow.runtime.engine import Engine
+from radixflow.runtime.forward_batch import ForwardMode
+from radixflow.runtime.model_runner import BatchRequest, ModelRunner
+from radixflow.runtime.server_args import ServerArgs
 
 ORIGINAL, MAX_POS, NEW_TOKENS = 32, 64, 12
 LONG_PROMPTS = [  # 34 to 47 tokens: past the original 32
@@ -86,3 +91,30 @@ def test_longrope_short_context_server_uses_short_factors(scaled_model):
     with Engine(str(folder), dtype="float32", max_total_tokens=512,
                 context_length=ORIGINAL) as engine:
         assert [r["output_ids"] for r in engine.generate(SHORT_PROMPTS, params)] == expected
+
+
+def test_c_decode_step_takes_the_scaled_tables(scaled_model):
+    """The C decode step (int4 models) reads rope.cos/sin, attention factor folded in: its
+    logits past the original length are the eager step's."""
+    kind, folder, tok, _ = scaled_model
+    config = json.loads((folder / "config.json").read_text())
+    runner = ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, dtype="float32",
+                                    quantization="int4"), folder, config)
+    assert runner.cpu_decode is not None
+    assert runner.model.rope.attention_factor != 1.0
+    tokens = tok(LONG_PROMPTS[1]).input_ids
+    slots = runner.kv_pool.alloc(len(tokens))
+    runner.req_to_token_pool.req_to_token[0, :len(tokens)] = slots.to(torch.int32)
+
+    def step(i: int) -> torch.Tensor:
+        part = BatchRequest(req_pool_idx=0, ids=[tokens[i]], start_pos=i, logit_offsets=[0])
+        return runner.forward(ForwardMode.DECODE, [part], slots[i:i + 1])
+
+    calls = runner.cpu_decode.calls
+    c_step = torch.cat([step(i) for i in range(len(tokens))])  # writes the K/V as it goes
+    assert runner.cpu_decode.calls - calls == len(tokens)
+    runner.cpu_decode = None
+    eager = torch.cat([step(i) for i in range(len(tokens))])
+    # (the C step's own rounding: ~0.6% of the largest logit, scaled or not; tables without
+    # the attention factor: 17-27%)
+    assert (c_step - eager).abs().max() <= 0.03 * eager.abs().max()
