@@ -17,7 +17,7 @@ from radixflow.runtime.errors import ModelNotFound
 from radixflow.runtime.model_loader.gguf_families import HF_FOLDER_ONLY
 from radixflow.runtime.models.config import SUPPORTED_ARCHITECTURES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "models.md"
 COLUMNS = ["architecture (`config.json`)", "family", "tensor parallel", "C decode step (CPU)",
            "GGUF", "quantized", "GPU"]
