@@ -18,7 +18,7 @@ from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
 from .models.cpu_linear import can_pack, pack_linears_
-from .models.llama import LlamaForCausalLM
+from .models.llama import LlamaForCausalLM, model_class
 from .models.quant_linear import can_quantize_int4, quantize_linears_
 from .server_args import ServerArgs
 
@@ -150,7 +150,7 @@ class ModelRunner:
                 model = TPLlamaForCausalLM(self.model_args, self.tp)
                 weights = self.tp.spec.shard_weights(weights)
             else:
-                model = LlamaForCausalLM(self.model_args)
+                model = model_class(self.model_args)(self.model_args)
         model.to_empty(device=self.device)
         model.load_weights(weights, need_lm_head=not self.args.is_embedding)
         self.quantization = self._quantize(model)  # from the checkpoint's own weights
@@ -160,7 +160,7 @@ class ModelRunner:
                              "groups and another rank's is not; pass --quantization none or int4")
         model.to(self.dtype)
         # fp32 tables, whatever the model dtype; longrope picks its factors by the context
-        model.rope.reset_tables(self.device, context_len=self.context_len)
+        model.reset_rope_tables(self.device, context_len=self.context_len)
         if can_pack(self.device, self.dtype):
             pack_linears_(model)
         if self.device.type == "cpu" and cpu_kernels.available():

@@ -20,6 +20,8 @@ SUPPORTED_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 
@@ -51,6 +53,12 @@ class ModelArgs:
     rotary_dim: int | None = None  # Phi-3's partial rotary; None: head_dim
     nope_layers: tuple[int, ...] = ()  # SmolLM3: layers without RoPE
     sliding_window: int | None = None  # some layer attends through a window this wide
+    # ---- Gemma (gemma.py) ----
+    attn_softcap: float | None = None  # attention logits tanh-capped
+    final_softcap: float | None = None  # output logits tanh-capped
+    attn_window: int | None = None  # the window of window_layers, attended as a window
+    window_layers: tuple[int, ...] = ()
+    rope_local_theta: float | None = None  # Gemma 3's local (windowed) layers' RoPE base
 
     @property
     def family(self) -> str:
@@ -89,6 +97,8 @@ class ModelArgs:
             gaps.append(f"layers without RoPE {list(self.nope_layers)}")
         if self.o_proj_bias or self.mlp_bias:
             gaps.append("o_proj / MLP biases")
+        if self.family in ("gemma2", "gemma3"):
+            gaps.append("Gemma blocks (GeGLU, (1 + w) norms, soft-capping, windows)")
         return gaps
 
     @classmethod
@@ -106,7 +116,7 @@ class ModelArgs:
         num_layers = config["num_hidden_layers"]
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
@@ -123,5 +133,5 @@ class ModelArgs:
             qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             eos_token_ids=eos_ids,
-            **family_fields(family, config, num_layers, head_dim),
         )
+        return cls(**{**fields, **family_fields(family, config, num_layers, head_dim)})

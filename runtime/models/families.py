@@ -13,7 +13,11 @@ transformers' modeling_<family>.py reads them (their defaults keep Llama / Qwen 
 - attention_bias puts a bias on o_proj too (Llama, Granite, SmolLM3, Qwen3; Qwen2's biases
   are on q/k/v only), mlp_bias on gate/up/down.
 
-Sliding windows (`sliding_window`: Mistral, Phi-3; Qwen2/Qwen3/SmolLM3 with
+Gemma 2 / Gemma 3 (gemma_fields): gelu-tanh, query_pre_attn_scalar as the softmax scale,
+soft-capping, the windowed layers (layer_types, else every 2nd / every sliding_window_pattern
+-th layer global) attended as windows by gemma.py, Gemma 3's local rope base and q/k norms.
+
+Other sliding windows (`sliding_window`: Mistral, Phi-3; Qwen2/Qwen3/SmolLM3 with
 use_sliding_window) are not attended as windows: a model with any windowed layer serves at
 most `sliding_window` positions (ModelArgs.context_limit), within which a window of that size
 sees every earlier token, so each path computes what transformers computes; longer requests
@@ -25,12 +29,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequest
+from .rope_scaling import rope_settings
 
 _SILU_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3")
 
 
 def family_fields(family: str, config: dict[str, Any], num_layers: int,
                   head_dim: int) -> dict[str, Any]:
+    if family in ("gemma2", "gemma3"):
+        return gemma_fields(family, config, num_layers)
     arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
     act = config.get("hidden_act", "silu")
     if family in _SILU_FAMILIES and act != "silu":
@@ -59,6 +66,48 @@ def family_fields(family: str, config: dict[str, Any], num_layers: int,
                                  f"rotary dims of a {head_dim}-dim head (need an even count "
                                  "> 0)", param="model")
         fields["rotary_dim"] = rotary_dim
+    return fields
+
+
+def gemma_fields(family: str, config: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Gemma 2 / Gemma 3 (text): gemma.py's blocks read these (and rope_theta/rope_scaling
+    here are the global layers')."""
+    arch = (config.get("architectures") or [family])[0]
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise InvalidRequest(f"{arch} with hidden_activation {act!r} is not supported (Gemma's "
+                             "blocks compute gelu with the tanh approximation)", param="model")
+    pattern = 2 if family == "gemma2" else int(config.get("sliding_window_pattern", 6))
+    types = config.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    window = config.get("sliding_window")
+    fields: dict[str, Any] = {
+        "attention_multiplier": float(config.get("query_pre_attn_scalar", 256)) ** -0.5,
+        "attn_softcap": config.get("attn_logit_softcapping",
+                                   50.0 if family == "gemma2" else None),
+        "final_softcap": config.get("final_logit_softcapping",
+                                    30.0 if family == "gemma2" else None),
+        "attn_window": int(window) if window else None,
+        "window_layers": tuple(i for i, t in enumerate(types)
+                               if t == "sliding_attention") if window else (),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "qk_norm": family == "gemma3",
+        "o_proj_bias": bool(config.get("attention_bias", False)),
+    }
+    if family == "gemma3":
+        params = config.get("rope_parameters") or {}
+        if "full_attention" in params:  # transformers >= 5: one set per layer type
+            glob = rope_settings({**config, "rope_parameters": params["full_attention"]})
+            local = rope_settings({**config, "rope_parameters": params["sliding_attention"]})
+            if local.scaling is not None:
+                raise InvalidRequest(f"{arch}: rope scaling of the local layers is not "
+                                     "supported", param="model")
+            local_theta = local.theta
+        else:
+            glob = rope_settings({"rope_theta": 1e6, **config})
+            local_theta = float(config.get("rope_local_base_freq", 10000.0))
+        fields.update(rope_theta=glob.theta, rope_scaling=glob.scaling,
+                      max_position_embeddings=glob.max_positions, rope_local_theta=local_theta)
     return fields
 
 

@@ -157,12 +157,22 @@ class LlamaForCausalLM(nn.Module):
         `hidden`: their final normed hidden states instead (float32, [rows, hidden_size]),
         lm_head not run (embeddings)."""
         x, delta = self.embed(batch.input_ids), None
-        rope = self.rope.tables(batch.positions, x.dtype)
+        rope = self.rope_tables(batch.positions, x.dtype)
         for layer in self.layers:
             x, delta = layer(x, delta, batch, rope, attn)
         wanted = batch.logits_indices
         _, x = self.norm.add_forward(x[wanted], delta[wanted])
         return x.float() if hidden else self.logits(x)
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """What every layer's attention takes of the positions (gemma.py: two sets)."""
+        return self.rope.tables(positions, dtype)
+
+    def reset_rope_tables(self, device: torch.device, **kwargs) -> None:
+        """(Re)compute every RotaryEmbedding's tables (after building on 'meta')."""
+        for module in self.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.reset_tables(device, **kwargs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of `ids` (Granite's scaled by its embedding multiplier)."""
@@ -254,3 +264,12 @@ def _map_hf_name(hf_name: str) -> tuple[str | None, str | None]:
             parts[i] = fused
             return ".".join(parts), shard
     return name, None
+
+
+def model_class(args: ModelArgs) -> type[LlamaForCausalLM]:
+    """The single-device model class of args' family."""
+    if args.family in ("gemma2", "gemma3"):
+        from .gemma import GemmaForCausalLM
+
+        return GemmaForCausalLM
+    return LlamaForCausalLM

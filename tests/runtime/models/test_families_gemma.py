@@ -1,0 +1,48 @@
+"""Gemma 2 and Gemma 3 (text) against transformers in fp32: windows shorter than the prompts,
+soft-capping, Gemma 3's two RoPE bases and q/k norms; and the paths that refuse them."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.family_models import COMMON, check_engine_matches, make_family_model
+
+from radixflow.runtime.distributed.sharding import check_split
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.models.config import ModelArgs
+
+PROMPTS = ["The quick brown fox", "The cache keeps every prefix that two requests share, so the",
+           "Once upon a time there was a little robot who lived in a library. Every morning it"]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_matches_hf(tmp_path, family):
+    folder, model, tok = make_family_model(tmp_path, family, tie_word_embeddings=True)
+    check_engine_matches(folder, model, tok, PROMPTS)
+
+
+def test_gemma_refuses_fused_paths(tmp_path):
+    folder, _, _ = make_family_model(tmp_path, "gemma3", tie_word_embeddings=True)
+    with Engine(str(folder), dtype="float32", max_total_tokens=256,
+                enable_torch_compile=True) as engine:
+        runner = engine.scheduler.runner
+        assert runner.cpu_decode is None and runner.compiled_decode is None
+        assert len(engine.generate(PROMPTS[0], {"max_new_tokens": 4})["output_ids"]) == 4
+
+
+def test_gemma_config_fields():
+    base = {**COMMON, "vocab_size": 300, "head_dim": 16, "num_hidden_layers": 6}
+    g2 = ModelArgs.from_hf_config({**base, "architectures": ["Gemma2ForCausalLM"],
+                                   "sliding_window": 4096})
+    assert g2.window_layers == (0, 2, 4) and g2.attn_softcap == 50.0
+    assert g2.final_softcap == 30.0 and g2.attn_scale == 256 ** -0.5
+    assert g2.context_limit == 512 and g2.fused_decode_gaps()
+    # the hub's Gemma 3 configs: rope_theta, rope_local_base_freq, rope_scaling of the global
+    g3 = ModelArgs.from_hf_config({**base, "architectures": ["Gemma3ForCausalLM"],
+                                   "sliding_window": 512, "rope_local_base_freq": 10000.0,
+                                   "rope_theta": 1e6, "query_pre_attn_scalar": 16,
+                                   "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert g3.window_layers == (0, 1, 2, 3, 4) and g3.attn_softcap is None
+    assert g3.rope_theta == 1e6 and g3.rope_local_theta == 10000.0 and g3.qk_norm
+    assert g3.rope_scaling["factor"] == 8.0
+    with pytest.raises(ValueError, match="Gemma3ForCausalLM does not run tensor-parallel"):
+        check_split(g3, 2)
