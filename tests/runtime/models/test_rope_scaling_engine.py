@@ -81,6 +81,16 @@ def test_long_prompts_match_hf(scaled_model):
                                atol=1e-4, rtol=1e-4)
 
 
+
+def test_tensor_parallel_ranks_build_the_same_tables(scaled_model):
+    kind, folder, tok, model = scaled_model
+    if kind == "yarn":
+        pytest.skip("yarn-mscale and longrope cover it")
+    expected = _hf_greedy(tok, model, LONG_PROMPTS)
+    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    with Engine(str(folder), dtype="float32", max_total_tokens=1024, tp_size=2) as engine:
+        assert [r["output_ids"] for r in engine.generate(LONG_PROMPTS, params)] == expected
+
 def test_longrope_short_context_server_uses_short_factors(scaled_model):
     kind, folder, tok, model = scaled_model
     if kind != "longrope":
