@@ -4,6 +4,10 @@ transformers reads llama, mistral, qwen2, qwen3, phi3, gemma2 and gemma3 GGUFs (
 others radixflow does not load). Of those:
 - phi3: `phi3.rope.dimension_count` is dropped, so Phi-4-mini's partial rotary (96 of 128
   dims) would come back as full rotary; it is read here and set as partial_rotary_factor.
+- gemma2 / gemma3: query_pre_attn_scalar is not in the file and transformers' default (256)
+  is wrong for the 27B models; it is set as llama.cpp computes the scale. Gemma 2's
+  `attn_logit_softcapping` / `final_logit_softcapping` are read. (Gemma 3's local RoPE base
+  10000 and window pattern 6 are llama.cpp's fixed values and transformers' defaults too.)
 Files of llama.cpp's granite and smollm3 archs are refused by transformers' reader; the
 error names the arch and says to load the model's HF folder instead.
 """
@@ -17,15 +21,36 @@ HF_FOLDER_ONLY = ("granite", "smollm3")
 
 def fix_family_config(config, gguf_path: Path) -> None:
     """Set on `config` (a transformers config read from `gguf_path`) what its reader drops."""
-    if config.model_type != "phi3":
+    arch = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
+    if arch not in ("phi3", "gemma2", "gemma3"):
         return
     from gguf import GGUFReader
 
-    field = GGUFReader(gguf_path).fields.get("phi3.rope.dimension_count")
-    head_dim = config.hidden_size // config.num_attention_heads
-    if field is None or int(field.contents()) == head_dim:
+    fields = GGUFReader(gguf_path).fields
+
+    def read(key: str):
+        field = fields.get(f"{arch}.{key}")
+        return None if field is None else field.contents()
+
+    if arch == "phi3":
+        _set_partial_rotary(config, read("rope.dimension_count"))
         return
-    factor = int(field.contents()) / head_dim
+    # llama.cpp's softmax scale: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 27B models
+    # (Gemma 2: 46 layers, Gemma 3: 62), which is what their query_pre_attn_scalar says
+    big = config.num_hidden_layers == (46 if arch == "gemma2" else 62)
+    config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if big
+                                    else config.head_dim)
+    if arch == "gemma2":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if (value := read(key)) is not None:
+                setattr(config, key, float(value))
+
+
+def _set_partial_rotary(config, rotary_dim) -> None:
+    head_dim = config.hidden_size // config.num_attention_heads
+    if rotary_dim is None or int(rotary_dim) == head_dim:
+        return
+    factor = int(rotary_dim) / head_dim
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict):  # transformers >= 5 reads it from here
         params["partial_rotary_factor"] = factor

@@ -46,3 +46,57 @@ def test_gemma_config_fields():
     assert g3.rope_scaling["factor"] == 8.0
     with pytest.raises(ValueError, match="Gemma3ForCausalLM does not run tensor-parallel"):
         check_split(g3, 2)
+
+
+def _write_gemma2_gguf(folder, model, dest):
+    """`model` as llama.cpp's converter writes Gemma 2: norms stored as 1 + w, the softcaps
+    and the window in the metadata, no query_pre_attn_scalar."""
+    import gguf
+    from helpers.tiny_models import _add_gguf_tokenizer
+
+    c = model.config
+    writer = gguf.GGUFWriter(str(dest), "gemma2")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_float32("gemma2.attn_logit_softcapping", c.attn_logit_softcapping)
+    writer.add_float32("gemma2.final_logit_softcapping", c.final_logit_softcapping)
+    writer.add_sliding_window(c.sliding_window)
+    writer.add_vocab_size(c.vocab_size)
+    _add_gguf_tokenizer(writer, folder)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, c.num_hidden_layers)
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight":
+            continue  # tied
+        t = tensor + 1 if hf_name.endswith("norm.weight") else tensor
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), t.numpy().copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+def test_gemma2_gguf_matches_hf(tmp_path):
+    """A Gemma 2 GGUF (softcaps and window from its metadata, the scale as llama.cpp takes
+    it) serves what the HF model computes."""
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+
+    folder, model, tok = make_family_model(tmp_path / "hf", "gemma2", tie_word_embeddings=True,
+                                           query_pre_attn_scalar=16)
+    gguf_path = _write_gemma2_gguf(folder, model, tmp_path / "gemma2.gguf")
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    convert_gguf(gguf_path, converted)
+    # (the weights and config are what is tested: the tiny byte-level BPE is not a Gemma
+    # tokenizer, which transformers' GGUF reader rebuilds as SentencePiece)
+    tok.save_pretrained(converted)
+    check_engine_matches(converted, model, tok, PROMPTS)
