@@ -177,3 +177,48 @@ def test_phi3_gguf_keeps_partial_rotary(tmp_path):
     convert_gguf(gguf_path, converted)
     assert ModelArgs.from_hf_config(load_config(converted)).rope_dim == 12
     check_engine_matches(converted, model, tok)
+
+
+def _c_step_runner(folder):
+    import json
+
+    from radixflow.runtime.model_runner import ModelRunner
+    from radixflow.runtime.server_args import ServerArgs
+
+    config = json.loads((folder / "config.json").read_text())
+    return ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, quantization="int4"),
+                       folder, config)
+
+
+def _decode_logits(runner, tokens, row):
+    from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
+
+    slots = runner.kv_pool.alloc(len(tokens))
+    runner.req_to_token_pool.req_to_token[row, :len(tokens)] = slots.to(torch.int32)
+    out = [runner.forward(ForwardMode.DECODE, [BatchRequest(req_pool_idx=row, ids=[t],
+                                                            start_pos=i, logit_offsets=[0])],
+                          slots[i:i + 1]) for i, t in enumerate(tokens)]
+    runner.kv_pool.free(slots)
+    return torch.cat(out)
+
+
+def test_c_decode_step_runs_phi3_and_declines_the_rest(tmp_path):
+    """Phi-3 with full rotary is Llama's layout (its fused tensors loaded whole): the C step
+    runs it, as the eager step would; Granite's multipliers, SmolLM3's NoPE layers and
+    partial rotary it declines (model_runner then decodes with torch ops)."""
+    from radixflow.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("radixflow's CPU kernels do not run here")
+    folder, _, _ = make_family_model(tmp_path / "phi3", "phi3", partial_rotary_factor=1.0)
+    runner = _c_step_runner(folder)
+    assert runner.cpu_decode is not None
+    tokens = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64]
+    c_step = _decode_logits(runner, tokens, row=0)
+    assert runner.cpu_decode.calls == len(tokens)
+    runner.cpu_decode = None
+    eager = _decode_logits(runner, tokens, row=1)
+    assert (c_step - eager).abs().max() < 0.05 * eager.abs().max()
+    for family in ("granite", "smollm3", "phi3"):
+        folder, _, _ = make_family_model(tmp_path / f"{family}-declined", family)
+        assert _c_step_runner(folder).cpu_decode is None
