@@ -9,14 +9,14 @@ import json
 import pytest
 import torch
 import transformers
+from helpers.family_models import NEW_TOKENS, check_engine_matches
 from helpers.tiny_models import make_tiny_model
 
-from radixflow.runtime.engine import Engine
 from radixflow.runtime.forward_batch import ForwardMode
 from radixflow.runtime.model_runner import BatchRequest, ModelRunner
 from radixflow.runtime.server_args import ServerArgs
 
-ORIGINAL, MAX_POS, NEW_TOKENS = 32, 64, 12
+ORIGINAL, MAX_POS = 32, 64
 LONG_PROMPTS = [  # 34 to 47 tokens: past the original 32
     "Once upon a time there was a little robot who lived in a library. Every morning it",
     "The quick brown fox jumps over the lazy dog. A small model reads a short prompt and "
@@ -45,62 +45,28 @@ def scaled_model(request, tmp_path_factory):
     return request.param, folder, tok, model.eval()
 
 
-def _hf_greedy(tok, model, prompts):
-    outs = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt").input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0,
-                                 attention_mask=torch.ones_like(ids))
-        outs.append(gen[0, ids.shape[1]:].tolist())
-    return outs
-
-
-def _hf_prompt_logprobs(tok, model, prompt):
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-    return ref.gather(1, ids[0, 1:, None]).squeeze(1)
-
-
 def test_long_prompts_match_hf(scaled_model):
     kind, folder, tok, model = scaled_model
+    assert all(len(tok(p).input_ids) + NEW_TOKENS <= MAX_POS for p in LONG_PROMPTS)
     assert all(len(tok(p).input_ids) > ORIGINAL for p in LONG_PROMPTS)
     # (longrope on a 64-token server uses the long factors, as HF does past 32 tokens)
-    prompts = LONG_PROMPTS + (SHORT_PROMPTS if kind != "longrope" else [])
-    expected = _hf_greedy(tok, model, prompts)
-    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    with Engine(str(folder), dtype="float32", max_total_tokens=1024, chunked_prefill_size=16,
-                max_prefill_tokens=24) as engine:
-        assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
-        res = engine.generate(LONG_PROMPTS[0], {"max_new_tokens": 0}, return_logprob=True,
-                              logprob_start_len=0)
-        ours = [e[0] for e in res["meta_info"]["input_token_logprobs"][1:]]
-    torch.testing.assert_close(torch.tensor(ours), _hf_prompt_logprobs(tok, model, LONG_PROMPTS[0]),
-                               atol=1e-4, rtol=1e-4)
-
+    check_engine_matches(folder, model, tok,
+                         LONG_PROMPTS + (SHORT_PROMPTS if kind != "longrope" else []))
 
 
 def test_tensor_parallel_ranks_build_the_same_tables(scaled_model):
     kind, folder, tok, model = scaled_model
     if kind == "yarn":
         pytest.skip("yarn-mscale and longrope cover it")
-    expected = _hf_greedy(tok, model, LONG_PROMPTS)
-    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    with Engine(str(folder), dtype="float32", max_total_tokens=1024, tp_size=2) as engine:
-        assert [r["output_ids"] for r in engine.generate(LONG_PROMPTS, params)] == expected
+    check_engine_matches(folder, model, tok, LONG_PROMPTS, tp_size=2)
+
 
 def test_longrope_short_context_server_uses_short_factors(scaled_model):
     kind, folder, tok, model = scaled_model
     if kind != "longrope":
         pytest.skip("longrope only")
     # every sequence fits the original 32 positions: HF uses the short factors throughout
-    expected = _hf_greedy(tok, model, SHORT_PROMPTS)
-    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    with Engine(str(folder), dtype="float32", max_total_tokens=512,
-                context_length=ORIGINAL) as engine:
-        assert [r["output_ids"] for r in engine.generate(SHORT_PROMPTS, params)] == expected
+    check_engine_matches(folder, model, tok, SHORT_PROMPTS, context_length=ORIGINAL)
 
 
 def test_c_decode_step_takes_the_scaled_tables(scaled_model):
