@@ -18,8 +18,9 @@ from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
 from .models.cpu_linear import can_pack, pack_linears_
-from .models.llama import LlamaForCausalLM, model_class
+from .models.llama import LlamaForCausalLM
 from .models.quant_linear import can_quantize_int4, quantize_linears_
+from .models.registry import model_class
 from .server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

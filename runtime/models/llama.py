@@ -264,12 +264,3 @@ def _map_hf_name(hf_name: str) -> tuple[str | None, str | None]:
             parts[i] = fused
             return ".".join(parts), shard
     return name, None
-
-
-def model_class(args: ModelArgs) -> type[LlamaForCausalLM]:
-    """The single-device model class of args' family."""
-    if args.family in ("gemma2", "gemma3"):
-        from .gemma import GemmaForCausalLM
-
-        return GemmaForCausalLM
-    return LlamaForCausalLM
