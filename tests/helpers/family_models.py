@@ -84,3 +84,38 @@ def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
     torch.testing.assert_close(torch.tensor(ours), ref_logprobs, atol=1e-4, rtol=1e-4)
 
 
+
+
+def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None):
+    """`model` (saved in `folder`) as an F32 GGUF of llama.cpp's `arch`, with the tiny BPE
+    tokenizer: the common metadata, then `extra(writer, config)`; `tensor(hf_name, t)` may
+    change a tensor or drop it (None)."""
+    import gguf
+    from helpers.tiny_models import _add_gguf_tokenizer
+
+    c = model.config
+    writer = gguf.GGUFWriter(str(dest), arch)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    if extra is not None:
+        extra(writer, c)
+    _add_gguf_tokenizer(writer, folder)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    for hf_name, t in model.state_dict().items():
+        t = tensor(hf_name, t) if tensor is not None else t
+        if t is not None:
+            writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)),
+                              t.numpy().copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest

@@ -15,6 +15,7 @@ from helpers.family_models import (
     check_engine_matches,
     hf_reference,
     make_family_model,
+    write_family_gguf,
 )
 
 from radixflow.runtime.distributed.sharding import ShardSpec
@@ -133,35 +134,13 @@ def test_compiled_decode_matches_hf(tmp_path, family):
 
 
 def _write_phi3_gguf(folder, model, dest):
-    """`model` (a tiny Phi3ForCausalLM saved in `folder`) as an F32 GGUF, as llama.cpp's
-    converter writes Phi-3: fused attn_qkv / ffn_up, rope.dimension_count the rotary width."""
-    import gguf
-    from helpers.tiny_models import _add_gguf_tokenizer
+    """As llama.cpp's converter writes Phi-3: fused attn_qkv / ffn_up, rope.dimension_count
+    the rotary width."""
+    def extra(writer, c):
+        head_dim = c.hidden_size // c.num_attention_heads
+        writer.add_rope_dimension_count(int(head_dim * c.rope_parameters["partial_rotary_factor"]))
 
-    c = model.config
-    head_dim = c.hidden_size // c.num_attention_heads
-    writer = gguf.GGUFWriter(str(dest), "phi3")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_rope_dimension_count(int(head_dim * c.rope_parameters["partial_rotary_factor"]))
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_vocab_size(c.vocab_size)
-    _add_gguf_tokenizer(writer, folder)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, c.num_hidden_layers)
-    for hf_name, tensor in model.state_dict().items():
-        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)),
-                          tensor.numpy().copy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dest
+    return write_family_gguf(folder, model, dest, "phi3", extra)
 
 
 def test_phi3_gguf_keeps_partial_rotary(tmp_path):

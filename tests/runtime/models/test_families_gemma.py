@@ -4,7 +4,7 @@ soft-capping, Gemma 3's two RoPE bases and q/k norms; and the paths that refuse 
 from __future__ import annotations
 
 import pytest
-from helpers.family_models import COMMON, check_engine_matches, make_family_model
+from helpers.family_models import COMMON, check_engine_matches, make_family_model, write_family_gguf
 
 from radixflow.runtime.distributed.sharding import check_split
 from radixflow.runtime.engine import Engine
@@ -49,40 +49,21 @@ def test_gemma_config_fields():
 
 
 def _write_gemma2_gguf(folder, model, dest):
-    """`model` as llama.cpp's converter writes Gemma 2: norms stored as 1 + w, the softcaps
-    and the window in the metadata, no query_pre_attn_scalar."""
-    import gguf
-    from helpers.tiny_models import _add_gguf_tokenizer
+    """As llama.cpp's converter writes Gemma 2: norms stored as 1 + w, the softcaps and the
+    window in the metadata, no query_pre_attn_scalar, the tied head left out."""
+    def extra(writer, c):
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_float32("gemma2.attn_logit_softcapping", c.attn_logit_softcapping)
+        writer.add_float32("gemma2.final_logit_softcapping", c.final_logit_softcapping)
+        writer.add_sliding_window(c.sliding_window)
 
-    c = model.config
-    writer = gguf.GGUFWriter(str(dest), "gemma2")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_key_length(c.head_dim)
-    writer.add_value_length(c.head_dim)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_float32("gemma2.attn_logit_softcapping", c.attn_logit_softcapping)
-    writer.add_float32("gemma2.final_logit_softcapping", c.final_logit_softcapping)
-    writer.add_sliding_window(c.sliding_window)
-    writer.add_vocab_size(c.vocab_size)
-    _add_gguf_tokenizer(writer, folder)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, c.num_hidden_layers)
-    for hf_name, tensor in model.state_dict().items():
-        if hf_name == "lm_head.weight":
-            continue  # tied
-        t = tensor + 1 if hf_name.endswith("norm.weight") else tensor
-        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), t.numpy().copy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dest
+    def tensor(name, t):
+        if name == "lm_head.weight":
+            return None
+        return t + 1 if name.endswith("norm.weight") else t
+
+    return write_family_gguf(folder, model, dest, "gemma2", extra, tensor)
 
 
 def test_gemma2_gguf_matches_hf(tmp_path):
