@@ -54,17 +54,23 @@ def make_family_model(dest, family: str, seed: int = 0, **overrides):
     return dest, model.eval(), tokenizer
 
 
-def hf_reference(model, tok, prompts, logprob_prompt=PROMPTS[1]):
-    """transformers' greedy continuations of `prompts` and the logprob of each token of
-    `logprob_prompt` given the ones before it."""
+def hf_greedy_ids(model, tok, prompts, max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation (token ids) of each prompt, EOS ignored."""
     outs = []
     for p in prompts:
         ids = tok(p, return_tensors="pt").input_ids
         with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+            gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=None, pad_token_id=0,
                                  attention_mask=torch.ones_like(ids))
         outs.append(gen[0, ids.shape[1]:].tolist())
+    return outs
+
+
+def hf_reference(model, tok, prompts, logprob_prompt=PROMPTS[1]):
+    """transformers' greedy continuations of `prompts` and the logprob of each token of
+    `logprob_prompt` given the ones before it."""
+    outs = hf_greedy_ids(model, tok, prompts, NEW_TOKENS)
     ids = tok(logprob_prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.family_models import hf_greedy_ids
 from helpers.tiny_models import ARCHS
 
 from radixflow.runtime.engine import Engine
@@ -24,15 +25,7 @@ NEW_TOKENS = 24
 def hf_greedy(folder, prompts, max_new_tokens):
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    outs = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt").input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0,
-                                 attention_mask=torch.ones_like(ids))
-        outs.append(gen[0, ids.shape[1]:].tolist())
-    return outs, model, tok
+    return hf_greedy_ids(model, tok, prompts, max_new_tokens), model, tok
 
 
 @pytest.mark.parametrize("arch", ARCHS)
