@@ -44,7 +44,7 @@ def split_problems(args: ModelArgs, tp_size: int) -> list[str]:
 
 def check_split(args: ModelArgs, tp_size: int) -> None:
     """Raise ValueError naming the numbers when the model cannot be split over tp_size ranks."""
-    if args.family in ("gemma2", "gemma3"):
+    if args.family in ("gemma2", "gemma3") or args.num_experts:
         raise ValueError(f"--tp-size {tp_size}: {args.architecture} does not run tensor-"
                          "parallel in radixflow (its blocks are not split); use --tp-size 1")
     problems = split_problems(args, tp_size)

@@ -8,7 +8,10 @@ others radixflow does not load). Of those:
   is wrong for the 27B models; it is set as llama.cpp computes the scale. Gemma 2's
   `attn_logit_softcapping` / `final_logit_softcapping` are read. (Gemma 3's local RoPE base
   10000 and window pattern 6 are llama.cpp's fixed values and transformers' defaults too.)
-Files of llama.cpp's granite and smollm3 archs are refused by transformers' reader; the
+- qwen3moe / qwen2moe: the experts' `expert_feed_forward_length` (and Qwen2-MoE's
+  `expert_shared_feed_forward_length`) are dropped, leaving transformers' defaults; read here.
+  (transformers sets norm_topk_prob for qwen3moe, as llama.cpp computes it.)
+Files of llama.cpp's granite, smollm3 and olmoe archs are refused by transformers' reader; the
 error names the arch and says to load the model's HF folder instead.
 """
 
@@ -16,13 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-HF_FOLDER_ONLY = ("granite", "smollm3")
+HF_FOLDER_ONLY = ("granite", "smollm3", "olmoe")
 
 
 def fix_family_config(config, gguf_path: Path) -> None:
     """Set on `config` (a transformers config read from `gguf_path`) what its reader drops."""
-    arch = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
-    if arch not in ("phi3", "gemma2", "gemma3"):
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}.get(
+        config.model_type, config.model_type)
+    if arch not in ("phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe"):
         return
     from gguf import GGUFReader
 
@@ -34,6 +38,15 @@ def fix_family_config(config, gguf_path: Path) -> None:
 
     if arch == "phi3":
         _set_partial_rotary(config, read("rope.dimension_count"))
+        return
+    if arch in ("qwen3moe", "qwen2moe"):
+        for key, attr in (("expert_count", "num_experts"),
+                          ("expert_used_count", "num_experts_per_tok"),
+                          ("expert_feed_forward_length", "moe_intermediate_size"),
+                          ("expert_shared_feed_forward_length",
+                           "shared_expert_intermediate_size")):
+            if (value := read(key)) is not None:
+                setattr(config, attr, int(value))
         return
     # llama.cpp's softmax scale: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 27B models
     # (Gemma 2: 46 layers, Gemma 3: 62), which is what their query_pre_attn_scalar says

@@ -80,8 +80,9 @@ class SingleRequestDecode:
     @torch.inference_mode()
     def warm_up(self, kv_pool: KVPool) -> None:
         """Compile now rather than on the first request. Writes only the padding slot 0."""
-        if self.model.args.family in ("gemma2", "gemma3"):  # (the runner runs it eagerly)
-            raise NotImplementedError(f"{self.model.args.architecture}'s blocks are not in the "
+        args = self.model.args
+        if args.family in ("gemma2", "gemma3") or args.num_experts:  # (run eagerly instead)
+            raise NotImplementedError(f"{args.architecture}'s blocks are not in the "
                                       "compiled decode step")
         start = time.monotonic()
         logger.info("compiling the single-request decode step (torch.compile; about a minute "

@@ -22,6 +22,10 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
+    "OlmoeForCausalLM": "olmoe",
 }
 
 
@@ -59,6 +63,15 @@ class ModelArgs:
     attn_window: int | None = None  # the window of window_layers, attended as a window
     window_layers: tuple[int, ...] = ()
     rope_local_theta: float | None = None  # Gemma 3's local (windowed) layers' RoPE base
+    # ---- mixture of experts (moe.py) ----
+    num_experts: int = 0  # routed experts of each sparse layer; 0: a dense model
+    num_experts_per_tok: int = 0  # top_k
+    moe_intermediate_size: int = 0  # each routed expert's
+    norm_topk_prob: bool = False  # renormalise the top_k routing weights to sum to 1
+    dense_layers: tuple[int, ...] = ()  # layers of a MoE model with a dense MLP instead
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's sigmoid-gated shared expert
+    qk_norm_per_head: bool = True  # False: OLMoE normalises the whole q / k projection
+    clip_qkv: float | None = None  # OLMoE: q, k, v clamped to +-clip_qkv
 
     @property
     def family(self) -> str:
@@ -75,6 +88,9 @@ class ModelArgs:
     def rope_dim(self) -> int:
         """Dims of each head that rotate (the width of the cos/sin tables)."""
         return self.rotary_dim or self.head_dim
+
+    def layer_is_moe(self, layer_id: int) -> bool:
+        return self.num_experts > 0 and layer_id not in self.dense_layers
 
     def layer_has_rope(self, layer_id: int) -> bool:
         return layer_id not in self.nope_layers
@@ -99,6 +115,12 @@ class ModelArgs:
             gaps.append("o_proj / MLP biases")
         if self.family in ("gemma2", "gemma3"):
             gaps.append("Gemma blocks (GeGLU, (1 + w) norms, soft-capping, windows)")
+        if self.num_experts:
+            gaps.append("mixture-of-experts layers")
+        if not self.qk_norm_per_head:
+            gaps.append("q/k norms over the whole projection")
+        if self.clip_qkv is not None:
+            gaps.append("clip_qkv")
         return gaps
 
     @classmethod
@@ -130,8 +152,9 @@ class ModelArgs:
             rope_scaling=rope.scaling,
             max_position_embeddings=rope.max_positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            qkv_bias=(family == "qwen2" or bool(config.get("attention_bias", False))
+                      or (family == "qwen2_moe" and bool(config.get("qkv_bias", True)))),
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
             eos_token_ids=eos_ids,
         )
         return cls(**{**fields, **family_fields(family, config, num_layers, head_dim)})

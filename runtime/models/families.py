@@ -17,6 +17,11 @@ Gemma 2 / Gemma 3 (gemma_fields): gelu-tanh, query_pre_attn_scalar as the softma
 soft-capping, the windowed layers (layer_types, else every 2nd / every sliding_window_pattern
 -th layer global) attended as windows by gemma.py, Gemma 3's local rope base and q/k norms.
 
+Mixture of experts (moe_fields; the blocks are moe.py's): Qwen3-MoE and Qwen2-MoE (sparse
+every decoder_sparse_step-th layer outside mlp_only_layers, norm_topk_prob, Qwen2's shared
+expert), Mixtral (top-k weights always renormalised), OLMoE (q/k norms over the whole
+projection, clip_qkv).
+
 Other sliding windows (`sliding_window`: Mistral, Phi-3; Qwen2/Qwen3/SmolLM3 with
 use_sliding_window) are not attended as windows: a model with any windowed layer serves at
 most `sliding_window` positions (ModelArgs.context_limit), within which a window of that size
@@ -31,7 +36,9 @@ from typing import Any
 from ..errors import InvalidRequest
 from .rope_scaling import rope_settings
 
-_SILU_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3")
+_SILU_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
+                  "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+_MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 
 def family_fields(family: str, config: dict[str, Any], num_layers: int,
@@ -44,7 +51,8 @@ def family_fields(family: str, config: dict[str, Any], num_layers: int,
         raise InvalidRequest(f"{arch} with hidden_act {act!r} is not supported (radixflow's "
                              "Llama blocks compute SiLU-gated MLPs)", param="model")
     fields: dict[str, Any] = {
-        "o_proj_bias": family != "qwen2" and bool(config.get("attention_bias", False)),
+        "o_proj_bias": (family not in ("qwen2", "qwen2_moe")
+                        and bool(config.get("attention_bias", False))),
         "mlp_bias": bool(config.get("mlp_bias", False)),
         "sliding_window": _sliding_window(family, config, num_layers),
     }
@@ -66,6 +74,39 @@ def family_fields(family: str, config: dict[str, Any], num_layers: int,
                                  f"rotary dims of a {head_dim}-dim head (need an even count "
                                  "> 0)", param="model")
         fields["rotary_dim"] = rotary_dim
+    if family in _MOE_FAMILIES:
+        fields.update(moe_fields(family, config, num_layers))
+    return fields
+
+
+def moe_fields(family: str, config: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The routed experts of Qwen3-MoE / Qwen2-MoE (decoder_sparse_step, mlp_only_layers,
+    Qwen2's shared expert), Mixtral (top-k always renormalised) and OLMoE (whole-projection
+    q/k norms, clip_qkv), as transformers' modeling_<family>.py reads them."""
+    arch = (config.get("architectures") or [family])[0]
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    top_k = int(config.get("num_experts_per_tok") or 0)
+    if not 0 < top_k <= experts:
+        raise InvalidRequest(f"{arch}: num_experts_per_tok {top_k} of {experts} experts "
+                             "(need 0 < top_k <= experts)", param="model")
+    fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": top_k}
+    if family in ("qwen3_moe", "qwen2_moe"):
+        step = int(config.get("decoder_sparse_step") or 1)
+        only = set(config.get("mlp_only_layers") or ())
+        fields.update(
+            moe_intermediate_size=int(config["moe_intermediate_size"]),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            dense_layers=tuple(i for i in range(num_layers)
+                               if i in only or (i + 1) % step != 0))
+        if family == "qwen2_moe":
+            fields["shared_expert_intermediate_size"] = int(
+                config.get("shared_expert_intermediate_size") or 0)
+    else:  # Mixtral, OLMoE: every layer sparse, experts of intermediate_size
+        fields.update(moe_intermediate_size=int(config["intermediate_size"]),
+                      norm_topk_prob=family == "mixtral" or bool(config.get("norm_topk_prob")))
+    if family == "olmoe":
+        clip = config.get("clip_qkv")
+        fields.update(qk_norm_per_head=False, clip_qkv=float(clip) if clip else None)
     return fields
 
 
@@ -122,19 +163,20 @@ def _smollm3_rope(config: dict[str, Any], num_layers: int) -> list[int]:
 def _sliding_window(family: str, config: dict[str, Any], num_layers: int) -> int | None:
     """The window when some layer of this family's model attends through one, else None."""
     window = config.get("sliding_window")
-    if family in ("llama", "granite") or not window:
-        return None  # (transformers' Llama and Granite read no window)
-    if family in ("qwen2", "qwen3", "smollm3") and not config.get("use_sliding_window"):
+    if family in ("llama", "granite", "olmoe") or not window:
+        return None  # (transformers' Llama, Granite and OLMoE read no window)
+    if family in ("qwen2", "qwen3", "smollm3", "qwen2_moe", "qwen3_moe") and not config.get(
+            "use_sliding_window"):
         return None
     types = config.get("layer_types")
     if types is None:
-        if family in ("qwen2", "qwen3"):
+        if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
             first = int(config.get("max_window_layers", num_layers))
             types = ["sliding_attention" if i >= first else "full_attention"
                      for i in range(num_layers)]
         elif family == "smollm3":
             types = ["full_attention" if rope else "sliding_attention"
                      for rope in _smollm3_rope(config, num_layers)]
-        else:  # Mistral, Phi-3: every layer
+        else:  # Mistral, Mixtral, Phi-3: every layer
             types = ["sliding_attention"] * num_layers
     return int(window) if "sliding_attention" in types else None

@@ -63,9 +63,13 @@ class Attention(nn.Module):
         # dims of each head that rotate: all (Llama), the first rotary_dim (Phi-3's partial
         # rotary), none (SmolLM3's NoPE layers)
         self.rotary_dim = args.rope_dim if args.layer_has_rope(layer_id) else 0
+        # q/k norms per head (Qwen3) or, qk_norm_per_head False, over the whole projection
+        # (OLMoE); OLMoE's clip_qkv clamps q, k and v after them
+        self.qk_norm_per_head, self.clip_qkv = args.qk_norm_per_head, args.clip_qkv
         if args.qk_norm:
-            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
-            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            per_head = args.qk_norm_per_head
+            self.q_norm = RMSNorm(args.head_dim if per_head else self.q_size, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim if per_head else self.kv_size, args.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
@@ -80,10 +84,12 @@ class Attention(nn.Module):
         """x [num_tokens, hidden] -> rotated q [num_tokens, heads, head_dim], rotated k and v
         [num_tokens, kv_heads, head_dim]."""
         qkv = self.qkv_proj(x)
+        if not self.qk_norm_per_head or self.clip_qkv is not None:
+            qkv = self._whole_norms_and_clip(qkv)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_per_head:
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
         if self.rotary_dim == self.head_dim:
@@ -95,16 +101,27 @@ class Attention(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, v
 
+    def _whole_norms_and_clip(self, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and not self.qk_norm_per_head:
+            q, k = self.q_norm(q), self.k_norm(k)
+        qkv = torch.cat([q, k, v], dim=-1)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        return qkv
+
 
 class FeedForward(nn.Module):
     rows: RowKernels | None = None
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, *, intermediate_size: int | None = None,
+                 bias: bool | None = None):
+        """The dense MLP of `args`, or (moe.py) an expert of its own size."""
         super().__init__()
-        self.intermediate_size = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size,
-                                      bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        inter = self.intermediate_size = intermediate_size or args.intermediate_size
+        bias = args.mlp_bias if bias is None else bias
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * inter, bias=bias)
+        self.down_proj = nn.Linear(inter, args.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -121,7 +138,12 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = FeedForward(args)
+        if args.layer_is_moe(layer_id):
+            from .moe import SparseMoe  # (moe.py builds its experts from FeedForward)
+
+            self.mlp = SparseMoe(args)
+        else:
+            self.mlp = FeedForward(args)
         self.residual_multiplier = args.residual_multiplier  # Granite's; 1.0 elsewhere
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch,
@@ -198,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
         (`need_lm_head` False: an embedding model's checkpoint may have no head)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for hf_name, tensor in weights:
+        for hf_name, tensor in _per_expert(weights):
             name, shard = _map_hf_name(hf_name)
             if name is None or "rotary_emb" in hf_name:
                 continue
@@ -216,7 +238,7 @@ class LlamaForCausalLM(nn.Module):
                 parts = _fused_parts(name)
                 loaded.update([f"{name}#{p}" for p in parts] if parts else [name])
             else:
-                start, size = self._shard_range(name, shard)
+                start, size = self._shard_range(param, shard)
                 param.data[start:start + size].copy_(tensor)
                 loaded.add(f"{name}#{shard}")
         if self.args.tie_word_embeddings:
@@ -228,12 +250,13 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint is missing weights: {missing[:5]}"
                              f"{' ...' if len(missing) > 5 else ''}")
 
-    def _shard_range(self, name: str, shard: str) -> tuple[int, int]:
+    def _shard_range(self, param: torch.Tensor, shard: str) -> tuple[int, int]:
+        """The rows of fused `param` that checkpoint part `shard` fills."""
         a = self.args
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        half = param.shape[0] // 2  # gate_up of a dense MLP or of an expert
         ranges = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv),
-                  "gate": (0, a.intermediate_size),
-                  "up": (a.intermediate_size, a.intermediate_size)}
+                  "gate": (0, half), "up": (half, half)}
         return ranges[shard]
 
     def _expected_loaded_names(self) -> list[str]:
@@ -254,10 +277,31 @@ _SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": (
            "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
 
 
+# Mixtral's checkpoint names: block_sparse_moe.experts.E.w1/w3/w2 are gate/up/down
+_MIXTRAL = {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _per_expert(weights: Iterable[tuple[str, torch.Tensor]]
+                ) -> Iterable[tuple[str, torch.Tensor]]:
+    """Checkpoints that stack the experts (transformers >= 5's in-memory layout,
+    mlp.experts.gate_up_proj [experts, 2 * inter, hidden] and mlp.experts.down_proj) as the
+    per-expert tensors the model holds."""
+    for name, tensor in weights:
+        stem, _, last = name.rpartition(".")
+        if stem.endswith(".experts") and last in ("gate_up_proj", "down_proj"):
+            for e, part in enumerate(tensor.unbind(0)):
+                yield f"{stem}.{e}.{last}.weight", part
+        else:
+            yield name, tensor
+
+
 def _map_hf_name(hf_name: str) -> tuple[str | None, str | None]:
     """'model.layers.3.self_attn.q_proj.weight' -> ('layers.3.self_attn.qkv_proj.weight', 'q')."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
+    if "block_sparse_moe" in parts:
+        parts = [_MIXTRAL.get(p, p) for p in parts]
+        name = ".".join(parts)
     for i, part in enumerate(parts):
         if part in _SHARDS:
             fused, shard = _SHARDS[part]

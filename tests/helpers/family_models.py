@@ -1,4 +1,5 @@
-"""Tiny random models of the families beyond Llama (Granite, SmolLM3, Phi-3, Gemma 2/3),
+"""Tiny random models of the families beyond Llama (Granite, SmolLM3, Phi-3, Gemma 2/3,
+the mixture-of-experts families),
 saved by transformers' own classes, and the check that radixflow.Engine serves them as
 transformers computes them (fp32: greedy tokens identical, prompt logprobs within 1e-4)."""
 
@@ -35,6 +36,17 @@ FAMILIES = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                          "full_attention": {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 1e6}})),
+    # mixture of experts: 4 experts, top 2; Qwen3-MoE renormalised, layer 1 dense
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True,
+                                         mlp_only_layers=[1], head_dim=16)),
+    # layer 0 dense (decoder_sparse_step 2), a sigmoid-gated shared expert, not renormalised
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, decoder_sparse_step=2,
+                                         shared_expert_intermediate_size=48)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    # q/k norms over the whole projection, clip_qkv that bites
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, clip_qkv=0.8)),
 }
 
 
@@ -92,10 +104,10 @@ def check_engine_matches(folder, model, tok, prompts=PROMPTS, **engine_args):
 
 
 
-def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None):
+def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None, after=None):
     """`model` (saved in `folder`) as an F32 GGUF of llama.cpp's `arch`, with the tiny BPE
     tokenizer: the common metadata, then `extra(writer, config)`; `tensor(hf_name, t)` may
-    change a tensor or drop it (None)."""
+    change a tensor or drop it (None); `after(writer)` adds tensors of its own."""
     import gguf
     from helpers.tiny_models import _add_gguf_tokenizer
 
@@ -120,6 +132,8 @@ def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None):
         if t is not None:
             writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)),
                               t.numpy().copy())
+    if after is not None:
+        after(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,0 +1,164 @@
+"""Mixture-of-experts families (moe.py) against transformers in fp32: Qwen3-MoE, Qwen2-MoE
+(shared expert, dense layers by decoder_sparse_step), Mixtral (its checkpoint names) and OLMoE
+(whole-projection q/k norms, clip_qkv): greedy output token-identical and prompt logprobs
+within 1e-4 through radixflow.Engine; the grouped experts against a dense loop; what the other
+paths do with experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.family_models import (
+    COMMON,
+    FAMILIES,
+    PROMPTS,
+    check_engine_matches,
+    make_family_model,
+)
+
+from radixflow.runtime.models.config import ModelArgs
+from radixflow.runtime.models.llama import LlamaForCausalLM
+from radixflow.runtime.models.moe import SparseMoe
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"])
+def test_moe_family_matches_hf(tmp_path, family):
+    folder, model, tok = make_family_model(tmp_path, family)
+    check_engine_matches(folder, model, tok)
+
+
+def _args(family: str, **overrides) -> ModelArgs:
+    config_cls, extra = FAMILIES[family]
+    arch = config_cls.replace("Config", "ForCausalLM")
+    return ModelArgs.from_hf_config({**COMMON, "vocab_size": 300, "architectures": [arch],
+                                     **extra, **overrides})
+
+
+def test_moe_config_fields():
+    qwen3 = _args("qwen3_moe")
+    assert (qwen3.num_experts, qwen3.num_experts_per_tok, qwen3.moe_intermediate_size) == (4, 2, 32)
+    assert qwen3.norm_topk_prob and qwen3.dense_layers == (1,) and qwen3.qk_norm
+    qwen2 = _args("qwen2_moe")
+    assert qwen2.dense_layers == (0,) and qwen2.shared_expert_intermediate_size == 48
+    assert not qwen2.norm_topk_prob and qwen2.qkv_bias and not qwen2.o_proj_bias
+    mixtral = _args("mixtral")
+    assert mixtral.norm_topk_prob and mixtral.moe_intermediate_size == 128
+    olmoe = _args("olmoe")
+    assert not olmoe.qk_norm_per_head and olmoe.clip_qkv == 0.8
+    for args in (qwen3, qwen2, mixtral, olmoe):
+        assert "mixture-of-experts layers" in args.fused_decode_gaps()
+    with pytest.raises(Exception, match="num_experts_per_tok 5 of 4"):
+        _args("mixtral", num_experts_per_tok=5)
+
+
+def test_grouped_experts_equal_a_dense_loop():
+    torch.manual_seed(0)
+    moe = SparseMoe(_args("qwen2_moe"))
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(9, 64)
+    weights, ids = moe.route(x)
+    assert ids.shape == (9, 2) and torch.allclose(weights.sum(-1) <= 1.0 + 1e-6,
+                                                  torch.ones(9, dtype=torch.bool))
+    dense = torch.stack([sum(weights[t, j] * moe.experts[int(ids[t, j])](x[t])
+                             for j in range(2)) for t in range(9)])
+    dense = dense + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
+    torch.testing.assert_close(moe(x), dense, atol=1e-5, rtol=1e-5)
+
+
+def test_only_routed_experts_run():
+    moe = SparseMoe(_args("mixtral"))
+    calls = []
+    for e, expert in enumerate(moe.experts):
+        expert.register_forward_hook(lambda mod, inp, out, e=e: calls.append((e, inp[0].shape[0])))
+    x = torch.randn(1, 64)
+    _, ids = moe.route(x)
+    moe(x)
+    assert sorted(e for e, _ in calls) == sorted(ids[0].tolist()) and all(n == 1 for _, n in calls)
+
+
+def test_stacked_expert_checkpoints_load():
+    """transformers >= 5's stacked layout (mlp.experts.gate_up_proj [E, 2I, H]) loads as the
+    per-expert tensors it stacks."""
+    args = _args("qwen3_moe")
+    model = LlamaForCausalLM(args)
+    state = {f"model.{k}": v.clone().normal_() for k, v in model.state_dict().items()}
+    stacked = {}
+    for name in list(state):
+        if ".experts." in name:
+            stem, rest = name.split(".experts.")
+            e, proj = rest.split(".")[:2]
+            stacked.setdefault(f"{stem}.experts.{proj}", {})[int(e)] = state.pop(name)
+    for name, parts in stacked.items():
+        state[name] = torch.stack([parts[e] for e in sorted(parts)])
+    fresh = LlamaForCausalLM(args)
+    fresh.load_weights(state.items())
+    expert = fresh.layers[0].mlp.experts[3].gate_up_proj.weight
+    torch.testing.assert_close(expert, state["model.layers.0.mlp.experts.gate_up_proj"][3])
+
+
+def _write_qwen3moe_gguf(folder, model, dest):
+    """`model` as llama.cpp's qwen3moe GGUF: the experts as its stacked ffn_{gate,up,down}_exps."""
+    from helpers.family_models import write_family_gguf
+
+    c = model.config
+    experts = {}
+
+    def extra(writer, config):
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+
+    def tensor(hf_name, t):
+        if ".mlp.experts." in hf_name:
+            experts[hf_name] = t
+            return None
+        return t
+
+    def add_experts(writer):
+        for name, t in experts.items():
+            layer = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                gate, up = t.chunk(2, dim=1)
+                writer.add_tensor(f"blk.{layer}.ffn_gate_exps.weight", gate.numpy().copy())
+                writer.add_tensor(f"blk.{layer}.ffn_up_exps.weight", up.numpy().copy())
+            else:
+                writer.add_tensor(f"blk.{layer}.ffn_down_exps.weight", t.numpy().copy())
+
+    assert c.norm_topk_prob  # llama.cpp's qwen3moe always renormalises
+    return write_family_gguf(folder, model, dest, "qwen3moe", extra=extra, tensor=tensor,
+                             after=add_experts)
+
+
+def test_qwen3_moe_gguf_gives_the_hf_folders_logits(tmp_path):
+    # (llama.cpp's qwen3moe has no dense layers: mlp_only_layers empty)
+    folder, model, tok = make_family_model(tmp_path / "hf", "qwen3_moe", mlp_only_layers=[])
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+
+    gguf_path = _write_qwen3moe_gguf(folder, model, tmp_path / "tiny-qwen3moe.gguf")
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    convert_gguf(gguf_path, converted)
+    # (the digits prompt is left out: transformers rebuilds the tiny BPE tokenizer from a
+    # qwen3moe GGUF with Qwen's digit-splitting pre-tokenizer, so its ids differ)
+    check_engine_matches(converted, model, tok, PROMPTS[:2])
+
+
+def test_tensor_parallel_refuses_experts():
+    from radixflow.runtime.distributed.sharding import check_split
+
+    with pytest.raises(ValueError, match="does not run tensor-parallel"):
+        check_split(_args("qwen3_moe"), 2)
+
+
+def test_int4_quantizes_experts_and_keeps_the_router_dense():
+    from radixflow.runtime.models.quant_linear import Int4Linear, quantize_linears_
+
+    model = LlamaForCausalLM(_args("qwen2_moe"))
+    quantize_linears_(model, keep=(model.lm_head,))
+    moe = model.layers[1].mlp
+    assert all(isinstance(e.gate_up_proj, Int4Linear) for e in moe.experts)
+    assert isinstance(moe.shared_expert.gate_up_proj, Int4Linear)  # (48 in: not a group size)
+    assert type(moe.gate).__name__ == "Router" and type(moe.shared_expert_gate).__name__ == "Router"
