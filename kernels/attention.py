@@ -8,6 +8,9 @@ Both kernels read the K/V pool through `req_to_token` (page size 1: one slot per
   the new tokens up to itself.
 - decode: request i has one query; it attends to positions `0 .. seq_lens[i] - 1`, all read
   through the table (the new token's K/V is already in the pool).
+- window (a sliding-window layer; None: none): a query at position p attends only to keys at
+  positions p - window < k <= p (transformers' sliding_window_causal_mask_function). The
+  Triton kernels skip the key tiles wholly below a query tile's window and mask inside it.
 
 GQA: query head h reads KV head `h // (num_heads // num_kv_heads)`. Softmax in fp32; the
 output has q's dtype.
@@ -34,19 +37,23 @@ def extend_attention(
     *,
     scale: float,
     max_extend_len: int | None = None,
+    window: int | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Attention of each request's new tokens over its cached prefix and causally over
-    themselves. `max_extend_len` (a host int) spares the Triton path a device sync."""
+    themselves (within `window`). `max_extend_len` (a host int) spares the Triton path a device
+    sync."""
     _check_heads(q, k_cache)
+    _check_window(window)
     if pick_backend(backend, q) == "torch":
         return extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
-                                      prefix_lens, extend_lens, extend_starts, scale=scale)
+                                      prefix_lens, extend_lens, extend_starts, scale=scale,
+                                      window=window)
     from .triton.extend_attention import extend_attention_triton
 
     return extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
                                    prefix_lens, extend_lens, extend_starts, scale=scale,
-                                   max_extend_len=max_extend_len)
+                                   max_extend_len=max_extend_len, window=window)
 
 
 def decode_attention(
@@ -61,23 +68,26 @@ def decode_attention(
     num_kv_splits: int | None = None,
     max_seq_len: int | None = None,
     shared_prefix: object = "auto",
+    window: int | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:  # [bs, num_heads, head_dim]
     """One query per request over its positions 0 .. seq_lens[i] - 1. The Triton path splits
     each context into `num_kv_splits` parts (flash-decoding) and merges them in a second kernel;
     None picks a split count from the batch shape. Requests whose slot rows begin alike attend
     over that shared prefix together (triton/decode_attention.py's cascade): shared_prefix is
-    its plan (`plan_shared_prefix`, once per forward), "auto" (planned here) or None (off).
-    A request with seq_len 0 gets zeros."""
+    its plan (`plan_shared_prefix`, once per forward), "auto" (planned here) or None (off); a
+    windowed call attends alone whatever it says. A request with seq_len 0 gets zeros."""
     _check_heads(q, k_cache)
+    _check_window(window)
     if pick_backend(backend, q) == "torch":
         return decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices,
-                                      seq_lens, scale=scale)
+                                      seq_lens, scale=scale, window=window)
     from .triton.decode_attention import decode_attention_triton
 
     return decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                    scale=scale, num_kv_splits=num_kv_splits,
-                                   max_seq_len=max_seq_len, shared_prefix=shared_prefix)
+                                   max_seq_len=max_seq_len, shared_prefix=shared_prefix,
+                                   window=window)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +95,8 @@ def decode_attention(
 
 
 def extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
-                           prefix_lens, extend_lens, extend_starts, *, scale: float):
+                           prefix_lens, extend_lens, extend_starts, *, scale: float,
+                           window: int | None = None):
     out = torch.zeros_like(q)
     for row, prefix_len, extend_len, start in zip(
         req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
@@ -97,19 +108,20 @@ def extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_ind
         slots = req_to_token[row, :prefix_len].long()
         keys = torch.cat([k_cache[slots], k[new].to(k_cache.dtype)])
         values = torch.cat([v_cache[slots], v[new].to(v_cache.dtype)])
-        out[new] = attend(q[new], keys, values, scale=scale, first_pos=prefix_len)
+        out[new] = attend(q[new], keys, values, scale=scale, first_pos=prefix_len,
+                          window=window)
     return out
 
 
 def decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *,
-                           scale: float):
+                           scale: float, window: int | None = None):
     out = torch.zeros_like(q)
     for i, (row, seq_len) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
         if seq_len == 0:
             continue
         slots = req_to_token[row, :seq_len].long()
         out[i:i + 1] = attend(q[i:i + 1], k_cache[slots], v_cache[slots], scale=scale,
-                              first_pos=seq_len - 1)
+                              first_pos=seq_len - 1, window=window)
     return out
 
 
@@ -120,17 +132,27 @@ def attend(
     *,
     scale: float,
     first_pos: int,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_q, num_heads, head_dim]
-    """Causal GQA attention of one request, in fp32."""
+    """Causal GQA attention of one request, in fp32; `window`: the query at position p sees
+    only the keys at p - window < k <= p."""
     group = q.shape[1] // keys.shape[1]
     keys = keys.float().repeat_interleave(group, dim=1)
     values = values.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale  # [heads, num_q, num_k]
     q_pos = first_pos + torch.arange(q.shape[0], device=q.device)
     k_pos = torch.arange(keys.shape[0], device=q.device)
-    scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    hidden = k_pos[None, :] > q_pos[:, None]  # [num_q, num_k]
+    if window is not None:
+        hidden |= k_pos[None, :] <= q_pos[:, None] - window
+    scores.masked_fill_(hidden[None], float("-inf"))
     probs = scores.softmax(dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+
+
+def _check_window(window: int | None) -> None:
+    if window is not None and (isinstance(window, bool) or int(window) != window or window < 1):
+        raise ValueError(f"window must be a positive number of positions or None, got {window!r}")
 
 
 def _check_heads(q: torch.Tensor, k_cache: torch.Tensor) -> None:

@@ -17,6 +17,11 @@ the device, without a host sync. Stage 1 then covers only each request's keys af
 prefix (from the prefix rounded down to BLOCK_N, split as above, the prefix's keys in its first
 tile masked), and decode_shared_prefix.py's kernel attends the members over the prefix,
 writing its partials after stage 1's; stage 2 merges both by log-sum-exp.
+
+A sliding window (`window`: the query, at position seq_len - 1, sees the keys from
+seq_len - window on) is stage 1's `first` key the same way, with no cascade: the splits cover
+the window from its start rounded down to BLOCK_N, the keys before it in its first tile masked,
+and stage 2 merges the splits that were written (the partials start as -inf, as the cascade's).
 """
 
 from __future__ import annotations
@@ -49,13 +54,14 @@ __all__ = ["SharedPrefix", "decode_attention_triton", "plan_shared_prefix",
 _LOG2E = 1.0 / math.log(2.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Window"])
 def _decode_split_kernel(
     Q, K_cache, V_cache, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse,
     qk_scale,  # softmax scale * log2(e)
     stride_q_b, stride_q_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
     stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
     Shared_lens,  # [bs]: keys before the request's own (a shared prefix's), or unused
+    Window,  # WINDOWED: the query sees the keys from seq_len - Window on
     GROUP: tl.constexpr,  # query heads per KV head
     HEADS_PER_PROGRAM: tl.constexpr,
     HEAD_BLOCKS_PER_KV: tl.constexpr,
@@ -66,6 +72,7 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     SHARED: tl.constexpr,  # Shared_lens holds each request's shared prefix, skipped here
+    WINDOWED: tl.constexpr,  # (never with SHARED)
 ):
     req = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -76,6 +83,8 @@ def _decode_split_kernel(
     first = 0  # the first key of its own; tiles stay aligned to BLOCK_N, its prefix masked
     if SHARED:
         first = tl.load(Shared_lens + req).to(tl.int32)
+    if WINDOWED:
+        first = tl.maximum(seq_len - Window, 0)
     base = first // BLOCK_N * BLOCK_N
     split_len = tl.cdiv(tl.cdiv(seq_len - base, num_splits), BLOCK_N) * BLOCK_N
     split_start = base + split * split_len
@@ -166,9 +175,11 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
                             scale: float, num_kv_splits: int | None = None,
                             max_seq_len: int | None = None,
                             shared_prefix: SharedPrefix | None | str = "auto",
-                            min_shared_prefix: int = MIN_SHARED_PREFIX) -> torch.Tensor:
+                            min_shared_prefix: int = MIN_SHARED_PREFIX,
+                            window: int | None = None) -> torch.Tensor:
     """shared_prefix: a `plan_shared_prefix` plan, "auto" (plan here, with
-    min_shared_prefix), or None (every request attends alone)."""
+    min_shared_prefix), or None (every request attends alone). window: each query sees only
+    its last `window` keys; such a call never runs the cascade."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     bs, num_heads, head_dim = q.shape
@@ -183,10 +194,11 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_kv_splits = choose_num_kv_splits(
-            q.device, programs_per_split(bs, num_heads, num_kv_heads), max_seq_len)
+            q.device, programs_per_split(bs, num_heads, num_kv_heads),
+            max_seq_len if window is None else min(max_seq_len, window))
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {num_kv_splits}")
-    cascade = shares_prefixes(num_heads, num_kv_heads)
+    cascade = window is None and shares_prefixes(num_heads, num_kv_heads)
     if isinstance(shared_prefix, str):
         if shared_prefix != "auto":
             raise ValueError(f"shared_prefix must be a plan, 'auto' or None, not {shared_prefix!r}")
@@ -197,9 +209,10 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     block_d = triton.next_power_of_2(head_dim)
     block_n = 64 if q.is_cuda else 32
     total_splits = 2 * num_kv_splits if shared else num_kv_splits  # then: own keys', prefix's
+    filled = shared or window is not None  # split boundaries not those of [0, seq_len)
     mid_o = torch.empty((bs, num_heads, total_splits, head_dim), dtype=torch.float32,
                         device=q.device)
-    if shared:  # a split no program writes (empty) stays -inf
+    if filled:  # a split no program writes (empty) stays -inf
         mid_lse = torch.full((bs, num_heads, total_splits), float("-inf"), dtype=torch.float32,
                              device=q.device)
     else:
@@ -213,7 +226,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     _decode_split_kernel[(bs, num_kv_heads * head_blocks_per_kv, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
         scale * _LOG2E, *strides,
-        shared_prefix.lens if shared else seq_lens,
+        shared_prefix.lens if shared else seq_lens, window or 0,
         GROUP=group,
         HEADS_PER_PROGRAM=per_program,
         HEAD_BLOCKS_PER_KV=head_blocks_per_kv,
@@ -223,6 +236,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         BLOCK_N=block_n,
         **dot_options(q),
         SHARED=shared,
+        WINDOWED=window is not None,
         num_warps=4,
         num_stages=2,
     )
@@ -252,7 +266,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
-        FILLED=shared,
+        FILLED=filled,
         num_warps=4 if block_d >= 128 else 2,
     )
     return out
@@ -260,11 +274,13 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
 
 def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
                              req_to_token: torch.Tensor, *, num_heads: int, scale: float,
-                             num_kv_splits: int | None = None) -> int:
+                             num_kv_splits: int | None = None,
+                             window: int | None = None) -> int:
     """Launch once each variant of `decode_variants` over these pools, so triton compiles them
-    all now; the count launched. Tensors alike in dtype and layout to a serving backend's (int64
-    lengths and rows, queries of the pool's dtype), so its launches find the variants compiled.
-    Reads slot ids of the table's row 0, writes only its own outputs."""
+    all now (and, `window` given, each split count windowed too); the count launched. Tensors
+    alike in dtype and layout to a serving backend's (int64 lengths and rows, queries of the
+    pool's dtype), so its launches find the variants compiled. Reads slot ids of the table's
+    row 0, writes only its own outputs."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     bs = 2
@@ -273,8 +289,11 @@ def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
     ones = torch.ones(bs, dtype=torch.int64, device=device)
     together = SharedPrefix(ones, torch.zeros_like(rows), torch.full_like(rows, bs))
     variants = decode_variants(device, num_heads, num_kv_heads, num_kv_splits)
-    for splits, shared in variants:
+    launches = [(splits, shared, None) for splits, shared in variants]
+    if window is not None:
+        launches += [(splits, False, window) for splits in dict.fromkeys(n for n, _ in variants)]
+    for splits, shared, w in launches:
         decode_attention_triton(q, k_cache, v_cache, req_to_token, rows, ones, scale=scale,
                                 num_kv_splits=splits, max_seq_len=1,
-                                shared_prefix=together if shared else None)
-    return len(variants)
+                                shared_prefix=together if shared else None, window=w)
+    return len(launches)

@@ -4,6 +4,11 @@ themselves, many requests of different lengths in one launch. Semantics: kernels
 One program computes a BLOCK_M x head_dim tile of one query head of one request: first the
 prefix, gathered from the KV pool through req_to_token, then the new tokens' own K/V (read
 contiguously from k/v), unmasked below the diagonal tile and causally masked on it.
+
+A sliding window (WINDOWED; `window`: the query at position p sees keys p - window < k <= p)
+starts each of those loops at the first key tile any row of the query tile sees, masks the
+tiles some row sees only in part (and the diagonal tile), and runs the tiles every row sees
+in full unmasked, as without a window.
 """
 
 from __future__ import annotations
@@ -20,21 +25,27 @@ _LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
-def _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One flash-attention update; qk is already in log2 units."""
+def _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                         EMPTY_ROWS: tl.constexpr = False):
+    """One flash-attention update; qk is already in log2 units. EMPTY_ROWS: a row may have
+    seen no key yet, this tile included (all -inf: a window's edge), and must stay empty."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_use = m_new
+    if EMPTY_ROWS:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(qk - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Window"])
 def _extend_attention_kernel(
     Q, K, V, O, K_cache, V_cache,
     Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts,
     qk_scale,  # softmax scale * log2(e)
+    Window,  # WINDOWED: the query at position p sees keys p - Window < k <= p
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_o_t, stride_o_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
     GROUP: tl.constexpr,  # query heads per KV head
@@ -45,6 +56,7 @@ def _extend_attention_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     INT64: tl.constexpr,  # element offsets that may pass 2**31
+    WINDOWED: tl.constexpr,
 ):
     # Largest M blocks first: under causal masking they are the slowest.
     block_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -79,8 +91,32 @@ def _extend_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # The cached prefix, gathered through the token-slot table.
-    for start_n in range(0, prefix_len, BLOCK_N):
+    # The cached prefix, gathered through the token-slot table. Window: the tiles from
+    # prefix_lo (the tile's first query sees no key before it) to prefix_full are masked, the
+    # rest every row sees whole (its last row, at q_first + BLOCK_M - 1, sees from
+    # q_first + BLOCK_M - Window).
+    prefix_full = 0
+    if WINDOWED:
+        q_first = prefix_len + start_m
+        prefix_lo = tl.maximum(q_first - Window + 1, 0) // BLOCK_N * BLOCK_N
+        prefix_full = prefix_lo + tl.cdiv(tl.maximum(q_first + BLOCK_M - Window - prefix_lo, 0),
+                                          BLOCK_N) * BLOCK_N
+        prefix_full = tl.minimum(prefix_full, prefix_len)
+        for start_n in range(prefix_lo, prefix_full, BLOCK_N):
+            cols = start_n + offs_n
+            mask_n = cols < prefix_len
+            slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
+            if INT64:
+                slots = slots.to(tl.int64)
+            k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+            qk = dot(q, k, PRECISION, UPCAST) * qk_scale
+            visible = mask_n[None, :] & (cols[None, :] > prefix_len + offs_m[:, None] - Window)
+            qk = tl.where(visible, qk, float("-inf"))
+            v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST, True)
+    for start_n in range(prefix_full, prefix_len, BLOCK_N):
         cols = start_n + offs_n
         mask_n = cols < prefix_len
         slots = tl.load(Req_to_token + req_row * stride_req + cols, mask=mask_n, other=0)
@@ -94,8 +130,25 @@ def _extend_attention_kernel(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
-    # New tokens strictly before this tile: every query row sees all of them.
-    for start_n in range(0, start_m, BLOCK_N):
+    # New tokens strictly before this tile: every query row sees all of them (a window: those
+    # from own_full on; the ones from own_lo masked).
+    own_full = 0
+    if WINDOWED:
+        own_lo = tl.maximum(start_m - Window + 1, 0) // BLOCK_N * BLOCK_N
+        own_full = own_lo + tl.cdiv(tl.maximum(start_m + BLOCK_M - Window - own_lo, 0),
+                                    BLOCK_N) * BLOCK_N
+        own_full = tl.minimum(own_full, start_m)
+        for start_n in range(own_lo, own_full, BLOCK_N):
+            cols = start_n + offs_n
+            rows_n = first_row + cols
+            k = tl.load(K + (rows_n[None, :] * stride_k_t + offs_d[:, None]),
+                        mask=mask_d[:, None], other=0.0)
+            qk = dot(q, k, PRECISION, UPCAST) * qk_scale
+            qk = tl.where(cols[None, :] > offs_m[:, None] - Window, qk, float("-inf"))
+            v = tl.load(V + (rows_n[:, None] * stride_v_t + offs_d[None, :]),
+                        mask=mask_d[None, :], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST, True)
+    for start_n in range(own_full, start_m, BLOCK_N):
         rows_n = first_row + start_n + offs_n
         k = tl.load(K + (rows_n[None, :] * stride_k_t + offs_d[:, None]), mask=mask_d[:, None],
                     other=0.0)
@@ -114,11 +167,15 @@ def _extend_attention_kernel(
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale
         visible = mask_n[None, :] & (cols[None, :] <= offs_m[:, None])
+        if WINDOWED:
+            visible = visible & (cols[None, :] > offs_m[:, None] - Window)
         qk = tl.where(visible, qk, float("-inf"))
         v = tl.load(V + (rows_n[:, None] * stride_v_t + offs_d[None, :]),
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST, WINDOWED)
 
+    if WINDOWED:  # rows past extend_len may have seen no key (not stored)
+        l_i = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_i[:, None]
     tl.store(O + head * stride_o_h + (rows_m[:, None] * stride_o_t + offs_d[None, :]),
              out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -126,7 +183,8 @@ def _extend_attention_kernel(
 
 def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices,
                             prefix_lens, extend_lens, extend_starts, *, scale: float,
-                            max_extend_len: int | None = None) -> torch.Tensor:
+                            max_extend_len: int | None = None,
+                            window: int | None = None) -> torch.Tensor:
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     num_tokens, num_heads, head_dim = q.shape
     bs = extend_lens.shape[0]
@@ -141,7 +199,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
     _extend_attention_kernel[grid](
         q, k, v, out, k_cache, v_cache,
         req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts,
-        scale * _LOG2E,
+        scale * _LOG2E, window or 0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
@@ -152,6 +210,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
         BLOCK_N=block_n,
         **dot_options(q),
         INT64=needs_int64(q, k, v, out, k_cache, v_cache, req_to_token),
+        WINDOWED=window is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -174,14 +233,17 @@ def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
 
 
 def warm_up_extend_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             req_to_token: torch.Tensor, *, num_heads: int, scale: float) -> None:
+                             req_to_token: torch.Tensor, *, num_heads: int, scale: float,
+                             window: int | None = None) -> None:
     """Launch the extend kernel once over these pools (one new token, no prefix), so triton
     compiles the variant a serving backend uses: its tile configuration depends only on the
-    device, dtype and head size, and its lengths are int64 like the backend's."""
+    device, dtype and head size, and its lengths are int64 like the backend's. `window`: the
+    windowed variant (a model's sliding-window layers) too."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
     kv = torch.zeros((1, num_kv_heads, head_dim), dtype=k_cache.dtype, device=device)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
-    extend_attention_triton(q, kv, kv, k_cache, v_cache, req_to_token, zero, zero, zero + 1,
-                            zero, scale=scale, max_extend_len=1)
+    for w in (None, window) if window is not None else (None,):
+        extend_attention_triton(q, kv, kv, k_cache, v_cache, req_to_token, zero, zero, zero + 1,
+                                zero, scale=scale, max_extend_len=1, window=w)
