@@ -15,11 +15,18 @@
   above; o_proj / down_proj biases (attention_bias, mlp_bias) are rank 0's (zeros elsewhere),
   so the all-reduce adds them once. Granite's multipliers, partial rotary and NoPE layers are
   per-rank arithmetic that needs no split.
+- Mixture of experts: the experts are split (expert parallel): rank r holds a contiguous
+  block of num_experts / tp_size whole experts, renumbered from 0 in its model, and the router
+  whole; Qwen2-MoE's shared expert is split like a dense MLP (its sigmoid gate replicated: it
+  scales each rank's partial sum alike). A rank's MoE output is summed over the ranks as an
+  MLP's is. OLMoE's q/k norms over the whole projection would need the heads of every rank
+  and are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -37,14 +44,20 @@ def split_problems(args: ModelArgs, tp_size: int) -> list[str]:
     if (kv % tp_size if tp_size <= kv else tp_size % kv):
         problems.append(f"its {kv} KV heads (--tp-size must divide them, or be a multiple of "
                         "them to replicate each)")
-    if args.intermediate_size % tp_size:
+    has_dense_mlp = not args.num_experts or args.dense_layers
+    if has_dense_mlp and args.intermediate_size % tp_size:
         problems.append(f"its intermediate size {args.intermediate_size}")
+    if args.num_experts % tp_size:
+        problems.append(f"its {args.num_experts} experts (whole experts go to each rank)")
+    if args.shared_expert_intermediate_size % tp_size:
+        problems.append(f"its shared expert's intermediate size "
+                        f"{args.shared_expert_intermediate_size}")
     return problems
 
 
 def check_split(args: ModelArgs, tp_size: int) -> None:
     """Raise ValueError naming the numbers when the model cannot be split over tp_size ranks."""
-    if args.family in ("gemma2", "gemma3") or args.num_experts:
+    if args.family in ("gemma2", "gemma3") or not args.qk_norm_per_head:
         raise ValueError(f"--tp-size {tp_size}: {args.architecture} does not run tensor-"
                          "parallel in radixflow (its blocks are not split); use --tp-size 1")
     problems = split_problems(args, tp_size)
@@ -67,6 +80,8 @@ class ShardSpec:
     vocab_rows: int  # rows of this rank's embedding / head shard (padding included)
     vocab_size: int  # the model's
     num_kv_heads: int  # the model's
+    experts: tuple[int, int] = (0, 0)  # this rank's routed experts (first, count)
+    shared_intermediate: tuple[int, int] = (0, 0)  # its part of Qwen2-MoE's shared expert
 
     @classmethod
     def create(cls, args: ModelArgs, tp_size: int, rank: int) -> ShardSpec:
@@ -79,8 +94,11 @@ class ShardSpec:
             kv_heads = (rank * kv // tp_size, 1)
         inter = args.intermediate_size // tp_size
         rows = -(-args.vocab_size // tp_size)
+        experts = args.num_experts // tp_size
+        shared = args.shared_expert_intermediate_size // tp_size
         return cls(tp_size, rank, args.head_dim, (rank * heads, heads), kv_heads,
-                   (rank * inter, inter), rank * rows, rows, args.vocab_size, kv)
+                   (rank * inter, inter), rank * rows, rows, args.vocab_size, kv,
+                   (rank * experts, experts), (rank * shared, shared))
 
     @property
     def kv_replicas(self) -> int:
@@ -91,13 +109,16 @@ class ShardSpec:
         """The ModelArgs of this rank's model: its heads, KV heads, features and vocab rows."""
         return dataclasses.replace(args, num_heads=self.heads[1], num_kv_heads=self.kv_heads[1],
                                    intermediate_size=self.intermediate[1],
+                                   shared_expert_intermediate_size=self.shared_intermediate[1],
                                    vocab_size=self.vocab_rows)
 
     def describe(self) -> str:
-        h, kv, i = self.heads, self.kv_heads, self.intermediate
+        h, kv, i, e = self.heads, self.kv_heads, self.intermediate, self.experts
+        experts = f", experts {e[0]}..{e[0] + e[1] - 1}" if e[1] else ""
         return (f"rank {self.rank}/{self.tp_size}: heads {h[0]}..{h[0] + h[1] - 1}, KV heads "
-                f"{kv[0]}..{kv[0] + kv[1] - 1}, MLP features {i[0]}..{i[0] + i[1] - 1}, vocab "
-                f"rows {self.vocab_start}..{self.vocab_start + self.vocab_rows - 1}")
+                f"{kv[0]}..{kv[0] + kv[1] - 1}, MLP features {i[0]}..{i[0] + i[1] - 1}"
+                f"{experts}, vocab rows {self.vocab_start}.."
+                f"{self.vocab_start + self.vocab_rows - 1}")
 
     # ---- weights ----
 
@@ -136,8 +157,30 @@ class ShardSpec:
 
     def shard_weights(self, weights: Iterable[tuple[str, torch.Tensor]]
                       ) -> Iterator[tuple[str, torch.Tensor]]:
+        first, count = self.experts
         for name, tensor in weights:
+            if count and (m := _EXPERT.search(name)):  # whole experts: this rank's, renumbered
+                if m["index"] is None:  # stacked [experts, ...] (transformers >= 5)
+                    yield name, tensor[first:first + count]
+                elif first <= (e := int(m["index"])) < first + count:
+                    yield f"{name[:m.start()]}.experts.{e - first}.{m['rest']}", tensor
+                continue
+            if self.shared_intermediate[1] and ".shared_expert." in name:
+                yield name, self._shard_mlp(name, tensor, self.shared_intermediate)
+                continue
             yield name, self.shard(name, tensor)
+
+    def _shard_mlp(self, hf_name: str, tensor: torch.Tensor, features: tuple[int, int]
+                   ) -> torch.Tensor:
+        """gate/up rows and down columns `features` of an MLP that is not the layer's own."""
+        module = hf_name.split(".")[-2]
+        if module == "down_proj":
+            return tensor[:, features[0]:sum(features)]
+        return _rows(tensor, *features)
+
+
+# a routed expert's tensor: experts.N.<rest> (per expert) or experts.gate_up_proj (stacked)
+_EXPERT = re.compile(r"\.experts\.(?:(?P<index>\d+)\.)?(?P<rest>.+)$")
 
 
 def _rows(tensor: torch.Tensor, start: int, count: int) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 It is runtime/models/llama.py's model built with the rank's ModelArgs (its heads, KV heads,
 MLP features and vocab rows: ShardSpec.local_args), with four differences:
-- attention and MLP outputs (o_proj, down_proj: row-parallel) are summed over the ranks;
+- attention and MLP outputs (o_proj, down_proj: row-parallel) are summed over the ranks, and
+  so are a mixture-of-experts layer's (each rank runs its own experts: moe.py);
 - the embedding looks up the ids in this rank's vocab rows, zeros elsewhere, and sums;
 - the head's logits (this rank's vocab rows) are gathered on rank 0.
 Everything else (q/k/v and gate/up fused, rope, Qwen2 biases, Qwen3 q/k norms, the KV pool
@@ -18,6 +19,7 @@ from torch import nn
 from ..forward_batch import AttentionBackend, ForwardBatch
 from ..models.config import ModelArgs
 from ..models.llama import Attention, FeedForward, LlamaForCausalLM
+from ..models.moe import SparseMoe
 from .parallel_state import TensorParallel
 
 
@@ -55,6 +57,15 @@ class TPFeedForward(FeedForward):
         return self.tp.all_reduce(super().forward(x))
 
 
+class TPSparseMoe(SparseMoe):
+    def __init__(self, args: ModelArgs, tp: TensorParallel):
+        super().__init__(args, experts=tp.spec.experts)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(super().forward(x))
+
+
 class TPLlamaForCausalLM(LlamaForCausalLM):
     """One rank's model. Build it on the 'meta' device, then load ShardSpec.shard_weights."""
 
@@ -66,7 +77,8 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
                                                    tp.spec.vocab_start, tp)
         for i, block in enumerate(self.layers):
             block.self_attn = TPAttention(local, i, tp)
-            block.mlp = TPFeedForward(local, tp)
+            moe = local.layer_is_moe(i)
+            block.mlp = TPSparseMoe(local, tp) if moe else TPFeedForward(local, tp)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:
         """Rank 0: float32 logits of the wanted rows, [rows, vocab]; other ranks: None."""

@@ -9,6 +9,10 @@ experts' dense weights are viewed as stacked [experts, ...] tensors and run thro
 kernels/moe.py's grouped-expert kernel in two launches instead of one per expert.
 
 Qwen2-MoE adds a shared expert that every token runs, scaled by sigmoid(shared_expert_gate).
+
+Under tensor parallelism (runtime/distributed/tp_model.py) a rank holds experts
+first_expert .. first_expert + len(experts) - 1 of them all and the router whole: it routes
+every token, runs the pairs of its own experts, and the ranks' outputs are summed.
 """
 
 from __future__ import annotations
@@ -26,14 +30,17 @@ class Router(nn.Linear):
 
 
 class SparseMoe(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, experts: tuple[int, int] | None = None):
+        """`experts`: (first, count) of the experts this module holds (a TP rank's); all
+        by default."""
         super().__init__()
         self.num_experts, self.top_k = args.num_experts, args.num_experts_per_tok
         self.norm_topk_prob = args.norm_topk_prob
+        self.first_expert, count = experts or (0, args.num_experts)
         self.gate = Router(args.hidden_size, args.num_experts, bias=False)
         self.experts = nn.ModuleList(
             FeedForward(args, intermediate_size=args.moe_intermediate_size, bias=False)
-            for _ in range(args.num_experts))
+            for _ in range(count))
         shared = args.shared_expert_intermediate_size
         self.shared_expert = (FeedForward(args, intermediate_size=shared, bias=False)
                               if shared else None)
@@ -70,8 +77,8 @@ class SparseMoe(nn.Module):
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         pair_weights = weights.flatten()
-        start = 0
-        for expert, n in enumerate(counts):
+        start = sum(counts[:self.first_expert])
+        for expert, n in enumerate(counts[self.first_expert:][:len(self.experts)]):
             if n == 0:
                 continue
             pairs = order[start:start + n]
@@ -87,6 +94,8 @@ class SparseMoe(nn.Module):
         leaves each expert's weights as views of them (no second copy). None otherwise."""
         if self._stacked is not None:
             return self._stacked
+        if len(self.experts) != self.num_experts:
+            return None  # (a TP rank's share: the kernel takes global expert ids)
         linears = [(e.gate_up_proj, e.down_proj) for e in self.experts]
         if not all(type(a) is nn.Linear and type(b) is nn.Linear for a, b in linears):
             return None

@@ -146,13 +146,6 @@ def test_qwen3_moe_gguf_gives_the_hf_folders_logits(tmp_path):
     check_engine_matches(converted, model, tok, PROMPTS[:2])
 
 
-def test_tensor_parallel_refuses_experts():
-    from radixflow.runtime.distributed.sharding import check_split
-
-    with pytest.raises(ValueError, match="does not run tensor-parallel"):
-        check_split(_args("qwen3_moe"), 2)
-
-
 def test_int4_quantizes_experts_and_keeps_the_router_dense():
     from radixflow.runtime.models.quant_linear import Int4Linear, quantize_linears_
 
@@ -162,3 +155,42 @@ def test_int4_quantizes_experts_and_keeps_the_router_dense():
     assert all(isinstance(e.gate_up_proj, Int4Linear) for e in moe.experts)
     assert isinstance(moe.shared_expert.gate_up_proj, Int4Linear)  # (48 in: not a group size)
     assert type(moe.gate).__name__ == "Router" and type(moe.shared_expert_gate).__name__ == "Router"
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_tp2_matches_hf(tmp_path, family):
+    """Experts split over two ranks (2 each; Qwen2-MoE's shared expert split like an MLP)."""
+    folder, model, tok = make_family_model(tmp_path, family)
+    check_engine_matches(folder, model, tok, tp_size=2)
+
+
+def test_tp_shards_whole_experts():
+    from radixflow.runtime.distributed.sharding import ShardSpec
+
+    args = _args("qwen2_moe")
+    spec = ShardSpec.create(args, 2, 1)
+    assert spec.experts == (2, 2) and spec.shared_intermediate == (24, 24)
+    w = torch.arange(4 * 64 * 3, dtype=torch.float32).view(4, 64, 3)
+    names = dict(spec.shard_weights([
+        ("model.layers.1.mlp.experts.1.down_proj.weight", w[0]),
+        ("model.layers.1.mlp.experts.3.gate_proj.weight", w[1]),
+        ("model.layers.1.mlp.experts.gate_up_proj", w),
+        ("model.layers.1.mlp.shared_expert.down_proj.weight", torch.zeros(64, 48)),
+        ("model.layers.1.mlp.gate.weight", torch.zeros(4, 64))]))
+    assert set(names) == {"model.layers.1.mlp.experts.1.gate_proj.weight",
+                          "model.layers.1.mlp.experts.gate_up_proj",
+                          "model.layers.1.mlp.shared_expert.down_proj.weight",
+                          "model.layers.1.mlp.gate.weight"}
+    assert torch.equal(names["model.layers.1.mlp.experts.1.gate_proj.weight"], w[1])
+    assert torch.equal(names["model.layers.1.mlp.experts.gate_up_proj"], w[2:])
+    assert names["model.layers.1.mlp.shared_expert.down_proj.weight"].shape == (64, 24)
+    assert names["model.layers.1.mlp.gate.weight"].shape == (4, 64)  # the router whole
+
+
+def test_tensor_parallel_refuses_what_it_cannot_split():
+    from radixflow.runtime.distributed.sharding import check_split
+
+    with pytest.raises(ValueError, match="its 4 experts"):
+        check_split(_args("qwen3_moe", num_attention_heads=8, num_key_value_heads=8), 8)
+    with pytest.raises(ValueError, match="does not run tensor-parallel"):
+        check_split(_args("olmoe"), 2)
