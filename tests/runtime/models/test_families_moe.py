@@ -194,3 +194,24 @@ def test_tensor_parallel_refuses_what_it_cannot_split():
         check_split(_args("qwen3_moe", num_attention_heads=8, num_key_value_heads=8), 8)
     with pytest.raises(ValueError, match="does not run tensor-parallel"):
         check_split(_args("olmoe"), 2)
+
+
+def test_stacked_weights_feed_the_grouped_kernel():
+    """What a GPU forward runs: the experts' weights stacked (each expert's Linear then a view
+    of the stack) through kernels/moe.py, Triton (under the interpreter on a CPU) and torch."""
+    from radixflow.kernels.moe import moe_experts
+
+    torch.manual_seed(0)
+    moe = SparseMoe(_args("qwen3_moe"))
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(5, 64)
+    weights, ids = moe.route(x)
+    expected = moe.grouped_experts(x, weights, ids)
+    gate_up, down = moe.stacked_weights()
+    assert gate_up.shape == (4, 64, 64) and down.shape == (4, 64, 32)
+    assert moe.experts[2].gate_up_proj.weight.data_ptr() == gate_up[2].data_ptr()
+    torch.testing.assert_close(moe.grouped_experts(x, weights, ids), expected)
+    for backend in ("torch", "triton"):
+        torch.testing.assert_close(moe_experts(x, gate_up, down, ids, weights, backend=backend),
+                                   expected, atol=1e-4, rtol=1e-4)
