@@ -12,6 +12,8 @@ workloads, one server at a time: start it, run every workload, stop it, next ser
         --workloads shared_prefix random_short --num-requests 32 --concurrency 16
     python -m bench.peers --llama-server ... --cpu-isa avx2 --alternate   # AVX2 level, and
         # every server twice in the order radixflow, peers, peers, radixflow
+    python -m bench.peers --llama-server ... --gguf /tmp/scale/qwen3-30b-a3b-4l-Q4_K_M.gguf \
+        --same-model --quantization int4   # both serve that file (bench/scale_models.py)
 
 Each run adds a section to bench/results/peers.md naming the CPU and the level radixflow ran
 at; each server's own report, the raw JSON and a chart per workload go under
@@ -105,7 +107,12 @@ def torch_capped_to(level: str) -> Iterator[None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", type=Path, default=None)
-    ap.add_argument("--gguf", type=Path, default=None, help="default: the default model's GGUF")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="llama.cpp's model (default: the default model's GGUF)")
+    ap.add_argument("--same-model", action="store_true",
+                    help="radixflow serves --gguf too (default: its default model)")
+    ap.add_argument("--quantization", default=None,
+                    help="radixflow serve --quantization (default: its default, auto)")
     ap.add_argument("--llama-args", default=None,
                     help="extra llama-server flags (default: none, weights repacked, its best "
                          "configuration; --no-repack on a CPU with AMX, where llama.cpp's AMX "
@@ -131,6 +138,8 @@ def main() -> None:
         args.llama_args = default_llama_args()
     if args.llama_server is None and args.vllm_venv is None:
         ap.error("name at least one peer: --llama-server and/or --vllm-venv")
+    if args.same_model and args.gguf is None:
+        ap.error("--same-model serves --gguf: name the file")
 
     from radixflow.runtime.model_loader import resolve_model
     from radixflow.runtime.model_loader.default_model import fetch_default_gguf
@@ -147,14 +156,19 @@ def main() -> None:
 
     cpu = check_level(args.cpu_isa)
     runs: dict[str, dict[str, dict]] = {}
-    setups = [f"radixflow: `radixflow serve --cpu-isa {args.cpu_isa}"
-              f"{' --enable-torch-compile' if args.compile else ''}`, otherwise its defaults "
-              f"({'bf16' if cpu.bf16 else 'fp32'}, int4 + Q8_0 weights)"]
+    model = args.gguf if args.same_model else None
+    extra = {"quantization": args.quantization} if args.quantization else {}
+    setups = [f"radixflow: `radixflow serve {model.name + ' ' if model else ''}--cpu-isa "
+              f"{args.cpu_isa}{' --enable-torch-compile' if args.compile else ''}"
+              f"{f' --quantization {args.quantization}' if args.quantization else ''}`, "
+              f"otherwise its defaults ({'bf16' if cpu.bf16 else 'fp32'}"
+              f"{', int4 + Q8_0 weights' if model is None else ''})"]
 
     def radixflow(label: str) -> None:
         with torch_capped_to(args.cpu_isa), \
-                ServerProcess(None, port=30124, enable_torch_compile=args.compile,
-                        cpu_isa=args.cpu_isa) as rt:
+                ServerProcess(str(model) if model else None, port=30124,
+                              enable_torch_compile=args.compile, cpu_isa=args.cpu_isa,
+                              start_timeout=3600, **extra) as rt:
             runs[label] = run_all(rt.url)
 
     def llama_cpp(label: str) -> None:
@@ -165,8 +179,9 @@ def main() -> None:
                 runs[label] = run_all(url)
         if not any(s.startswith("llama.cpp") for s in setups):
             setups.append(f"llama.cpp: `llama-server "
-                          f"{' '.join(cmd[1:]).replace(str(gguf), gguf.name)}` on the default "
-                          f"model's own Q4_1 GGUF")
+                          f"{' '.join(cmd[1:]).replace(str(gguf), gguf.name)}` on "
+                          + (f"`{gguf.name}`" if args.gguf else
+                             "the default model's own Q4_1 GGUF"))
 
     def vllm(label: str) -> None:
         env = {**os.environ, "VENV": str(args.vllm_venv), "PORT": "18090",
@@ -198,6 +213,9 @@ def main() -> None:
                f"{args.concurrency}{' --compile' if args.compile else ''}"
                f"{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
                f"{' --alternate' if args.alternate else ''}"
+               f"{f' --gguf {args.gguf}' if args.gguf else ''}"
+               f"{' --same-model' if args.same_model else ''}"
+               f"{f' --quantization {args.quantization}' if args.quantization else ''}"
                f"{f' --llama-args={args.llama_args!r}' if args.llama_server else ''}")
     caps = ""
     if args.cpu_isa in TORCH_CAPS:
@@ -219,7 +237,8 @@ def main() -> None:
         lines += [table, ""]
     key = run_key(date, peers, "-".join(args.workloads), f"c{args.concurrency}",
                   "compiled" if args.compile else "",
-                  args.cpu_isa if args.cpu_isa != "auto" else "")
+                  args.cpu_isa if args.cpu_isa != "auto" else "",
+                  args.gguf.stem if args.same_model else "")
     publish("\n".join(lines), Run("peers", key))
 
 
