@@ -130,7 +130,7 @@ def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None, a
     for hf_name, t in model.state_dict().items():
         t = tensor(hf_name, t) if tensor is not None else t
         if t is not None:
-            writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)),
+            writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")),
                               t.numpy().copy())
     if after is not None:
         after(writer)

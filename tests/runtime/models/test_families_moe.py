@@ -97,24 +97,31 @@ def test_stacked_expert_checkpoints_load():
     torch.testing.assert_close(expert, state["model.layers.0.mlp.experts.gate_up_proj"][3])
 
 
-def _write_qwen3moe_gguf(folder, model, dest):
-    """`model` as llama.cpp's qwen3moe GGUF: the experts as its stacked ffn_{gate,up,down}_exps."""
+def _write_qwen3moe_gguf(folder, model, dest, arch="qwen3moe"):
+    """`model` as llama.cpp's qwen3moe (qwen2moe) GGUF: the experts as its stacked
+    ffn_{gate,up,down}_exps."""
     from helpers.family_models import write_family_gguf
 
     c = model.config
     experts = {}
 
     def extra(writer, config):
-        writer.add_key_length(config.head_dim)
-        writer.add_value_length(config.head_dim)
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if arch == "qwen2moe":
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
     def tensor(hf_name, t):
         if ".mlp.experts." in hf_name:
             experts[hf_name] = t
             return None
+        if hf_name.endswith("shared_expert_gate.weight"):  # llama.cpp: {n_embd}
+            return t.reshape(-1)
         return t
 
     def add_experts(writer):
@@ -127,17 +134,22 @@ def _write_qwen3moe_gguf(folder, model, dest):
             else:
                 writer.add_tensor(f"blk.{layer}.ffn_down_exps.weight", t.numpy().copy())
 
-    assert c.norm_topk_prob  # llama.cpp's qwen3moe always renormalises
-    return write_family_gguf(folder, model, dest, "qwen3moe", extra=extra, tensor=tensor,
+    return write_family_gguf(folder, model, dest, arch, extra=extra, tensor=tensor,
                              after=add_experts)
 
 
-def test_qwen3_moe_gguf_gives_the_hf_folders_logits(tmp_path):
-    # (llama.cpp's qwen3moe has no dense layers: mlp_only_layers empty)
-    folder, model, tok = make_family_model(tmp_path / "hf", "qwen3_moe", mlp_only_layers=[])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_gguf_gives_the_hf_folders_logits(tmp_path, family):
+    """llama.cpp's qwen3moe (which always renormalises: norm_topk_prob) and qwen2moe (with
+    its shared expert) files, converted, serve what the HF folder does."""
     from radixflow.runtime.model_loader.gguf_convert import convert_gguf
 
-    gguf_path = _write_qwen3moe_gguf(folder, model, tmp_path / "tiny-qwen3moe.gguf")
+    # (llama.cpp's files have no dense layers)
+    dense_off = {"mlp_only_layers": []} if family == "qwen3_moe" else {
+        "decoder_sparse_step": 1, "norm_topk_prob": False}
+    folder, model, tok = make_family_model(tmp_path / "hf", family, **dense_off)
+    arch = family.replace("_", "")
+    gguf_path = _write_qwen3moe_gguf(folder, model, tmp_path / f"tiny-{arch}.gguf", arch)
     converted = tmp_path / "converted"
     converted.mkdir()
     convert_gguf(gguf_path, converted)
