@@ -102,7 +102,6 @@ def _write_qwen3moe_gguf(folder, model, dest, arch="qwen3moe"):
     ffn_{gate,up,down}_exps."""
     from helpers.family_models import write_family_gguf
 
-    c = model.config
     experts = {}
 
     def extra(writer, config):
