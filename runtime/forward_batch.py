@@ -59,7 +59,9 @@ class ForwardBatch:
 class AttentionBackend(Protocol):
     """Writes the new tokens' K/V into the pool, then attends over each request's context.
 
-    Causal: a new token at position p attends to positions 0..p of its own request.
+    Causal: a new token at position p attends to positions 0..p of its own request; with a
+    `window` (a sliding-window layer) only to positions p - window < k <= p, as transformers'
+    sliding_window_causal_mask_function has it.
     """
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -72,6 +74,8 @@ class AttentionBackend(Protocol):
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         layer_id: int,
         batch: ForwardBatch,
+        *,
+        window: int | None = None,  # this layer's sliding window; None: full causal
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

@@ -275,12 +275,12 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
 def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
                              req_to_token: torch.Tensor, *, num_heads: int, scale: float,
                              num_kv_splits: int | None = None,
-                             window: int | None = None) -> int:
+                             windowed: bool = False) -> int:
     """Launch once each variant of `decode_variants` over these pools, so triton compiles them
-    all now (and, `window` given, each split count windowed too); the count launched. Tensors
-    alike in dtype and layout to a serving backend's (int64 lengths and rows, queries of the
-    pool's dtype), so its launches find the variants compiled. Reads slot ids of the table's
-    row 0, writes only its own outputs."""
+    all now (`windowed`: each split count with a sliding window too); the count launched.
+    Tensors alike in dtype and layout to a serving backend's (int64 lengths and rows, queries
+    of the pool's dtype), so its launches find the variants compiled. Reads slot ids of the
+    table's row 0, writes only its own outputs."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     bs = 2
@@ -290,8 +290,8 @@ def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
     together = SharedPrefix(ones, torch.zeros_like(rows), torch.full_like(rows, bs))
     variants = decode_variants(device, num_heads, num_kv_heads, num_kv_splits)
     launches = [(splits, shared, None) for splits, shared in variants]
-    if window is not None:
-        launches += [(splits, False, window) for splits in dict.fromkeys(n for n, _ in variants)]
+    if windowed:  # (any window: it is not specialised on)
+        launches += [(splits, False, 1) for splits in dict.fromkeys(n for n, _ in variants)]
     for splits, shared, w in launches:
         decode_attention_triton(q, k_cache, v_cache, req_to_token, rows, ones, scale=scale,
                                 num_kv_splits=splits, max_seq_len=1,

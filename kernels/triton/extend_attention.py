@@ -234,16 +234,16 @@ def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
 
 def warm_up_extend_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
                              req_to_token: torch.Tensor, *, num_heads: int, scale: float,
-                             window: int | None = None) -> None:
+                             windowed: bool = False) -> None:
     """Launch the extend kernel once over these pools (one new token, no prefix), so triton
     compiles the variant a serving backend uses: its tile configuration depends only on the
-    device, dtype and head size, and its lengths are int64 like the backend's. `window`: the
-    windowed variant (a model's sliding-window layers) too."""
+    device, dtype and head size, and its lengths are int64 like the backend's. `windowed`: the
+    sliding-window variant too (a model with windowed layers)."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
     kv = torch.zeros((1, num_kv_heads, head_dim), dtype=k_cache.dtype, device=device)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
-    for w in (None, window) if window is not None else (None,):
+    for w in (None, 1) if windowed else (None,):  # (any window: it is not specialised on)
         extend_attention_triton(q, kv, kv, k_cache, v_cache, req_to_token, zero, zero, zero + 1,
                                 zero, scale=scale, max_extend_len=1, window=w)

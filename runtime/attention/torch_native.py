@@ -10,11 +10,20 @@ suffix by log-sum-exp.
 Extend batches over a bf16 pool, on a CPU whose build of radixflow's kernels takes the model's
 dtype (bf16 at avx512, fp32 at avx2), run each request through `kernels.cpu.prefill` instead:
 causal attention as blocked products read straight from the pool, no gather, pad or mask.
+
+A sliding-window layer (`forward(..., window=w)`: the query at position p sees keys
+p - w < k <= p) whose window is shorter than some request's context gets plans of its own,
+made at its first layer and kept for the rest of the forward: decode gathers each request's
+last w keys (no cascade); extend splits each request's new tokens into blocks of at most
+max(w, WINDOW_BLOCK) queries, each gathering only the keys its queries' windows reach, under
+one banded mask (not the CPU prefill kernel, which attends over the whole prefix). Windows
+that reach every request's first key use the forward's plans as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +34,9 @@ from ..forward_batch import ForwardBatch, ForwardMode
 
 # Shared prefixes shorter than this are not worth a second attention call.
 CASCADE_MIN_PREFIX = 64
+# A windowed extend attends blocks of at most max(window, this) queries of a request, each over
+# the keys its windows reach: the padded keys and the mask stay within 2 x the window a query.
+WINDOW_BLOCK = 256
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -40,11 +52,13 @@ class _ExtendPlan:
     # their own keys (causal) in two flash calls merged by log-sum-exp; a mask over the
     # whole would make the kernel visit every block of the upper triangle
     split_prefix: int = 0
+    windowed: dict[int, Any] = field(default_factory=dict)  # window -> its plan (None: as this)
 
 
 @dataclass
 class _KernelExtendPlan:
     requests: cpu_prefill.BatchPrefill
+    windowed: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,6 +70,7 @@ class _DecodePlan:
     # pool hands out ascending slots): read as a view of the pool, not gathered
     kv_run_start: int | None = None
     prefix_run_start: int | None = None
+    windowed: dict[int, Any] = field(default_factory=dict)
 
 
 class TorchNativeAttnBackend:
@@ -147,15 +162,87 @@ class TorchNativeAttnBackend:
                 mask = mask | (~valid)[:, None, :, None] & (key_pos == 0)[None, None, None, :]
         return _ExtendPlan(kv_slots, mask, is_causal, q_rows, token_rows, max_q, split_prefix)
 
+    def _plan_window(self, batch: ForwardBatch, window: int) -> _ExtendPlan | _DecodePlan | None:
+        """The plan of a layer that attends through `window`; None where the window reaches
+        every request's first key (the forward's own plan computes it)."""
+        if max(batch.seq_lens_cpu) <= window:
+            return None
+        if batch.mode == ForwardMode.DECODE:
+            return self._plan_decode_window(batch, window)
+        return self._plan_extend_window(batch, window)
+
+    def _plan_decode_window(self, batch: ForwardBatch, window: int) -> _DecodePlan:
+        """Each request's last `window` keys (or all it has), padded to the longest."""
+        device = batch.seq_lens.device
+        counts = [min(n, window) for n in batch.seq_lens_cpu]
+        width = max(counts)
+        first = (batch.seq_lens - window).clamp(min=0)  # each request's first key seen
+        offs = torch.arange(width, device=device)
+        valid = offs[None, :] < (batch.seq_lens - first)[:, None]  # [bs, width]
+        cols = (first[:, None] + offs[None, :]).masked_fill(~valid, 0)
+        slots = batch.req_to_token[batch.req_pool_indices[:, None], cols].long()
+        slots = slots.masked_fill(~valid, 0)
+        mask = None
+        if min(counts) != width:
+            mask = torch.zeros(valid.shape, dtype=batch.kv_pool.k[0].dtype, device=device)
+            mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
+        kv_run = _run_start(slots[0]) if batch.batch_size == 1 else None
+        return _DecodePlan(slots, mask, None, kv_run)
+
+    def _plan_extend_window(self, batch: ForwardBatch, window: int) -> _ExtendPlan:
+        """Blocks of each request's new tokens (at most max(window, WINDOW_BLOCK) queries) as
+        the rows of one padded attention: block b's keys are positions
+        max(0, first_b - window + 1) .. last_b, masked to each query's window."""
+        device = batch.input_ids.device
+        size = max(window, WINDOW_BLOCK)
+        req, q_first, q_count, t_first = [], [], [], []  # per block
+        token = 0
+        for i, (prefix, new) in enumerate(zip(batch.prefix_lens_cpu, batch.extend_lens_cpu)):
+            for j in range(0, new, size):
+                req.append(i)
+                q_first.append(prefix + j)
+                q_count.append(min(size, new - j))
+                t_first.append(token + j)
+            token += new
+        k_first = [max(0, p - window + 1) for p in q_first]
+        max_q = max(q_count)
+        max_k = max(p + n - k for p, n, k in zip(q_first, q_count, k_first))
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        q_first_t, q_count_t, k_first_t = t(q_first), t(q_count), t(k_first)
+        k_pos = k_first_t[:, None] + torch.arange(max_k, device=device)[None, :]  # [blocks, k]
+        k_valid = k_pos < (q_first_t + q_count_t)[:, None]
+        table_rows = batch.req_pool_indices[t(req)]
+        slots = batch.req_to_token[table_rows[:, None], k_pos.masked_fill(~k_valid, 0)].long()
+        slots = slots.masked_fill(~k_valid, 0)
+        q_offs = torch.arange(max_q, device=device)
+        q_pos = q_first_t[:, None] + q_offs[None, :]  # [blocks, q]
+        q_valid = q_offs[None, :] < q_count_t[:, None]
+        kp, qp = k_pos[:, None, :], q_pos[:, :, None]
+        mask = (kp <= qp) & (kp > qp - window) & k_valid[:, None, :]
+        # padded query rows would see no key at all if masked out entirely; let them see key 0
+        first_key = torch.arange(max_k, device=device) == 0
+        mask = mask | ((~q_valid)[:, :, None] & first_key[None, None, :])
+        q_rows = token_rows = None
+        if len(req) > 1 and min(q_count) != max_q:
+            q_rows = (t(t_first)[:, None] + q_offs[None, :]).masked_fill(~q_valid, 0).reshape(-1)
+            blocks = torch.arange(len(req), device=device)
+            token_rows = (blocks[:, None] * max_q + q_offs[None, :])[q_valid]
+        return _ExtendPlan(slots, mask[:, None], False, q_rows, token_rows, max_q)
+
     # ---- attention (every layer) ----
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: ForwardBatch) -> torch.Tensor:
+                batch: ForwardBatch, *, window: int | None = None) -> torch.Tensor:
         batch.kv_pool.write(layer_id, batch.out_slots, k, v)
         k_pool, v_pool = batch.kv_pool.k[layer_id], batch.kv_pool.v[layer_id]
+        plan = batch.attn_metadata
+        if window is not None:
+            if window not in plan.windowed:  # the forward's first layer with this window
+                plan.windowed[window] = self._plan_window(batch, window)
+            plan = plan.windowed[window] or plan
         if batch.mode == ForwardMode.DECODE:
-            return self._decode(q, k_pool, v_pool, batch.attn_metadata)
-        return self._extend(q, k_pool, v_pool, batch.attn_metadata, batch.batch_size)
+            return self._decode(q, k_pool, v_pool, plan)
+        return self._extend(q, k_pool, v_pool, plan)
 
     def _decode(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 plan: _DecodePlan) -> torch.Tensor:
@@ -180,9 +267,10 @@ class TorchNativeAttnBackend:
         return out.reshape(bs, self.num_heads, d)
 
     def _extend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                plan: _ExtendPlan | _KernelExtendPlan, bs: int) -> torch.Tensor:
+                plan: _ExtendPlan | _KernelExtendPlan) -> torch.Tensor:
         if isinstance(plan, _KernelExtendPlan):
             return plan.requests.run(q, k_pool, v_pool)
+        bs = plan.kv_slots.shape[0]  # requests (a windowed plan's: blocks of them)
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
         keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)
         values = _as(_gather(v_pool, plan.kv_slots), q.dtype).transpose(1, 2)

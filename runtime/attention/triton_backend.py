@@ -2,7 +2,13 @@
 extend or split-KV decode kernel over the token-slot table (radixflow.kernels.attention).
 
 On CUDA, `warm_up` compiles every kernel variant it can launch before the first request: the
-decode split count comes from a small fixed set (kernels/triton/decode_plan.py).
+decode split count comes from a small fixed set (kernels/triton/decode_plan.py); a backend
+made `windowed` (a model with sliding-window layers) compiles the windowed variants too.
+
+A layer's `window` goes to both kernels (the query at position p sees keys
+p - window < k <= p); a windowed decode attends each request alone (no shared-prefix cascade)
+with the split count of the window's length. A window that reaches every key of the batch
+runs the unwindowed kernels.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,17 +38,20 @@ class _Plan:
     max_seq_len: int
     num_kv_splits: int | None  # DECODE: one of decode_plan.KV_SPLIT_CHOICES (or the fixed one)
     shared_prefix: object = None  # DECODE: requests attending over a shared prefix together
+    window_splits: dict[int, int] = field(default_factory=dict)  # DECODE: a window's splits
 
 
 class TritonAttnBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 *, num_kv_splits: int | None = None):
+                 *, num_kv_splits: int | None = None, windowed: bool = False):
+        """windowed: some layer attends through a sliding window (warm_up compiles for it)."""
         if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads {num_heads} must be a positive multiple of "
                              f"num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.num_kv_splits = num_kv_splits
+        self.windowed = windowed
 
     def warm_up(self, kv_pool: KVPool, req_to_token: torch.Tensor) -> None:
         """Compile every variant of the extend and decode kernels this backend can launch
@@ -56,10 +65,11 @@ class TritonAttnBackend:
                  else contextlib.nullcontext())
         with guard:  # triton launches on the current device: make it the pool's
             warm_up_extend_attention(k_cache, v_cache, req_to_token, num_heads=self.num_heads,
-                                     scale=self.scale)
+                                     scale=self.scale, windowed=self.windowed)
             count = warm_up_decode_attention(k_cache, v_cache, req_to_token,
                                              num_heads=self.num_heads, scale=self.scale,
-                                             num_kv_splits=self.num_kv_splits)
+                                             num_kv_splits=self.num_kv_splits,
+                                             windowed=self.windowed)
             if kv_pool.device.type == "cuda":
                 torch.cuda.synchronize(kv_pool.device)
         logger.info("Triton attention: extend and %d decode variants compiled in %.1f s",
@@ -95,10 +105,14 @@ class TritonAttnBackend:
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         layer_id: int,
         batch: ForwardBatch,
+        *,
+        window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if not isinstance(batch.attn_metadata, _Plan):
             self.prepare(batch)
         plan: _Plan = batch.attn_metadata
+        if window is not None and plan.max_seq_len <= window:
+            window = None  # it sees every key of the batch
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -108,15 +122,31 @@ class TritonAttnBackend:
         out_dtype = q.dtype
         q = q.to(k_cache.dtype)  # tl.dot wants one dtype on both sides
         if batch.mode == ForwardMode.DECODE:
+            splits, shared = plan.num_kv_splits, plan.shared_prefix
+            if window is not None:
+                splits, shared = self._window_splits(plan, window, batch), None
             out = decode_attention(
                 q, k_cache, v_cache, batch.req_to_token, batch.req_pool_indices,
-                batch.seq_lens, scale=self.scale, num_kv_splits=plan.num_kv_splits,
-                max_seq_len=plan.max_seq_len, shared_prefix=plan.shared_prefix,
+                batch.seq_lens, scale=self.scale, num_kv_splits=splits,
+                max_seq_len=plan.max_seq_len, shared_prefix=shared, window=window,
                 backend="triton")
             return out.to(out_dtype)
         # The new tokens' K/V as the pool holds them, so extend and later decodes agree.
         out = extend_attention(
             q, k.to(k_cache.dtype), v.to(v_cache.dtype), k_cache, v_cache, batch.req_to_token,
             batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, plan.extend_starts,
-            scale=self.scale, max_extend_len=plan.max_extend_len, backend="triton")
+            scale=self.scale, max_extend_len=plan.max_extend_len, window=window,
+            backend="triton")
         return out.to(out_dtype)
+
+    def _window_splits(self, plan: _Plan, window: int, batch: ForwardBatch) -> int:
+        """The decode split count of a layer that reads at most `window` keys a request."""
+        if window not in plan.window_splits:
+            from radixflow.kernels.triton import decode_plan
+
+            plan.window_splits[window] = self.num_kv_splits or decode_plan.choose_num_kv_splits(
+                batch.seq_lens.device,
+                decode_plan.programs_per_split(batch.batch_size, self.num_heads,
+                                               self.num_kv_heads),
+                min(plan.max_seq_len, window))
+        return plan.window_splits[window]

@@ -9,6 +9,7 @@ dtypes) warm_up did not already make.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -76,12 +77,20 @@ class LaunchLog:
 class _Recorded:
     def __init__(self, kernel, name: str, keys: set):
         self.kernel, self.name, self.keys = kernel, name, keys
+        # arguments triton does not specialise on (do_not_specialize; the interpreter keeps
+        # the decorator's kwargs)
+        names = getattr(kernel, "do_not_specialize", None)
+        if names is None:
+            names = getattr(kernel, "kwargs", {}).get("do_not_specialize") or []
+        self.unspecialised = {kernel.arg_names.index(n) if isinstance(n, str) else n
+                              for n in names}
 
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
-            self.keys.add((self.name, tuple(_spec(a) for a in args),
+            self.keys.add((self.name, tuple(int if i in self.unspecialised else _spec(a)
+                                            for i, a in enumerate(args)),
                            tuple(sorted((k, _spec(v)) for k, v in kwargs.items()))))
             return launch(*args, **kwargs)
 
@@ -152,3 +161,33 @@ def test_serving_launches_only_variants_the_warm_up_compiled(num_heads, num_kv_h
     assert {splits for splits, _ in planned} >= ({1, 2} if kernel_device.type == "cpu" else {1})
     assert {shared for _, shared in planned} == {False, True}
     assert log.keys and log.keys <= warmed, log.keys - warmed
+
+
+def test_a_windowed_backend_warms_up_its_windowed_variants(monkeypatch, kernel_device):
+    """TritonAttnBackend(windowed=True) (a model with sliding-window layers): serving windowed
+    and unwindowed layers, decode and extend, launches only what warm_up compiled."""
+    num_heads, num_kv_heads, head_dim = 4, 2, 32
+    log = LaunchLog(monkeypatch)
+    backend = TritonAttnBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5,
+                                windowed=True)
+    pools = (KVPool(2000, 1, num_kv_heads, head_dim, torch.float32, kernel_device),
+             ReqToTokenPool(8, 512, kernel_device))
+    backend.warm_up(pools[0], pools[1].req_to_token)
+    warmed = set(log.keys)
+    log.keys.clear()
+    g = torch.Generator().manual_seed(0)
+    for seq_lens, shared_prefix in [([5], 0), ([1, 30, 64], 0), ([70, 90, 66], 64),
+                                    ([300, 120], 0)]:
+        batch = decode_batch(pools, seq_lens, shared_prefix)
+        backend.prepare(batch)
+        q = torch.randn(len(seq_lens), num_heads, head_dim, generator=g).to(kernel_device)
+        kv = torch.randn(len(seq_lens), num_kv_heads, head_dim, generator=g).to(kernel_device)
+        for window in (None, 16):
+            backend.forward(q, kv, kv, 0, batch, window=window)
+        extend = dataclasses.replace(batch, mode=ForwardMode.EXTEND)
+        backend.prepare(extend)
+        for window in (None, 16):
+            backend.forward(q, kv, kv, 0, extend, window=window)
+    windowed = {key for key in log.keys if ("WINDOWED", True) in key[2]}
+    assert {key[0] for key in windowed} == {"_decode_split_kernel", "_extend_attention_kernel"}
+    assert log.keys <= warmed, log.keys - warmed

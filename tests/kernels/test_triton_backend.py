@@ -68,7 +68,7 @@ def _batch_over(mode, pools, rows, prefix_lens, extend_lens):
     )
 
 
-def run_both(batches, layer_id, g):
+def run_both(batches, layer_id, g, window=None):
     """Each backend's output for its batch (on the CPU), the same q/k/v for both."""
     n = batches[0].num_tokens
     q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=g)
@@ -80,7 +80,8 @@ def run_both(batches, layer_id, g):
                               batches):
         on = batch.kv_pool.device
         backend.prepare(batch)
-        outs.append(backend.forward(q.to(on), k.to(on), v.to(on), layer_id, batch).cpu())
+        outs.append(backend.forward(q.to(on), k.to(on), v.to(on), layer_id, batch,
+                                    window=window).cpu())
         pool = batch.kv_pool
         # the backend wrote the new K/V
         assert torch.equal(pool.k[layer_id][batch.out_slots].cpu(), k)
@@ -127,3 +128,23 @@ def test_decode_over_a_shared_prefix_agrees_with_torch_native(kernel_device):
     want, got = run_both(decode, 0, g)
     assert decode[1].attn_metadata.shared_prefix.lens.tolist() == [70, 70, 0, 0]
     torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("window", [6, 33, 200])
+def test_windowed_layers_agree_with_torch_native(kernel_device, window):
+    """A sliding window shorter than some contexts (6: than every prefix; 33: than some) and
+    longer than all (200), in extend and decode batches, over a shared prefix too (a windowed
+    decode attends alone; the forward's plan keeps the cascade for unwindowed layers)."""
+    g = torch.Generator().manual_seed(2)
+    pools = Pools(kernel_device)
+    first = make_batch(ForwardMode.EXTEND, pools, [2, 4], [0, 0], [70, 20])
+    want, got = run_both(first, 0, g, window)
+    torch.testing.assert_close(got, want, **TOL)
+    pools.copy_rows([5], 2)
+    mixed = make_batch(ForwardMode.EXTEND, pools, [2, 5, 4], [70, 70, 20], [3, 40, 1])
+    want, got = run_both(mixed, 0, g, window)
+    torch.testing.assert_close(got, want, **TOL)
+    decode = make_batch(ForwardMode.DECODE, pools, [2, 5, 4], [73, 110, 21], [1, 1, 1])
+    want, got = run_both(decode, 0, g, window)
+    torch.testing.assert_close(got, want, **TOL)
+    assert decode[1].attn_metadata.shared_prefix.lens.tolist() == [70, 70, 0]

@@ -1,5 +1,6 @@
 """The torch-native backend against a per-request reference: extend with prefixes, decode with
-padding, and decode with a shared prefix (cascade), GQA included."""
+padding, and decode with a shared prefix (cascade), GQA included; each with a sliding window
+too (the query at position p sees keys p - window < k <= p)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from radixflow.runtime.memory_pool import KVPool, ReqToTokenPool
 H, KVH, D = 4, 2, 16
 
 
-def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale):
+def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale, window=None):
     outs, start = [], 0
     for row, p, n in zip(rows, prefix_lens, ext_lens):
         slots = table[row, :p + n].long()
@@ -23,7 +24,10 @@ def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale):
         values = v_pool[slots].repeat_interleave(H // KVH, dim=1)
         qs = q[start:start + n]  # [n, H, D]
         scores = torch.einsum("nhd,lhd->hnl", qs.float(), keys.float()) * scale
-        causal = torch.arange(p + n)[None, :] <= (p + torch.arange(n))[:, None]
+        k_pos, q_pos = torch.arange(p + n)[None, :], (p + torch.arange(n))[:, None]
+        causal = k_pos <= q_pos
+        if window is not None:
+            causal &= k_pos > q_pos - window
         scores = scores.masked_fill(~causal[None], float("-inf"))
         outs.append(torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values.float()))
         start += n
@@ -31,7 +35,7 @@ def reference(q, k_pool, v_pool, table, rows, prefix_lens, ext_lens, scale):
 
 
 def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monkeypatch=None,
-        cpu_dtype=None, pool_dtype=None):
+        cpu_dtype=None, pool_dtype=None, window=None):
     torch.manual_seed(0)
     bs = len(prefix_lens)
     pool = KVPool(2000, 1, KVH, D, pool_dtype or dtype)
@@ -58,8 +62,9 @@ def run(mode, prefix_lens, ext_lens, shared_prefix=0, dtype=torch.float32, monke
                          t(ext_lens), seq, list(prefix_lens), list(ext_lens), t([0]), table, pool)
     backend = TorchNativeAttnBackend(H, KVH, D, D ** -0.5, cpu_dtype=cpu_dtype)
     backend.prepare(batch)
-    out = backend.forward(q, k, v, 0, batch)
-    ref = reference(q, pool.k[0], pool.v[0], table, range(bs), prefix_lens, ext_lens, D ** -0.5)
+    out = backend.forward(q, k, v, 0, batch, window=window)
+    ref = reference(q, pool.k[0], pool.v[0], table, range(bs), prefix_lens, ext_lens, D ** -0.5,
+                    window)
     return out, ref, batch
 
 
@@ -125,3 +130,52 @@ def test_decode_cascade_over_shared_prefix(monkeypatch, dtype, tol):
     assert batch.attn_metadata.prefix_slots is not None
     assert batch.attn_metadata.prefix_slots.numel() == 18
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+# windows of 1, shorter than the prefixes, and reaching every key (the forward's own plan);
+# one request and several, blocks of WINDOW_BLOCK queries (ext 300), padded ones
+@pytest.mark.parametrize("window", [1, 5, 24, 400])
+@pytest.mark.parametrize("prefix_lens, ext_lens", [
+    ([0], [30]), ([40], [17]), ([3], [300]), ([0, 3, 37], [5, 1, 29]), ([4, 4], [3, 3])])
+def test_extend_window(window, prefix_lens, ext_lens):
+    out, ref, batch = run(ForwardMode.EXTEND, prefix_lens, ext_lens, window=window)
+    torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
+    binds = max(p + n for p, n in zip(prefix_lens, ext_lens)) > window
+    assert (batch.attn_metadata.windowed[window] is not None) == binds
+
+
+def test_extend_window_leaves_the_prefill_kernel(monkeypatch, cpu_level):
+    """A windowed layer of a batch the CPU prefill kernel takes runs torch's attention through
+    the window (the kernel attends over the whole prefix); a window that sees every key keeps
+    the kernel."""
+    dtype = cpu_prefill.io_dtype()
+    if dtype is None:
+        pytest.skip(f"no CPU kernels at {cpu_level} here")
+    monkeypatch.setitem(cpu_prefill.MIN_PAIRS, cpu_level, 0)
+    for window, kernel in ((6, False), (64, True)):
+        out, ref, batch = run(ForwardMode.EXTEND, [0, 20], [17, 9], dtype=dtype,
+                              cpu_dtype=dtype, pool_dtype=torch.bfloat16, window=window)
+        assert isinstance(batch.attn_metadata, torch_native._KernelExtendPlan)
+        windowed = batch.attn_metadata.windowed[window]
+        assert (windowed is None) == kernel
+        torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("window", [1, 4, 8, 30])
+@pytest.mark.parametrize("prefix_lens", [[7], [3, 9, 1], [6, 6, 6]])
+def test_decode_window(window, prefix_lens):
+    out, ref, _ = run(ForwardMode.DECODE, prefix_lens, [1] * len(prefix_lens), window=window)
+    torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_window_skips_the_cascade(monkeypatch):
+    """A shared prefix the forward's plan attends once for all (cascade): a windowed layer
+    attends each request's own last keys instead."""
+    monkeypatch.setattr(torch_native, "CASCADE_MIN_PREFIX", 8)
+    for window in (3, 19, 40):
+        out, ref, batch = run(ForwardMode.DECODE, [20, 31, 25], [1, 1, 1], shared_prefix=18,
+                              window=window)
+        assert batch.attn_metadata.prefix_slots is not None
+        windowed = batch.attn_metadata.windowed[window]
+        assert windowed is None if window >= 32 else windowed.prefix_slots is None
+        torch.testing.assert_close(out.float(), ref, atol=1e-4, rtol=1e-4)
