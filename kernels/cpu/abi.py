@@ -15,12 +15,12 @@ from dataclasses import dataclass
 # rf_abi's fields, in order
 FIELDS = ("sizeof_weight", "sizeof_layer", "sizeof_model", "tile", "group", "format_bf16",
           "format_q4_1", "format_q8_0", "profile_phases", "max_rows", "max_batch", "max_group",
-          "max_head_dim", "sizeof_prefill")
+          "max_head_dim", "sizeof_prefill", "sizeof_moe")
 
 FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2}  # rf_weight.format (gemv.h's enum)
 # decode.c's profile slots, in order
 PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attention", "o matmul",
-                  "gate/up matmul", "SiLU", "down matmul", "head matmul")
+                  "gate/up matmul", "SiLU", "down matmul", "head matmul", "router + routing")
 
 
 class _Weight(ctypes.Structure):
@@ -28,12 +28,20 @@ class _Weight(ctypes.Structure):
                 ("data", ctypes.c_void_p)]
 
 
+class _Moe(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "num_experts", "top_k", "norm_topk_prob", "inter", "shared_inter")] + [
+        ("router", ctypes.c_void_p), ("gate_up", ctypes.POINTER(_Weight)),
+        ("down", ctypes.POINTER(_Weight)), ("shared_gate_up", _Weight), ("shared_down", _Weight)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("qkv_bias", ctypes.c_void_p),
                 ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("moe", ctypes.POINTER(_Moe))]
 
 
 class _Model(ctypes.Structure):
@@ -74,7 +82,8 @@ def check(lib: ctypes.CDLL, tile: int, group: int) -> Limits:
     expected = {"sizeof_weight": ctypes.sizeof(_Weight), "sizeof_layer": ctypes.sizeof(_Layer),
                 "sizeof_model": ctypes.sizeof(_Model), "tile": tile, "group": group,
                 **{f"format_{name}": code for name, code in FORMATS.items()},
-                "profile_phases": len(PROFILE_PHASES), "sizeof_prefill": ctypes.sizeof(Prefill)}
+                "profile_phases": len(PROFILE_PHASES), "sizeof_prefill": ctypes.sizeof(Prefill),
+                "sizeof_moe": ctypes.sizeof(_Moe)}
     wrong = {k: (got[k], v) for k, v in expected.items() if got[k] != v}
     if wrong:
         raise RuntimeError("the C kernels and their Python bindings disagree (C, Python): "

@@ -16,6 +16,13 @@
  * each block of prefix keys as one matrix product, FlashInfer's cascade), each request over the
  * rest of its row alone, and the two partial softmaxes merge like the threads' do.
  *
+ * A mixture-of-experts layer (rf_layer.moe) routes each row (router logits in fp32, softmax,
+ * top_k), groups the batch's (row, choice) pairs by expert (moe_group), and runs each expert
+ * that has pairs over just its rows: every such expert's gate/up tiles side by side form one
+ * product split over the threads, SiLU * up runs by pairs, the down products likewise, and
+ * each row sums its pairs' outputs times their weights. Only the routed experts' weights are
+ * read; a shared expert (Qwen2-MoE) is one more job over every row, weighted by its gate.
+ *
  * Numerics: the residual stream stays fp32; for a bf16 model the inputs of the matrix products
  * are rounded to bf16 as the torch model rounds them (an fp32 model's stay fp32), then prepared
  * for the integer weight formats as the level does it (gemv_<level>.c: exact 16-bit integers
@@ -34,15 +41,63 @@
 
 /* ---- scratch ---- */
 
+/* One expert's share of a MoE layer's step (moe_group): its `count` (row, choice) pairs, in
+ * slots first .. first + count - 1 of the pair buffers, whose rows there are `inter` wide. */
+typedef struct {
+    const rf_weight *gate_up, *down;
+    int64_t first, count, inter;
+    float *gu, *act, *out;    /* slot first's rows: gate_up's output, down's input, output */
+    uint16_t *act_b, *in_b;   /* down's input as bf16; gate_up's gathered bf16 input, or NULL */
+} moe_job;
+
 /* Per-row buffers hold max_batch rows. xb/xf (a product's input, bf16 and its fp32 values)
- * have rows of the product's in_features; the outputs have rows of its out_features. */
+ * have rows of the product's in_features; the outputs have rows of its out_features.
+ * A MoE layer's (row, choice) pairs have slots of their own: max_batch x top_k routed ones,
+ * grouped by expert, then one a row for the shared expert; the moe_ buffers have a row a slot,
+ * of the routed experts' or the shared one's width. */
 typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial, *shared;
     uint16_t *xb, *qb;
     split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
+    /* mixture of experts (all NULL for a dense model) */
+    float *logits, *route_w, *gate_w, *pair_w; /* [row][logit], [row][choice], [row], [slot] */
+    int32_t *route_id, *row_slot, *pair_row, *expert_count; /* [row][choice] x 2, [slot], [e] */
+    moe_job *jobs;
+    int64_t *moe_state; /* jobs this layer; whether gate_up's inputs need gathering */
+    split_x *in_xs, *act_xs; /* each slot's gate_up input (its row's xs), down input */
+    float *moe_gu, *moe_act, *moe_out;
+    uint16_t *moe_act_b, *moe_in_b;
+    int64_t routed_slots, moe_inter, moe_shared_inter; /* the regions' widths */
 } buffers;
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* The MoE layers' largest sizes, which the scratch holds (all 0 for a dense model). */
+typedef struct {
+    int64_t experts, top_k, inter, shared_inter, bf16_in; /* bf16_in: some gate_up is bf16 */
+} moe_dims;
+
+static moe_dims moe_sizes(const rf_model *m) {
+    moe_dims d = {0, 0, 0, 0, 0};
+#define WIDEN(field, v) d.field = (v) > d.field ? (v) : d.field
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const rf_moe *e = m->layers[l].moe;
+        if (e == NULL) continue;
+        WIDEN(experts, e->num_experts);
+        WIDEN(top_k, e->top_k);
+        WIDEN(inter, e->inter);
+        WIDEN(shared_inter, e->shared_inter);
+        WIDEN(bf16_in, e->gate_up[0].format == FORMAT_BF16 ? 1 : 0);
+    }
+#undef WIDEN
+    return d;
+}
+
+/* Where slot p's row begins in a pair buffer whose routed rows are `routed` wide and shared
+ * rows `shared` wide. */
+static int64_t slot_at(const buffers *b, int64_t p, int64_t routed, int64_t shared) {
+    return p < b->routed_slots ? p * routed : b->routed_slots * routed + (p - b->routed_slots) * shared;
+}
 
 static int64_t widest_input(const rf_model *m) {
     int64_t w = m->hidden > m->inter ? m->hidden : m->inter;
@@ -72,6 +127,39 @@ static int64_t layout(const rf_model *m, float *base, buffers *b) {
     TAKE(shared, float, m->nthreads * pad16(rf_shared_work_floats(m)));
     TAKE(xb, uint16_t, B * w / 2 + 1);
     TAKE(qb, uint16_t, B * m->heads * q_stride(m) / 2);
+    const moe_dims d = moe_sizes(m);
+    if (d.experts) {
+        const int64_t routed = B * d.top_k, Bs = d.shared_inter ? B : 0, P = routed + Bs;
+        const int64_t I = d.inter, SI = d.shared_inter, act = routed * I + Bs * SI;
+        if (b) b->routed_slots = routed, b->moe_inter = I, b->moe_shared_inter = SI;
+        TAKE(logits, float, B * (d.experts + 1));
+        TAKE(route_w, float, B * d.top_k);
+        TAKE(gate_w, float, B);
+        TAKE(pair_w, float, P);
+        TAKE(route_id, int32_t, B * d.top_k);
+        TAKE(row_slot, int32_t, B * d.top_k);
+        TAKE(pair_row, int32_t, P);
+        TAKE(expert_count, int32_t, d.experts);
+        TAKE(jobs, moe_job, (d.experts + 1) * (int64_t)(sizeof(moe_job) / sizeof(float)));
+        TAKE(moe_state, int64_t, 4);
+        TAKE(in_xs, split_x, P * (int64_t)(sizeof(split_x) / sizeof(float)));
+        TAKE(act_xs, split_x, P * (int64_t)(sizeof(split_x) / sizeof(float)));
+        TAKE(moe_gu, float, 2 * act);
+        TAKE(moe_act, float, act);
+        TAKE(moe_act_b, uint16_t, act / 2 + 1);
+        TAKE(moe_out, float, P * m->hidden);
+        if (d.bf16_in) TAKE(moe_in_b, uint16_t, P * m->hidden / 2 + 1);
+        else if (b) b->moe_in_b = NULL;
+        for (int64_t p = 0; p < P; p++) {
+            const int64_t k = p < routed ? I : SI;
+            TAKE(act_xs[p].scale, float, k / GROUP + 1);
+            TAKE(act_xs[p].sum, float, k / GROUP + 1);
+            TAKE(act_xs[p].hi, int8_t, k / 4 + 1);
+            TAKE(act_xs[p].lo, int8_t, k / 4 + 1);
+        }
+    } else if (b) {
+        b->moe_state = NULL;
+    }
 #undef TAKE
     return at;
 }
@@ -115,13 +203,16 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
  * them as bf16 (what the bf16 weight format multiplies). A bf16 model rounds every product's
  * input to bf16 (m->bf16_inputs), so xf takes the rounded values too, as the torch model would
  * have them; an fp32 model's stay exact. The integer formats then split xf (rf_split_x). */
-static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
-    uint16_t *xb = b->xb + r * w->k;
-    float *xf = b->xf + r * w->k;
-    for (int64_t i = 0; i < w->k; i++) xb[i] = f32_to_bf16(xf[i]);
+static void prepare_input(const rf_model *m, int64_t format, int64_t k, float *xf, uint16_t *xb,
+                          split_x xs) {
+    for (int64_t i = 0; i < k; i++) xb[i] = f32_to_bf16(xf[i]);
     if (m->bf16_inputs)
-        for (int64_t i = 0; i < w->k; i++) xf[i] = bf16_to_f32_1(xb[i]);
-    if (w->format != FORMAT_BF16) rf_split_x(xf, w->k, w->format == FORMAT_Q8_0, b->xs[r]);
+        for (int64_t i = 0; i < k; i++) xf[i] = bf16_to_f32_1(xb[i]);
+    if (format != FORMAT_BF16) rf_split_x(xf, k, format == FORMAT_Q8_0, xs);
+}
+
+static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
+    prepare_input(m, w->format, w->k, b->xf + r * w->k, b->xb + r * w->k, b->xs[r]);
 }
 
 /* Row r's residual stream through an RMSNorm into the input of a product with w. */
@@ -132,17 +223,200 @@ static void norm_input(const rf_model *m, const float *weight, const rf_weight *
     set_input(m, w, b, r);
 }
 
+static int64_t tiles_of(const rf_weight *w) { return (w->n + TILE - 1) / TILE; }
+
+/* Tiles [t0, t1) of y = w x for M rows of x: xs split (the integer formats), xb bf16. */
+static void product_tiles(const rf_weight *w, const split_x *xs, const uint16_t *xb, int64_t M,
+                          float *y, int64_t t0, int64_t t1) {
+    if (w->format == FORMAT_Q4_1)
+        rf_q4_1_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
+    else if (w->format == FORMAT_Q8_0)
+        rf_q8_0_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
+    else
+        rf_bf16_gemm_tiles(w->data, xb, y, 0, M, w->n, w->k, t0, t1);
+}
+
 /* This thread's tiles of y = w x for B rows (y: B rows of w->n), input readied before. */
 static void gemv_part(const rf_weight *w, const buffers *b, int64_t B, float *y) {
-    const int64_t tiles = (w->n + TILE - 1) / TILE;
     int64_t t0, t1;
-    thread_range(tiles, &t0, &t1);
-    if (w->format == FORMAT_Q4_1)
-        rf_q4_1_gemm_tiles(w->data, b->xs, y, 0, B, w->n, w->k, t0, t1);
-    else if (w->format == FORMAT_Q8_0)
-        rf_q8_0_gemm_tiles(w->data, b->xs, y, 0, B, w->n, w->k, t0, t1);
-    else
-        rf_bf16_gemm_tiles(w->data, b->xb, y, 0, B, w->n, w->k, t0, t1);
+    thread_range(tiles_of(w), &t0, &t1);
+    product_tiles(w, b->xs, b->xb, B, y, t0, t1);
+}
+
+/* ---- mixture of experts ---- */
+
+static int64_t moe_logits(const rf_moe *e) { return e->num_experts + (e->shared_inter > 0); }
+
+/* This thread's share of the router's logits for B rows (and the shared expert's gate's):
+ * logits[r][e] = router[e] . xf[r], fp32. */
+static void moe_router(const rf_model *m, const rf_moe *e, const buffers *b, int64_t B) {
+    const int64_t H = m->hidden, E = moe_logits(e);
+    int64_t i0, i1;
+    thread_range(E * B, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) { /* expert-major: a thread reads its router rows once */
+        const int64_t ex = i / B, r = i % B;
+        const float *w = e->router + ex * H, *x = b->xf + r * H;
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < H; k++) s += w[k] * x[k];
+        b->logits[r * E + ex] = s;
+    }
+}
+
+/* Row r's routing, as moe.py's route: a softmax over its experts' logits (fp32), the top_k
+ * probabilities (of equal ones the lower index first, as torch.topk), renormalised to sum to 1
+ * if asked; and sigmoid of the shared expert's gate. */
+static void moe_route(const rf_moe *e, const buffers *b, int64_t r) {
+    const int64_t E = e->num_experts, K = e->top_k;
+    float *p = b->logits + r * moe_logits(e), mx = -INFINITY, sum = 0, picked = 0;
+    for (int64_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
+    for (int64_t i = 0; i < E; i++) {
+        p[i] = expf(p[i] - mx);
+        sum += p[i];
+    }
+    for (int64_t j = 0; j < K; j++) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < E; i++) /* (a picked one is -1; a NaN is never picked) */
+            if (p[i] >= 0 && (best < 0 || p[i] > p[best])) best = i;
+        if (best < 0) best = j; /* all NaN: any expert, the output is NaN anyway */
+        const float w = p[best] / sum;
+        b->route_id[r * K + j] = (int32_t)best;
+        b->route_w[r * K + j] = w;
+        picked += w;
+        p[best] = -1;
+    }
+    if (e->norm_topk_prob)
+        for (int64_t j = 0; j < K; j++) b->route_w[r * K + j] /= picked;
+    if (e->shared_inter) b->gate_w[r] = 1.0f / (1.0f + expf(-p[E]));
+}
+
+/* (Thread 0.) The B rows' pairs grouped by expert, in expert order, each expert's rows in
+ * batch order: a job for each expert that has pairs, then the shared expert's over every row. */
+static void moe_group(const rf_model *m, const rf_moe *e, const buffers *b, int64_t B) {
+    const int64_t E = e->num_experts, K = e->top_k, H = m->hidden;
+    int32_t *cursor = b->expert_count;
+    memset(cursor, 0, E * sizeof(int32_t));
+    for (int64_t i = 0; i < B * K; i++) cursor[b->route_id[i]]++;
+    int64_t jobs = 0, slot = 0, gather = 0;
+    for (int64_t x = 0; x < E; x++) {
+        if (cursor[x] == 0) continue;
+        b->jobs[jobs++] = (moe_job){e->gate_up + x, e->down + x, slot, cursor[x], e->inter,
+                                    NULL, NULL, NULL, NULL, NULL};
+        slot += cursor[x];
+        cursor[x] = (int32_t)(slot - cursor[x]); /* now where its next pair goes */
+    }
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t j = 0; j < K; j++) {
+            const int64_t p = cursor[b->route_id[r * K + j]]++;
+            b->pair_row[p] = (int32_t)r;
+            b->pair_w[p] = b->route_w[r * K + j];
+            b->row_slot[r * K + j] = (int32_t)p;
+            b->in_xs[p] = b->xs[r];
+        }
+    if (e->shared_inter) {
+        b->jobs[jobs++] = (moe_job){&e->shared_gate_up, &e->shared_down, b->routed_slots, B,
+                                    e->shared_inter, NULL, NULL, NULL, NULL, NULL};
+        for (int64_t r = 0; r < B; r++) {
+            const int64_t p = b->routed_slots + r;
+            b->pair_row[p] = (int32_t)r;
+            b->pair_w[p] = b->gate_w[r];
+            b->in_xs[p] = b->xs[r];
+        }
+    }
+    const int64_t I = b->moe_inter, SI = b->moe_shared_inter;
+    for (int64_t j = 0; j < jobs; j++) {
+        moe_job *job = b->jobs + j;
+        const int64_t at = slot_at(b, job->first, I, SI);
+        job->gu = b->moe_gu + 2 * at;
+        job->act = b->moe_act + at;
+        job->act_b = b->moe_act_b + at;
+        job->out = b->moe_out + job->first * H;
+        if (job->gate_up->format == FORMAT_BF16) { /* one row reads its xb row in place */
+            job->in_b = job->count > 1 ? b->moe_in_b + job->first * H
+                                       : b->xb + b->pair_row[job->first] * H;
+            gather |= job->count > 1;
+        }
+    }
+    b->moe_state[0] = jobs;
+    b->moe_state[1] = gather;
+}
+
+/* This thread's share [p0, p1) of all the jobs' pairs, taken side by side. */
+static void my_pairs(const buffers *b, int64_t *p0, int64_t *p1) {
+    int64_t total = 0;
+    for (int64_t j = 0; j < b->moe_state[0]; j++) total += b->jobs[j].count;
+    thread_range(total, p0, p1);
+}
+
+/* Of those, job j's pairs [*lo, *hi), `at` the pairs of the jobs before it. */
+static void job_share(const moe_job *job, int64_t at, int64_t p0, int64_t p1, int64_t *lo,
+                      int64_t *hi) {
+    *lo = p0 > at ? p0 - at : 0;
+    *hi = p1 - at < job->count ? p1 - at : job->count;
+}
+
+/* This thread's share of gathering bf16 gate_up inputs of experts with several rows. */
+static void moe_gather(const rf_model *m, const buffers *b) {
+    const int64_t H = m->hidden;
+    int64_t p0, p1, at = 0, lo, hi;
+    my_pairs(b, &p0, &p1);
+    for (int64_t j = 0; j < b->moe_state[0] && at < p1; at += b->jobs[j++].count) {
+        const moe_job *job = b->jobs + j;
+        if (job->gate_up->format != FORMAT_BF16 || job->count == 1) continue;
+        job_share(job, at, p0, p1, &lo, &hi);
+        for (int64_t i = lo; i < hi; i++)
+            memcpy(job->in_b + i * H, b->xb + b->pair_row[job->first + i] * H, H * sizeof(uint16_t));
+    }
+}
+
+/* This thread's tiles of every job's gate_up product (down = 0) or down product (1): the
+ * jobs' tiles side by side, split over the threads as one product's are. */
+static void moe_products(const buffers *b, int down) {
+    const int64_t jobs = b->moe_state[0];
+    int64_t total = 0, t0, t1, at = 0;
+    for (int64_t j = 0; j < jobs; j++) total += tiles_of(down ? b->jobs[j].down : b->jobs[j].gate_up);
+    thread_range(total, &t0, &t1);
+    for (int64_t j = 0; j < jobs && at < t1; j++) {
+        const moe_job *job = b->jobs + j;
+        const rf_weight *w = down ? job->down : job->gate_up;
+        const int64_t T = tiles_of(w), lo = t0 > at ? t0 - at : 0, hi = t1 - at < T ? t1 - at : T;
+        if (lo < hi) {
+            if (down)
+                product_tiles(w, b->act_xs + job->first, job->act_b, job->count, job->out, lo, hi);
+            else
+                product_tiles(w, b->in_xs + job->first, job->in_b, job->count, job->gu, lo, hi);
+        }
+        at += T;
+    }
+}
+
+/* This thread's share of the pairs' SiLU(gate) * up, readied as their down products' inputs. */
+static void moe_act(const rf_model *m, const buffers *b) {
+    int64_t p0, p1, at = 0, lo, hi;
+    my_pairs(b, &p0, &p1);
+    for (int64_t j = 0; j < b->moe_state[0] && at < p1; at += b->jobs[j++].count) {
+        const moe_job *job = b->jobs + j;
+        const int64_t n = job->inter;
+        job_share(job, at, p0, p1, &lo, &hi);
+        for (int64_t i = lo; i < hi; i++) {
+            float *act = job->act + i * n;
+            silu_mul(job->gu + i * 2 * n, n, act);
+            prepare_input(m, job->down->format, n, act, job->act_b + i * n,
+                          b->act_xs[job->first + i]);
+        }
+    }
+}
+
+/* Row r's MLP output: its pairs' expert outputs times their weights, summed (fp32). */
+static void moe_sum(const rf_model *m, const rf_moe *e, const buffers *b, int64_t r, float *o) {
+    const int64_t H = m->hidden, K = e->top_k;
+    memset(o, 0, H * sizeof(float));
+    for (int64_t j = 0; j <= K; j++) {
+        if (j == K && !e->shared_inter) break;
+        const int64_t p = j < K ? b->row_slot[r * K + j] : b->routed_slots + r;
+        const float w = b->pair_w[p], *y = b->moe_out + p * H;
+        for (int64_t i = 0; i < H; i++) o[i] += w * y[i];
+    }
 }
 
 /* Merges `threads` partial softmaxes of every head into out (fp32 [heads][D]). */
@@ -357,20 +631,45 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             SYNC();
             PHASE(PH_ATTN);
             MATMUL(&L->o, b.o, PH_O);
+            const rf_moe *moe = L->moe;
             for (int64_t r = r0; r < r1; r++) {
                 for (int64_t i = r * H; i < (r + 1) * H; i++) b.x[i] += b.o[i];
-                norm_input(m, L->ffn_norm, &L->gate_up, &b, r);
+                norm_input(m, L->ffn_norm, moe ? moe->gate_up : &L->gate_up, &b, r);
             }
             SYNC();
             PHASE(PH_NORM);
-            MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
-            for (int64_t r = r0; r < r1; r++) {
-                silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.xf + r * L->down.k);
-                set_input(m, &L->down, &b, r);
+            if (moe) { /* route, group the pairs by expert, run the routed experts only */
+                moe_router(m, moe, &b, B);
+                SYNC();
+                for (int64_t r = r0; r < r1; r++) moe_route(moe, &b, r);
+                SYNC();
+                if (id == 0) moe_group(m, moe, &b, B);
+                SYNC();
+                if (b.moe_state[1]) {
+                    moe_gather(m, &b);
+                    SYNC();
+                }
+                PHASE(PH_ROUTE);
+                moe_products(&b, 0);
+                SYNC();
+                PHASE(PH_MLP_UP);
+                moe_act(m, &b);
+                SYNC();
+                PHASE(PH_ACT);
+                moe_products(&b, 1);
+                SYNC();
+                PHASE(PH_DOWN);
+                for (int64_t r = r0; r < r1; r++) moe_sum(m, moe, &b, r, b.o + r * H);
+            } else {
+                MATMUL(&L->gate_up, b.gate_up, PH_MLP_UP);
+                for (int64_t r = r0; r < r1; r++) {
+                    silu_mul(b.gate_up + r * 2 * m->inter, m->inter, b.xf + r * L->down.k);
+                    set_input(m, &L->down, &b, r);
+                }
+                SYNC();
+                PHASE(PH_ACT);
+                MATMUL(&L->down, b.o, PH_DOWN);
             }
-            SYNC();
-            PHASE(PH_ACT);
-            MATMUL(&L->down, b.o, PH_DOWN);
             for (int64_t r = r0; r < r1; r++) { /* the residual, and the next product's input */
                 for (int64_t i = r * H; i < (r + 1) * H; i++) b.x[i] += b.o[i];
                 norm_input(m, last_layer ? m->final_norm : L[1].attn_norm,
@@ -426,7 +725,8 @@ int64_t rf_prefill_attention(const rf_prefill *J) {
 int64_t rf_abi(int64_t *out) {
     const int64_t values[] = {sizeof(rf_weight), sizeof(rf_layer), sizeof(rf_model), TILE, GROUP,
                               FORMAT_BF16, FORMAT_Q4_1, FORMAT_Q8_0, PROFILE_PHASES, MAX_ROWS,
-                              MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM, sizeof(rf_prefill)};
+                              MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM, sizeof(rf_prefill),
+                              sizeof(rf_moe)};
     const int64_t n = sizeof(values) / sizeof(values[0]);
     memcpy(out, values, sizeof(values));
     return n;

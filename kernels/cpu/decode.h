@@ -15,12 +15,28 @@ typedef struct {
     const uint8_t *data;
 } rf_weight;
 
+/* A mixture-of-experts layer's MLP (decode.c's moe_*): each row's router logits (fp32), a
+ * softmax over the experts, its top_k (renormalised to sum to 1 if norm_topk_prob); the rows
+ * grouped by expert, and each expert that has rows run over just those (only the routed
+ * experts' weights are read); out = sum of the weights times their experts' outputs, plus
+ * sigmoid(shared gate . x) times the shared expert's (Qwen2-MoE) where shared_inter > 0. */
+typedef struct {
+    int64_t num_experts, top_k, norm_topk_prob;
+    int64_t inter, shared_inter;  /* each routed expert's; the shared expert's, 0: none */
+    const float *router;          /* fp32 [num_experts + (shared_inter > 0)][hidden]: the
+                                     router's rows, then the shared expert's gate */
+    const rf_weight *gate_up, *down; /* [num_experts] each; gate rows, then up rows. Every
+                                        gate_up (the shared one's too) in one format */
+    rf_weight shared_gate_up, shared_down;
+} rf_moe;
+
 typedef struct {
     const float *attn_norm, *ffn_norm; /* [hidden] */
     const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
     const float *qkv_bias;             /* [q + 2 kv], or NULL (Qwen2 has it) */
-    rf_weight qkv, o, gate_up, down;
+    rf_weight qkv, o, gate_up, down;   /* (gate_up, down unused in a MoE layer) */
     uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim] */
+    const rf_moe *moe;           /* NULL: a dense MLP (gate_up, down) */
 } rf_layer;
 
 typedef struct {
@@ -41,7 +57,7 @@ typedef struct {
 
 /* What thread 0 spent where, barrier waits included: the profile's slots. */
 enum { PH_NORM, PH_QKV, PH_ROPE_KV, PH_ATTN, PH_O, PH_MLP_UP, PH_ACT, PH_DOWN, PH_HEAD,
-       PROFILE_PHASES };
+       PH_ROUTE, PROFILE_PHASES };
 
 /* bf16 values per query head in the step's bf16 queries: head_dim padded to whole 32-value
  * chunks. */

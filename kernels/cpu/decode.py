@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import TiledWeight, _library, limits
-from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Weight
+from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Moe, _Weight
 
 # Shared prefixes shorter than this attend per request: below it the per-request path costs
 # about as little (bench/results/cascade-attention.md).
@@ -39,6 +39,51 @@ class ModelShape:
 
 
 @dataclass
+class MoeWeights:
+    """A mixture-of-experts MLP (decode.h's rf_moe): router logits in fp32, a softmax, the
+    top_k (renormalised if norm_topk_prob), each routed expert a SiLU-gated MLP; plus, where
+    given, a shared expert scaled by sigmoid(shared_gate . x) (Qwen2-MoE)."""
+
+    router: torch.Tensor  # fp32 [experts, hidden]
+    gate_up: list[TiledWeight]  # each expert's: gate rows, then up rows
+    down: list[TiledWeight]
+    top_k: int
+    norm_topk_prob: bool
+    shared_gate: torch.Tensor | None = None  # fp32 [hidden]
+    shared_gate_up: TiledWeight | None = None
+    shared_down: TiledWeight | None = None
+
+    def weights(self) -> list[TiledWeight]:
+        shared = [self.shared_gate_up, self.shared_down] if self.shared_gate_up else []
+        return [*self.gate_up, *self.down, *shared]
+
+    def check(self, hidden: int) -> str | None:
+        """Why decode.c cannot run this layer's MLP, or None."""
+        experts = len(self.gate_up)
+        if len(self.down) != experts or not 0 < self.top_k <= experts:
+            return f"top {self.top_k} of {experts} experts ({len(self.down)} down products)"
+        if tuple(self.router.shape) != (experts, hidden):
+            return f"a router of shape {tuple(self.router.shape)}"
+        if (self.shared_gate_up is None) != (self.shared_down is None) or (
+                (self.shared_gate is None) != (self.shared_gate_up is None)):
+            return "a shared expert without its gate (or the reverse)"
+        inter = self.down[0].k
+        if any(gu.shape != (2 * inter, hidden) or d.shape != (hidden, inter)
+               for gu, d in zip(self.gate_up, self.down)):
+            return "experts of different shapes"
+        if self.shared_gate_up is not None:
+            si = self.shared_down.k
+            if (self.shared_gate_up.shape != (2 * si, hidden)
+                    or self.shared_down.shape != (hidden, si)):
+                return "a shared expert of an odd shape"
+        # (one split of each row's input feeds every gate/up product)
+        gate_ups = [*self.gate_up, *([self.shared_gate_up] if self.shared_gate_up else [])]
+        if len({w.format for w in gate_ups}) != 1:
+            return "gate/up weights of different formats in one layer"
+        return None
+
+
+@dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # fp32 [hidden]
     ffn_norm: torch.Tensor
@@ -47,18 +92,39 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None  # fp32 [q + 2 kv]
     qkv: TiledWeight
     o: TiledWeight
-    gate_up: TiledWeight  # gate rows, then up rows
-    down: TiledWeight
+    gate_up: TiledWeight | None  # gate rows, then up rows (None in a MoE layer)
+    down: TiledWeight | None
     k_cache: torch.Tensor  # bf16 [slots, kv_heads, head_dim], written in place
     v_cache: torch.Tensor
+    moe: MoeWeights | None = None  # the MLP of a mixture-of-experts layer, else gate_up, down
+
+    def weights(self) -> list[TiledWeight]:
+        return [self.qkv, self.o, *(self.moe.weights() if self.moe else [self.gate_up,
+                                                                          self.down])]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _weight(w: TiledWeight) -> _Weight:
-    return _Weight(FORMATS[w.format], w.n, w.k, w.data.data_ptr())
+def _weight(w: TiledWeight | None) -> _Weight:
+    return _Weight() if w is None else _Weight(FORMATS[w.format], w.n, w.k, w.data.data_ptr())
+
+
+def _moe(moe: MoeWeights) -> tuple[_Moe, tuple]:
+    """The C structure of a MoE layer, and what it points into (to keep alive)."""
+    router = moe.router.float()
+    if moe.shared_gate is not None:  # (decode.c reads the shared gate as one more router row)
+        router = torch.cat([router, moe.shared_gate.float().view(1, -1)])
+    router = router.contiguous()
+    experts = len(moe.gate_up)
+    gate_up = (_Weight * experts)(*map(_weight, moe.gate_up))
+    down = (_Weight * experts)(*map(_weight, moe.down))
+    shared = 0 if moe.shared_down is None else moe.shared_down.k
+    c = _Moe(experts, moe.top_k, int(moe.norm_topk_prob), moe.down[0].k, shared,
+             router.data_ptr(), gate_up, down, _weight(moe.shared_gate_up),
+             _weight(moe.shared_down))
+    return c, (router, gate_up, down, moe)
 
 
 def check_shape(shape: ModelShape, lim: Limits) -> str | None:
@@ -81,7 +147,7 @@ class DecodeStep:
         """max_batch: requests per call (default: the build's limit); bf16_inputs: the model
         is bf16 (its products' inputs are rounded to bf16), else fp32; min_shared_prefix: the
         shortest prefix of KV slots that requests attend over together (0: never)."""
-        levels = {w.level for lw in layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)}
+        levels = {w.level for lw in layers for w in lw.weights()}
         if len(levels | {head.level}) != 1:
             raise ValueError(f"weights tiled at different CPU levels: {levels | {head.level}}")
         self.level = head.level
@@ -95,13 +161,20 @@ class DecodeStep:
         max_batch = lim.max_batch if max_batch is None else max_batch
         if not 1 <= max_batch <= lim.max_batch:
             raise ValueError(f"max_batch must be 1..{lim.max_batch}, got {max_batch}")
+        for i, lw in enumerate(layers):
+            reason = (lw.moe.check(shape.hidden) if lw.moe is not None else
+                      None if lw.gate_up is not None and lw.down is not None else "no MLP")
+            if reason:
+                raise ValueError(f"decode.c cannot run layer {i}: {reason}")
         self.shape, self.max_context, self.max_batch = shape, max_context, max_batch
         self._keep = (layers, final_norm, head)  # the C side holds raw pointers into these
+        self._moes = moes = [None if lw.moe is None else _moe(lw.moe) for lw in layers]
         self._layers = (_Layer * len(layers))(*[
             _Layer(_ptr(lw.attn_norm), _ptr(lw.ffn_norm), _ptr(lw.q_norm), _ptr(lw.k_norm),
                    _ptr(lw.qkv_bias), _weight(lw.qkv), _weight(lw.o), _weight(lw.gate_up),
-                   _weight(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache))
-            for lw in layers])
+                   _weight(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache),
+                   None if moe is None else ctypes.pointer(moe[0]))
+            for lw, moe in zip(layers, moes)])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,
                              num_threads, max_batch, int(bf16_inputs), min_shared_prefix,

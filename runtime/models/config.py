@@ -115,8 +115,6 @@ class ModelArgs:
             gaps.append("o_proj / MLP biases")
         if self.family in ("gemma2", "gemma3"):
             gaps.append("Gemma blocks (GeGLU, (1 + w) norms, soft-capping, windows)")
-        if self.num_experts:
-            gaps.append("mixture-of-experts layers")
         if not self.qk_norm_per_head:
             gaps.append("q/k norms over the whole projection")
         if self.clip_qkv is not None:

@@ -7,7 +7,9 @@ to `max_batch` requests, one token each, in one call, with the weights in the ti
 kernels/cpu/gemv_*.c exactly as the model holds them (Q4_1 / Q8_0 groups from the GGUF, or bf16).
 
 It covers a model on a CPU at level avx512 or avx2 (kernels/cpu/features.py) whose layers are
-quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool.
+quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool,
+mixture-of-experts layers (moe.py's SparseMoe) included: the step routes each row, groups the
+rows by expert and reads only the routed experts' weights.
 Jump-forward's forced tokens are rows of the same call (they skip the head); larger batches,
 prefill and anything else run the torch model.
 """
@@ -23,7 +25,8 @@ from radixflow.kernels.cpu import decode as cpu_decode
 
 from ..forward_batch import BatchRequest
 from ..memory_pool import KVPool
-from .llama import LlamaForCausalLM, RMSNorm
+from .llama import FeedForward, LlamaForCausalLM, RMSNorm
+from .moe import SparseMoe
 from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,30 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _norm(norm: RMSNorm | None) -> torch.Tensor | None:
     return None if norm is None else _fp32(norm.weight)
+
+
+_NOT_TILED = "its layers are not in the tiled 4-bit format (--quantization auto|int4)"
+
+
+def _mlp(mlp: FeedForward) -> tuple[cpu_kernels.TiledWeight | None, cpu_kernels.TiledWeight | None]:
+    return _tiled(mlp.gate_up_proj), _tiled(mlp.down_proj)
+
+
+def _moe(mlp: SparseMoe) -> tuple[cpu_decode.MoeWeights | None, str]:
+    """A SparseMoe as the C step's MoeWeights, or (None, why not)."""
+    if len(mlp.experts) != mlp.num_experts:
+        return None, "a share of the experts (tensor parallelism)"
+    experts = [_mlp(e) for e in mlp.experts]
+    shared = _mlp(mlp.shared_expert) if mlp.shared_expert is not None else (None, None)
+    if any(w is None for pair in experts for w in pair) or (
+            mlp.shared_expert is not None and None in shared):
+        return None, _NOT_TILED
+    return cpu_decode.MoeWeights(
+        _fp32(mlp.gate.weight), [gu for gu, _ in experts], [d for _, d in experts], mlp.top_k,
+        mlp.norm_topk_prob,
+        shared_gate=None if mlp.shared_expert_gate is None else _fp32(
+            mlp.shared_expert_gate.weight).view(-1),
+        shared_gate_up=shared[0], shared_down=shared[1]), ""
 
 
 class CpuDecode:
@@ -71,16 +98,24 @@ class CpuDecode:
         layers = []
         for i, block in enumerate(model.layers):
             attn, mlp = block.self_attn, block.mlp
-            weights = [_tiled(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                           mlp.down_proj)]
-            if any(w is None for w in weights):
-                return None, ("its layers are not in the tiled 4-bit format "
-                              "(--quantization auto|int4)")
+            moe = None
+            if isinstance(mlp, SparseMoe):
+                moe, why = _moe(mlp)
+                if moe is None:
+                    return None, why
+                if why := moe.check(a.hidden_size):
+                    return None, f"its experts' {why}"
+                dense = (None, None)
+            else:
+                dense = _mlp(mlp)
+            weights = [_tiled(attn.qkv_proj), _tiled(attn.o_proj), *dense]
+            if any(w is None for w in weights[:2]) or (moe is None and None in dense):
+                return None, _NOT_TILED
             bias = attn.qkv_proj.bias
             layers.append(cpu_decode.LayerWeights(
                 _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
                 _norm(attn.q_norm), _norm(attn.k_norm), _fp32(bias), *weights,
-                kv_pool.k[i], kv_pool.v[i]))
+                kv_pool.k[i], kv_pool.v[i], moe=moe))
         head = _tiled(model.lm_head)
         if head is None:
             return None, "its output head has no tiled weights"
