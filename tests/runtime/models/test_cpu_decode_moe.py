@@ -176,6 +176,40 @@ def test_a_batch(folders, family, seqs):
             assert (batched[r] - batched[0]).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "bf16"])
+def test_experts_in_the_other_tiled_formats(folders, fmt):
+    """Experts (the shared one too) as Q8_0Linear or TiledBF16Linear, which a checkpoint's own
+    8-bit or bf16 weights would give: x split unsigned for q8_0; for bf16 the rows of an expert
+    with several gathered (rows 0 and 1 alike share their experts), one row's read in place."""
+    from radixflow.runtime.models.cpu_decode import CpuDecode
+    from radixflow.runtime.models.quant_linear import Q8_0Linear, TiledBF16Linear
+
+    folder = folders("qwen2_moe")
+    runner = _runner(folder)
+    kind = Q8_0Linear if fmt == "q8_0" else TiledBF16Linear
+    dtype = runner.model.norm.weight.dtype
+    for moe in [m for m in runner.model.modules() if isinstance(m, SparseMoe)]:
+        for expert in [*moe.experts, moe.shared_expert]:
+            for name in ("gate_up_proj", "down_proj"):
+                old = getattr(expert, name)
+                linear = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+                linear.weight.data = cpu.unpack(old.tiled)
+                setattr(expert, name, kind(linear, dtype=dtype))
+    runner.cpu_decode, why = CpuDecode.build(runner.model, runner.kv_pool, runner.attn.scale,
+                                             runner.context_len)
+    assert runner.cpu_decode is not None, why
+    moe_layer = runner.cpu_decode.step._keep[0][_moe_layers(runner)[0]].moe
+    assert {w.format for w in moe_layer.weights()} == {fmt}
+    seqs = [TOKENS[:10], TOKENS[:10], TOKENS[4:14]]
+    batched = _teacher_forced_batch(runner, seqs)
+    eager = _eager(runner, lambda: _teacher_forced_batch(runner, seqs))
+    ref = _reference(runner, folder)
+    for seq, got, torch_ops in zip(seqs, batched, eager):
+        exact = _teacher_forced(ref, seq, row=0)
+        assert (got - exact).abs().max() <= (torch_ops - exact).abs().max() * 1.5 + 1e-3
+    assert (batched[1] - batched[0]).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
 def test_the_largest_batch_equals_each_row_alone(folders, family):
     """max_batch rows in one step (max_batch x top_k pairs: the scratch's worst case) against
