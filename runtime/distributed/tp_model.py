@@ -18,7 +18,8 @@ from torch import nn
 
 from ..forward_batch import AttentionBackend, ForwardBatch
 from ..models.config import ModelArgs
-from ..models.llama import Attention, FeedForward, LlamaForCausalLM
+from ..models.feed_forward import FeedForward
+from ..models.llama import Attention, LlamaForCausalLM
 from ..models.moe import SparseMoe
 from .parallel_state import TensorParallel
 

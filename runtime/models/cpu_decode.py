@@ -25,7 +25,8 @@ from radixflow.kernels.cpu import decode as cpu_decode
 
 from ..forward_batch import BatchRequest
 from ..memory_pool import KVPool
-from .llama import FeedForward, LlamaForCausalLM, RMSNorm
+from .feed_forward import FeedForward
+from .llama import LlamaForCausalLM, RMSNorm
 from .moe import SparseMoe
 from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
 

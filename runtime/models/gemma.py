@@ -24,7 +24,8 @@ from torch import nn
 
 from ..forward_batch import AttentionBackend, ForwardBatch
 from .config import ModelArgs
-from .llama import Attention, Block, FeedForward, LlamaForCausalLM, RMSNorm
+from .feed_forward import FeedForward
+from .llama import Attention, Block, LlamaForCausalLM, RMSNorm
 from .rope import RotaryEmbedding
 
 Tables = tuple[torch.Tensor, torch.Tensor]

@@ -20,6 +20,7 @@ from radixflow.kernels.cpu.rows import RowKernels
 
 from ..forward_batch import AttentionBackend, ForwardBatch
 from .config import ModelArgs
+from .feed_forward import FeedForward
 from .rope import RotaryEmbedding, apply_rope
 
 
@@ -111,27 +112,6 @@ class Attention(nn.Module):
         return qkv
 
 
-class FeedForward(nn.Module):
-    rows: RowKernels | None = None
-
-    def __init__(self, args: ModelArgs, *, intermediate_size: int | None = None,
-                 bias: bool | None = None):
-        """The dense MLP of `args`, or (moe.py) an expert of its own size."""
-        super().__init__()
-        inter = self.intermediate_size = intermediate_size or args.intermediate_size
-        bias = args.mlp_bias if bias is None else bias
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * inter, bias=bias)
-        self.down_proj = nn.Linear(inter, args.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        act = self.rows.silu_mul(gate_up) if self.rows is not None else None
-        if act is None:
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            act = F.silu(gate) * up
-        return self.down_proj(act)
-
-
 class Block(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -139,7 +119,7 @@ class Block(nn.Module):
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         if args.layer_is_moe(layer_id):
-            from .moe import SparseMoe  # (moe.py builds its experts from FeedForward)
+            from .moe import SparseMoe
 
             self.mlp = SparseMoe(args)
         else:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .config import ModelArgs
-from .llama import FeedForward
+from .feed_forward import FeedForward
 
 
 class Router(nn.Linear):
