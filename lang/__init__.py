@@ -17,9 +17,29 @@ whose package sits under this one) runs no DSL code and does not import torch.
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
+
+
+def _put_checkout_root_last() -> None:
+    """In a source checkout (`python -m pytest`, `python -m bench.x` run from its root) the root
+    sits first on sys.path, so its kernels/ folder (radixflow.kernels) would also import as a
+    top-level `kernels` and hide PyPI's `kernels` package, which transformers 5 imports when it
+    loads any config. Behind site-packages the root still serves `bench`, and hides nothing."""
+    here = Path(__file__).resolve().parent
+    if here.name != "lang":  # an installed wheel: no checkout root
+        return
+    root = here.parent
+    entries = [p for p in sys.path if Path(p or ".").resolve() == root]
+    for entry in entries:
+        sys.path.remove(entry)
+    sys.path.extend(entries[:1])
+
+
+_put_checkout_root_last()
 
 # module (relative to this package, or absolute) -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+import radixflow  # noqa: F401  (first: it puts the checkout's root behind PyPI's `kernels`)
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Without a GPU, Triton kernels run under the interpreter. triton decides that when a kernel is
 # decorated, so it is set here, before any test module can import radixflow.kernels.triton

@@ -318,3 +318,13 @@ def test_every_source_folder_is_an_installed_package():
     folders = {module_name(init) for folder in PACKAGES if folder != "bench"
                for init in (ROOT / folder).rglob("__init__.py")}
     assert sorted(folders - listed) == []
+
+
+def test_the_checkout_root_hides_no_installed_package():
+    """`python -m ...` from the checkout puts its root first on sys.path; importing radixflow
+    moves it last, so its kernels/ folder does not hide PyPI's `kernels` (transformers 5's)."""
+    probe = ("import importlib.util, radixflow; spec = importlib.util.find_spec('kernels'); "
+             "print(spec.origin if spec else '')")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert Path(out or "/nowhere").resolve() != (ROOT / "kernels" / "__init__.py")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds bench/
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the root holds bench/
 
 from bench import loadgen, workloads
 from bench.compare import write_comparison

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root holds bench/
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the root holds bench/
 
 from bench import request_path  # noqa: E402
 
