@@ -54,6 +54,9 @@ def add_flags(cls: type, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="vLLM's flag: prefix caching (the radix cache) is on unless "
                              "--disable-radix-cache")
+    parser.add_argument("--schedule-low-priority-values-first", action="store_true",
+                        help="SGLang's flag: lower priority values first is radixflow's rule "
+                             "(SGLang's default runs higher values first)")
     parser.add_argument("--task", choices=("generate", "embed"), default=None,
                         help="vLLM's flag: embed is --is-embedding")
     parser.add_argument("--generation-config", choices=tuple(_GENERATION_CONFIG), default=None,
@@ -73,7 +76,10 @@ def args_from_flags(cls: type, ns: argparse.Namespace) -> Any:
         values["model"] = tag
     if getattr(ns, "enable_prefix_caching", False) and values["disable_radix_cache"]:
         raise ValueError("--enable-prefix-caching contradicts --disable-radix-cache")
-    if getattr(ns, "task", None) == "embed":
+    task = getattr(ns, "task", None)
+    if task == "generate" and values["is_embedding"]:
+        raise ValueError("--task generate contradicts --is-embedding")
+    if task == "embed":
         values["is_embedding"] = True
     peer = getattr(ns, "generation_config", None)
     if peer is not None:

@@ -146,6 +146,11 @@ def test_vllm_and_sglang_flag_names():
         _parse("--enable-prefix-caching", "--disable-radix-cache")
     with pytest.raises(ValueError, match="two models"):
         _parse("m1", "--model", "m2")
+    assert _parse("--task", "embed").is_embedding
+    assert _parse("--schedule-low-priority-values-first") == _parse()  # radixflow's rule
+    assert not _parse("--task", "generate").is_embedding
+    with pytest.raises(ValueError, match="--task generate contradicts --is-embedding"):
+        _parse("--task", "generate", "--is-embedding")
     assert _parse("--tensor-parallel-size", "2").tp_size == 2
     with pytest.raises(ValueError, match="not a Jinja template"):
         _parse("--chat-template", "no-such-file")
