@@ -6,7 +6,9 @@ response.output_text.delta (response.reasoning_text.delta) events, its .done and
 response.content_part.done, for a function call the response.function_call_arguments.delta
 events and .done; response.output_item.done; last response.completed (response.incomplete
 when max_output_tokens ended it, response.failed when it failed or was cancelled). Every event
-has its sequence_number.
+has its sequence_number. A reasoning item whose summary was asked for also streams its one
+summary part: response.reasoning_summary_part.added, response.reasoning_summary_text.delta
+beside each reasoning delta, their .done events before the item's.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class Events:
         elif item["type"] == "reasoning":
             self.emit("response.content_part.added", **self._where(), content_index=0,
                       part={"type": "reasoning_text", "text": ""})
+            if self.summary:
+                self.emit("response.reasoning_summary_part.added", **self._where(),
+                          summary_index=0, part={"type": "summary_text", "text": ""})
 
     def text(self, delta: str) -> None:
         if self.open is None or self.open["type"] != "message":
@@ -84,6 +89,9 @@ class Events:
         self.open["content"][0]["text"] += delta
         self.emit("response.reasoning_text.delta", **self._where(), content_index=0,
                   delta=delta)
+        if self.summary:  # the summary is the thinking itself (no summarizer), streamed beside it
+            self.emit("response.reasoning_summary_text.delta", **self._where(), summary_index=0,
+                      delta=delta)
 
     def call(self, call_id: str, name: str) -> None:
         self.start(call_item(call_id, name, ""))
@@ -108,7 +116,12 @@ class Events:
                       text=part["text"])
             self.emit("response.content_part.done", **where, content_index=0, part=part)
             if self.summary:
-                item["summary"] = [{"type": "summary_text", "text": part["text"]}]
+                summary = {"type": "summary_text", "text": part["text"]}
+                self.emit("response.reasoning_summary_text.done", **where, summary_index=0,
+                          text=part["text"])
+                self.emit("response.reasoning_summary_part.done", **where, summary_index=0,
+                          part=summary)
+                item["summary"] = [summary]
         else:
             self.emit("response.function_call_arguments.done", **where, name=item["name"],
                       arguments=item["arguments"])

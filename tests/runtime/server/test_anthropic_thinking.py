@@ -110,3 +110,13 @@ def test_responses_reasoning_items_plain_and_streamed(oai):
     assert events[-1].type == "response.incomplete" == f"response.{r.status}"
     final = events[-1].response
     assert "".join(deltas) == thought == final.output[0].content[0].text
+    assert not [e for e in events if e.type.startswith("response.reasoning_summary")]
+    summarised = list(oai.responses.create(reasoning={"effort": "low", "summary": "auto"},
+                                           stream=True, **kw))
+    kinds = [e.type for e in summarised if e.type.startswith("response.reasoning_summary")]
+    assert kinds[0] == "response.reasoning_summary_part.added"
+    assert kinds[-2:] == ["response.reasoning_summary_text.done",
+                          "response.reasoning_summary_part.done"]
+    summary_deltas = [e.delta for e in summarised
+                      if e.type == "response.reasoning_summary_text.delta"]
+    assert "".join(summary_deltas) == thought == summarised[-1].response.output[0].summary[0].text
