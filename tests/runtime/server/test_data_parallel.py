@@ -120,6 +120,24 @@ def test_shared_prefix_goes_to_the_replica_that_has_it(dp_server):
         assert replicas[rank]["cache_routed_requests"] >= 3
 
 
+def test_routed_dp_rank_overrides_the_cache_aware_choice(dp_server):
+    """SGLang's routed_dp_rank: a request lands on the replica it names, even when the other
+    one holds its prefix (so it computes that prefix anew there)."""
+    requests.post(dp_server.url + "/flush_cache", timeout=60)
+    system = "You are a terse assistant who answers in one word, always. " * 3
+    before = routed(dp_server)
+    generate(dp_server, system + "Question 0?")
+    owner = [a - b for a, b in zip(routed(dp_server), before, strict=True)].index(1)
+    other = 1 - owner
+    before = routed(dp_server)
+    metas = [generate(dp_server, system + f"Question {i}?", routed_dp_rank=other)["meta_info"]
+             for i in (1, 2)]
+    deltas = [a - b for a, b in zip(routed(dp_server), before, strict=True)]
+    assert deltas[other] == 2 and deltas[owner] == 0, deltas
+    assert metas[0]["cached_tokens"] == 0  # the prefix lived on the other replica only
+    assert metas[1]["cached_tokens"] >= 40  # now it lives here too
+
+
 def test_stream_and_abort_free_every_replica(dp_server):
     body = {"sampling_params": {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True},
             "stream": True}

@@ -37,3 +37,20 @@ def test_served_extras_generate(server):
     r = post(server, body)
     assert r.status_code == 200, r.text
     assert r.json()["meta_info"]["completion_tokens"] == 2
+
+
+def test_cache_salt_keeps_tenants_prefixes_apart(server):
+    """The same prompt under another salt (or none) matches nothing; under its own salt it
+    matches what that tenant computed."""
+    prompt = "A tenant's private system prompt, which no other tenant may match. " * 4
+
+    def cached(**salt) -> int:
+        r = post(server, {"text": prompt, "sampling_params": GREEDY, **salt})
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]["cached_tokens"]
+
+    assert cached(cache_salt="tenant-a") == 0
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+    assert cached(cache_salt="tenant-a") >= 40
+    assert cached() >= 40
