@@ -15,7 +15,7 @@ LRU over every namespace; a namespace left empty is dropped.
 from __future__ import annotations
 
 import heapq
-import itertools
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -43,6 +43,18 @@ class TreeNode:
     def __repr__(self) -> str:
         return (f"TreeNode(key={short_key(self.key)}, lock_ref={self.lock_ref}, "
                 f"last_access={self.last_access}, num_children={len(self.children)})")
+
+
+class _StrictClock:
+    """Wall-clock seconds that never repeat nor go back: `last_access` orders the LRU
+    exactly (a logical clock would) and still says when a node was last used."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __next__(self) -> float:
+        self._last = max(time.time(), self._last + 1e-6)
+        return self._last
 
 
 class MatchResult(NamedTuple):
@@ -81,7 +93,7 @@ class RadixTree:
 
     def __init__(self, *, disabled: bool = False) -> None:
         self.disabled = disabled
-        self._clock = itertools.count(1)
+        self._clock = _StrictClock()
         self.root = TreeNode([], [], None)
         self._evictable_len = 0
         self._protected_len = 0

@@ -4,9 +4,10 @@ evictions, its queues and its grammar cache, as plain JSON (the CacheSnapshot me
 `view`).
 
 The tree is walked breadth first, most recently used children first, so a bounded view keeps
-the shared prefixes near the root. `last_access` is the tree's logical clock (bigger: more
-recent), not a time. A cache_salt namespace shows as a node with no tokens and no text: the
-salt itself is a tenant's secret and never leaves the scheduler.
+the shared prefixes near the root. `last_access` is the wall-clock time (seconds since the
+epoch, as `time`) the node was last matched or inserted. A cache_salt namespace shows as a
+node with no tokens and no text: the salt itself is a tenant's secret and never leaves the
+scheduler.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ function drawReplicas(replicas) {
 }
 
 function drawTree(rep) {
+  viewTime = rep.time;
   const byId = new Map(rep.nodes.map((n) => [n.id, { ...n, kids: [] }]));
   for (const n of byId.values()) {
     if (n.parent !== null && byId.has(n.parent)) byId.get(n.parent).kids.push(n);
@@ -155,6 +156,13 @@ function drawTree(rep) {
     (rep.truncated ? ` (the ${MAX_NODES} most recently used; more are in the tree)` : "");
 }
 
+let viewTime = 0;  // the shown tree's snapshot time (the scheduler's clock, as last_access)
+
+function ago(t) {
+  const s = Math.max(0, viewTime - t);
+  return s < 1 ? "just now" : s < 120 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
+}
+
 function nodeRect(n, x, w, d, maxHits) {
   const label = n.id === 0 ? "root" : n.namespace ? "(cache_salt namespace)" : n.text;
   const g = el("svg:g", { class: "node" + (n.requests.length ? " held" : ""),
@@ -179,7 +187,7 @@ function nodeRect(n, x, w, d, maxHits) {
 function showTip(ev, n, label) {
   const tip = $("tooltip");
   tip.replaceChildren(el("div", { class: "tip-text" }, label || "(no tokens)"),
-    el("div", {}, `${n.tokens} tokens · ${n.hits} hits · last use ${n.last_access}` +
+    el("div", {}, `${n.tokens} tokens · ${n.hits} hits · last use ${ago(n.last_access)}` +
       ` · ${n.locks} locks`),
     el("div", {}, n.requests.length ? "held by " + n.requests.join(", ") : "held by no request"));
   tip.hidden = false;

@@ -4,6 +4,8 @@ grammar cache only once a constraint built it."""
 
 from __future__ import annotations
 
+import time
+
 from helpers.fake_runner import CharTokenizer, FakeRunner, fake_scheduler, generate, run_to_idle
 
 from radixflow.runtime.scheduler.cache_view import cache_view
@@ -17,9 +19,12 @@ def _nodes(view: dict) -> dict[int, dict]:
 
 def test_a_shared_prefix_is_one_node_that_counts_its_reuses():
     sched = fake_scheduler()
+    began = time.time()
     for i in range(3):
         run_to_idle(sched, generate(f"r{i}", SHARED + [40 + i, 50 + i], max_new_tokens=2))
     view = cache_view(sched.state, 64)
+    used = [n["last_access"] for n in view["nodes"] if n["id"] != 0]
+    assert all(began <= t <= view["time"] for t in used)  # when, not just in which order
     nodes = _nodes(view)
     (shared,) = [n for n in nodes.values() if n["parent"] == 0]
     assert shared["tokens"] == len(SHARED) and shared["hits"] == 2
