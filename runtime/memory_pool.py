@@ -105,3 +105,39 @@ class KVPool:
             k, v = k.to(pool_k.dtype), v.to(pool_v.dtype)
         pool_k.index_copy_(0, slots, k)
         pool_v.index_copy_(0, slots, v)
+
+
+class HiddenSumPool:
+    """Per KV slot, float32 [hidden_size]: the sum of the final hidden states of positions
+    0 .. that slot's token, of the sequence the token was computed in (an embedding server
+    pooling mean or cls: scheduler/embedding.py). A token's hidden state depends only on its
+    prefix, so, like its K/V, the sum is valid for every sequence the radix tree maps to the
+    slot. Slot 0 (the padding slot) is never read."""
+
+    def __init__(self, num_slots: int, hidden_size: int, device: torch.device | str = "cpu"):
+        self.sums = torch.zeros((num_slots + 1, hidden_size), dtype=torch.float32,
+                                device=device)
+        self.device = torch.device(device)
+        # the running sum within a chunk: float64 where the device has it (MPS has not)
+        self.acc_dtype = torch.float64 if self.device.type in ("cpu", "cuda") else torch.float32
+
+    @staticmethod
+    def bytes_per_token(hidden_size: int) -> int:
+        return 4 * hidden_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.sums.numel() * self.sums.element_size()
+
+    def write_cumsum(self, slots: torch.Tensor, hidden: torch.Tensor,
+                     before: torch.Tensor | None) -> None:
+        """slots[i] gets `before` (the sum at the slot before slots[0]; None: slots[0] is
+        position 0) plus hidden[0] + ... + hidden[i]."""
+        sums = hidden.to(self.acc_dtype).cumsum(0)
+        if before is not None:
+            sums += self.sums[before.long()].to(self.acc_dtype)
+        self.sums.index_copy_(0, slots.to(self.device), sums.float())
+
+    def at(self, slot: torch.Tensor) -> torch.Tensor:
+        """The sum at one slot (a 0-d int tensor, on any device), float32 [hidden_size]."""
+        return self.sums[slot.to(self.device).long()]

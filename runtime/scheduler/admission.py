@@ -104,8 +104,6 @@ def plan_extend(continuing: list[Req], waiting: list[Req], budget: Budget, chunk
 
 
 def _shares_uncached_prefix(req: Req, todo: int, admitted: list[Req]) -> bool:
-    if req.embed is not None and req.embed.pooling != "last":
-        return False  # it would recompute the prefix anyway (scheduler/embedding.py)
     cached = req.seq_len - todo
     ids = req.fill_ids
     for other in admitted:

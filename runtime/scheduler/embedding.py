@@ -4,36 +4,66 @@ chunks, batched with each other; the runner returns final hidden states instead 
 no output token (finish "length", length 0, as SGLang's embedding requests do), its KV going
 to the radix tree like any finished request's.
 
-What of the radix cache each pooling can use (prefill.prefix_cap asks `usable_prefix`):
-- last: a cached prefix is used as for generation (at least the last token is computed, and
-  its hidden state is the whole answer);
-- mean, cls: none. A cached prefix has K/V but no hidden states, and mean pooling needs every
-  position's (cls the first one's), so such a request recomputes its prompt from position 0.
-  Its KV still goes to the tree at the finish, so generation-style reuse stays possible for
-  last-token requests of the same tokens.
+The radix cache serves every pooling: a request with a cached prefix of p tokens computes only
+positions p .. (at least the last token), and pools exactly what a run from position 0 would
+(to float32 rounding):
+- last: the last token's hidden state is the whole answer, as for generation;
+- mean, cls: a token's final hidden state depends only on its prefix, so it can be kept by KV
+  slot as its K/V are. A server that pools mean or cls keeps `state.hidden_sums`
+  (memory_pool.HiddenSumPool, float32 [KV slots, hidden_size], beside the KV pool): every token
+  an embedding request computes gets, in its slot, the sum of the hidden states of positions
+  0 .. its own, continuing from the sum in the slot of the position before the chunk (a cached
+  prefix's last token, or the request's own previous chunk). So every slot the tree holds has
+  its sum: mean is the sum at the last position / the length, cls the sum at position 0 (h0).
+  Chunked prefill runs one sum through the slots, nothing kept in the request; a request
+  that goes back to the tree's part of its prompt (a chunk whose forward failed: failures.py;
+  retracted and readmitted) continues from the sum in that part's last slot. The sums are
+  written only after a forward succeeds, before the chunk goes to the tree (prefill.py), so
+  the tree never holds a slot without its sum. Every embedding request writes the sums,
+  whatever its own pooling (in process a request may pool otherwise than the server), so no
+  slot in the tree lacks one.
 
-Mean pooling keeps a running sum of the hidden states (and how many positions it holds)
-across the chunks of a chunked prefill, so no chunk's rows are kept; a request that restarts
-at position 0 (retracted, readmitted) starts a new sum.
+On a server that pools the last token no such buffer exists; a mean or cls request there (in
+process only: the HTTP side asks for the server's pooling) uses no cached prefix and keeps a
+running sum (and how many positions it holds) across its chunks instead, started anew when it
+starts at position 0.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from ..memory_pool import HiddenSumPool
 from ..messages import Finish
 from ..model_loader.pooling import mismatch
 from .req import Req
 
 if TYPE_CHECKING:
+    from ..model_runner import ModelRunner
     from .state import SchedulerState
+
+logger = logging.getLogger(__name__)
 
 
 def serves_embeddings(state: SchedulerState) -> bool:
     return getattr(state.runner, "pooling", None) is not None
+
+
+def hidden_sum_pool(runner: ModelRunner, num_slots: int,
+                    device: torch.device) -> HiddenSumPool | None:
+    """The per-slot hidden-state sums of a server that pools mean or cls (None otherwise)."""
+    pooling = getattr(runner, "pooling", None)
+    if pooling is None or pooling.pooling == "last":
+        return None
+    hidden_size = runner.model_args.hidden_size
+    pool = HiddenSumPool(num_slots, hidden_size, device)
+    logger.info("embeddings: hidden-state sums per KV slot for the radix cache, %d x %d "
+                "float32 (%.2f GiB)", num_slots, hidden_size, pool.nbytes / 2**30)
+    return pool
 
 
 def refuse_mismatched(state: SchedulerState) -> None:
@@ -47,33 +77,44 @@ def refuse_mismatched(state: SchedulerState) -> None:
                                  message=mismatch(req.embed is not None, embedding_server)))
 
 
-def usable_prefix(req: Req, cap: int) -> int:
+def usable_prefix(state: SchedulerState, req: Req, cap: int) -> int:
     """The cached prefix an embedding request may use (see the module's docstring)."""
-    return cap if req.embed.pooling == "last" else 0
+    if req.embed.pooling == "last" or state.hidden_sums is not None:
+        return cap
+    return 0
 
 
-def wanted_rows(req: Req, start: int, n: int) -> list[int]:
+def wanted_rows(state: SchedulerState, req: Req, start: int, n: int) -> list[int]:
     """Offsets in this chunk (positions start .. start + n - 1) whose hidden states the
-    request pools."""
+    request pools (every one where the server keeps hidden-state sums)."""
     pooling = req.embed.pooling
-    if pooling == "mean":
+    if pooling == "mean" or state.hidden_sums is not None:
         return list(range(n))
     if pooling == "cls":
         return [0] if start == 0 else []
     return [n - 1] if start + n == req.seq_len else []
 
 
-def pool_chunk(req: Req, start: int, hidden: torch.Tensor) -> None:
-    """Fold this chunk's wanted rows (hidden [rows, hidden_size], float32) into req.pooled."""
-    if hidden.shape[0] == 0:
+def pool_chunk(state: SchedulerState, req: Req, start: int, hidden: torch.Tensor,
+               slots: torch.Tensor) -> None:
+    """Fold this chunk's wanted rows (hidden [rows, hidden_size], float32) into req.pooled
+    or, where the server keeps them, the hidden-state sums of the chunk's `slots`."""
+    rows = hidden.shape[0]
+    if rows == 0:
         return
-    if req.embed.pooling == "mean":
+    sums = state.hidden_sums
+    if sums is not None:  # every row: position start + i's sum goes to slots[i]
+        before = state.req_to_token[req.req_pool_idx, start - 1] if start else None
+        sums.write_cumsum(slots, hidden, before)
+        # (the last row computed, for last-token pooling; the positions summed so far)
+        req.pooled = (hidden[-1].clone(), start + rows)
+    elif req.embed.pooling == "mean":
         chunk_sum = hidden.sum(dim=0)
         if start == 0 or req.pooled is None:
-            req.pooled = (chunk_sum, hidden.shape[0])
+            req.pooled = (chunk_sum, rows)
         else:
             total, count = req.pooled
-            req.pooled = (total + chunk_sum, count + hidden.shape[0])
+            req.pooled = (total + chunk_sum, count + rows)
     else:
         req.pooled = (hidden[-1].clone(), 1)
 
@@ -81,15 +122,24 @@ def pool_chunk(req: Req, start: int, hidden: torch.Tensor) -> None:
 def finish_embedding(state: SchedulerState, req: Req) -> None:
     """The prompt is computed: its vector, and the finish (no output tokens)."""
     pooled, req.pooled = req.pooled, None
-    expected = req.seq_len if req.embed.pooling == "mean" else 1
+    pooling, sums = req.embed.pooling, state.hidden_sums
+    # positions pooled: with the sums, the last one summed (the whole prompt's)
+    expected = req.seq_len if pooling == "mean" or sums is not None else 1
     if pooled is None or pooled[1] != expected:
         got = 0 if pooled is None else pooled[1]
         state.finish(req, Finish(type="abort", status_code=500, message=(
             f"internal error: the embedding pooled {got} positions of {req.seq_len} "
-            f"({req.embed.pooling} pooling needs {expected})")))
+            f"({pooling} pooling needs {expected})")))
         return
-    req.embedding = pooled_vector(pooled[0] / pooled[1], req.embed.dimensions,
-                                  req.embed.normalize).tolist()
+    if sums is None:
+        vector = pooled[0] / pooled[1]
+    elif pooling == "last":
+        vector = pooled[0]
+    else:
+        slots = state.req_to_token[req.req_pool_idx]
+        vector = (sums.at(slots[req.seq_len - 1]) / req.seq_len if pooling == "mean"
+                  else sums.at(slots[0]))
+    req.embedding = pooled_vector(vector, req.embed.dimensions, req.embed.normalize).tolist()
     state.finish(req, Finish(type="length", length=0))
 
 

@@ -75,7 +75,7 @@ class Prefill:
             return matches[req]
 
         def match_len(req: Req) -> int:
-            return prefix_cap(req, match(req).length)
+            return prefix_cap(state, req, match(req).length)
 
         ready = [r for r in state.waiting if r.pending_grammar is None]  # not compiling
         waiting = order_waiting(ready, args.schedule_policy, match_len,
@@ -89,7 +89,7 @@ class Prefill:
     def _admit(self, req: Req) -> None:
         state = self.state
         match = state.tree.match_prefix(req.fill_ids, namespace=req.cache_salt)
-        cached = prefix_cap(req, match.length)
+        cached = prefix_cap(state, req, match.length)
         node = match.last_node
         if cached < match.length:  # only part of the match is used: lock a shorter path
             match = state.tree.match_prefix(req.fill_ids[:cached], namespace=req.cache_salt)
@@ -119,7 +119,7 @@ class Prefill:
     def _extend(self, plans: list[ExtendPlan]) -> None:
         state = self.state
         parts, slot_chunks, sample_reqs, sample_rows, logprob_rows = [], [], [], [], []
-        embed_rows = []  # (req, start, first row, rows): hidden states to pool
+        embed_rows = []  # (req, start, first row, rows, slots): hidden states to pool
         row = 0
         for plan in plans:
             req, n = plan.req, plan.extend_len
@@ -130,8 +130,8 @@ class Prefill:
             completes = start + n == req.seq_len
             offsets = []
             if req.embed is not None:  # its rows are hidden states: pooled, never sampled
-                offsets = embedding.wanted_rows(req, start, n)
-                embed_rows.append((req, start, row, len(offsets)))
+                offsets = embedding.wanted_rows(state, req, start, n)
+                embed_rows.append((req, start, row, len(offsets), slots))
             elif req.wants_input_logprobs and not req.reported_input_logprobs:
                 # logits at position p score prompt token p + 1
                 lo = max(start, req.logprob_start_len)
@@ -152,8 +152,8 @@ class Prefill:
             plan.req.computed_len += plan.extend_len
         for req, lo, first_row, count in logprob_rows:
             record_input_logprobs(req, lo, logits[first_row:first_row + count])
-        for req, start, first_row, count in embed_rows:
-            embedding.pool_chunk(req, start, logits[first_row:first_row + count])
+        for req, start, first_row, count, slots in embed_rows:
+            embedding.pool_chunk(state, req, start, logits[first_row:first_row + count], slots)
         for plan in plans:
             self._after_chunk(plan.req)
         if sample_reqs:
@@ -180,13 +180,13 @@ class Prefill:
             state.kv.cache_unfinished(req)  # share the prompt with requests still waiting
 
 
-def prefix_cap(req: Req, matched: int) -> int:
+def prefix_cap(state: SchedulerState, req: Req, matched: int) -> int:
     """Cached tokens usable: leave one token to compute, and the prompt-logprob window."""
     cap = req.seq_len - 1
     if req.wants_input_logprobs and not req.reported_input_logprobs:
         cap = min(cap, req.logprob_start_len)
     if req.embed is not None:
-        cap = embedding.usable_prefix(req, cap)
+        cap = embedding.usable_prefix(state, req, cap)
     return min(matched, cap)
 
 

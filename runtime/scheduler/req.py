@@ -64,7 +64,8 @@ class Req:
     priority: int = 0  # lower first (--enable-priority-scheduling; the message's None is 0)
     cache_salt: str | None = None  # its namespace in the radix tree (None: unsalted)
     # An embedding request (scheduler/embedding.py): how it pools, what it pooled so far
-    # (the running sum and its count of positions, across chunks), the vector at its finish.
+    # (a row and how many positions it covers; where the server keeps per-slot sums, those
+    # hold the sums), the vector at its finish.
     embed: EmbedSpec | None = None
     pooled: tuple[torch.Tensor, int] | None = None
     embedding: list[float] | None = None

@@ -17,6 +17,7 @@ from radixflow.radix_cache import RadixTree
 from ..forward_batch import BatchRequest, ForwardMode
 from ..messages import Finish
 from .device import concrete_device
+from .embedding import hidden_sum_pool
 from .failures import forward_in_parts
 from .kv_cache import KVCache
 from .req import Req, ReqStatus
@@ -41,6 +42,8 @@ class SchedulerState:
         self.kv_pool, self.req_to_token_pool = runner.kv_pool, runner.req_to_token_pool
         self.req_to_token = self.req_to_token_pool.req_to_token
         self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token_pool)
+        # a mean- or cls-pooling embedding server's per-slot hidden-state sums (embedding.py)
+        self.hidden_sums = hidden_sum_pool(runner, self.kv_pool.num_slots, self.kv_pool.device)
         self.sessions = Sessions(getattr(tokenizer, "bos_token_id", None),
                                  max_open=args.max_open_sessions,
                                  max_requests=args.max_session_requests,

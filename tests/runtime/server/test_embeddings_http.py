@@ -1,7 +1,9 @@
 """/v1/embeddings and /encode on a `serve --is-embedding` of a tiny sentence-transformers model
 (mean pooling + Normalize, chunks of 16 tokens), with the official openai client (float and
-base64, dimensions) against sentence_transformers.SentenceTransformer to 1e-4; the hostile
-inputs (each a 400 naming its field), and the generation endpoints refused."""
+base64, dimensions) against sentence_transformers.SentenceTransformer to 1e-4; inputs sharing
+a long prefix reuse it from the radix cache and pool what a flushed cache computes (1e-5
+relative); the hostile inputs (each a 400 naming its field), and the generation endpoints
+refused."""
 
 from __future__ import annotations
 
@@ -42,11 +44,15 @@ def emb(emb_server):
 
 
 @pytest.fixture(scope="module")
-def expected(folder):
+def st_model(folder):
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu")
-    return model.encode(TEXTS, convert_to_tensor=True, batch_size=len(TEXTS)).float()
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def expected(st_model):
+    return st_model.encode(TEXTS, convert_to_tensor=True, batch_size=len(TEXTS)).float()
 
 
 def close(got, want) -> bool:
@@ -94,10 +100,40 @@ def test_encode_shapes(emb_server, expected):
     assert isinstance(many, list) and len(many) == 2
     for out, want in zip(many, expected[1:3], strict=True):
         assert close(out["embedding"], want)
-        assert out["meta_info"]["cached_tokens"] == 0  # mean pooling recomputes the prefix
+    # the same input again: all but its last token from the radix cache, the same vector
+    again = requests.post(emb_server.url + "/encode", json={"text": TEXTS[2]}, timeout=30).json()
+    meta = again["meta_info"]
+    assert meta["cached_tokens"] == meta["prompt_tokens"] - 1
+    assert close(again["embedding"], expected[2])
     ids = requests.post(emb_server.url + "/encode", json={"input_ids": [[5, 6], [7, 8]]},
                         timeout=30).json()
     assert len(ids) == 2 and len(ids[0]["embedding"]) == 64
+
+
+def test_a_shared_prefix_is_reused_and_pools_as_a_flushed_cache_does(emb_server, st_model):
+    """Mean pooling over a prefix another input left in the radix cache: only the rest is
+    computed (in chunks of 16), from the hidden-state sums the cache keeps by KV slot."""
+    texts = [SHARED * 3 + "Then it slept.", SHARED * 3 + "Then it read a book about whales, "
+             "one about the stars and a third about the sea, until the lamps went out."]
+    want = st_model.encode(texts, convert_to_tensor=True).float()
+
+    def encode(text: str) -> dict:
+        r = requests.post(emb_server.url + "/encode", json={"text": text}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    encode(texts[0])
+    second = encode(texts[1])
+    prompt_tokens = second["meta_info"]["prompt_tokens"]
+    cached = second["meta_info"]["cached_tokens"]
+    assert cached > 40 and prompt_tokens - cached > 16  # the rest: more than one chunk
+    assert close(second["embedding"], want[1])
+    flushed = requests.post(emb_server.url + "/flush_cache", timeout=30)
+    assert flushed.status_code == 200, flushed.text
+    again = encode(texts[1])
+    assert again["meta_info"]["cached_tokens"] == 0
+    got, scratch = torch.tensor(second["embedding"]), torch.tensor(again["embedding"])
+    assert (got - scratch).norm() <= 1e-5 * scratch.norm()
 
 
 HOSTILE = [
