@@ -41,7 +41,7 @@ class _Layer(ctypes.Structure):
                 ("qkv_bias", ctypes.c_void_p),
                 ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight),
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("moe", ctypes.POINTER(_Moe))]
+                ("moe", ctypes.POINTER(_Moe)), ("window", ctypes.c_int64)]
 
 
 class _Model(ctypes.Structure):

@@ -14,7 +14,10 @@
  * system prompt, few-shot examples, forked branches) are found once a step (find_groups); each
  * such group attends over its shared prefix together (rf_attend_shared: all its queries against
  * each block of prefix keys as one matrix product, FlashInfer's cascade), each request over the
- * rest of its row alone, and the two partial softmaxes merge like the threads' do.
+ * rest of its row alone, and the two partial softmaxes merge like the threads' do. A layer with
+ * a sliding window (rf_layer.window) shorter than some row attends each row over its window's
+ * keys alone, in either level's build: the window is a key range of rf_attend_part, so the step
+ * files need nothing. (A window that holds every row's keys attends as a full layer.)
  *
  * A mixture-of-experts layer (rf_layer.moe) routes each row (router logits in fp32, softmax,
  * top_k), groups the batch's (row, choice) pairs by expert (moe_group), and runs each expert
@@ -505,6 +508,15 @@ int64_t rf_shared_prefixes(const rf_model *m, int64_t B, const int32_t *table, i
     return find_groups(m, B, table, stride, rows, lens, groups, prefix);
 }
 
+/* The first of a row's `len` keys it attends over alone in a layer: the first in the layer's
+ * sliding window (a query at position len - 1 sees keys len - 1 - k for k < window, as
+ * transformers' masks have it), else (window 0) the first after the prefix its group attends
+ * together. */
+static int64_t first_key(int64_t window, int64_t len, int64_t prefix) {
+    if (window) return len > window ? len - window : 0;
+    return prefix;
+}
+
 /* ---- synchronisation ---- */
 
 /* A spinning barrier for the step's threads. libgomp's own barriers spin only ~100 times
@@ -560,6 +572,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
     shared_group groups[MAX_BATCH];
     int64_t prefix[MAX_BATCH];
     const int64_t num_groups = find_groups(m, B, table, table_stride, rows, lens, groups, prefix);
+    int64_t longest = 0; /* a window at least this long sees every key: the layer is full */
+    for (int64_t r = 0; r < B; r++) longest = lens[r] > longest ? lens[r] : longest;
     memcpy(b.x, x_in, B * H * sizeof(float));
     for (int64_t r = 0; r < B; r++) norm_input(m, m->layers[0].attn_norm, &m->layers[0].qkv, &b, r);
 #pragma omp parallel num_threads(m->nthreads)
@@ -598,15 +612,18 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             PHASE(PH_ROPE_KV);
+            const int64_t window = L->window < longest ? L->window : 0;
             for (int64_t r = 0; r < B; r++) { /* each row's own keys split over the threads */
+                const int64_t first = first_key(window, lens[r], prefix[r]);
                 int64_t t0, t1;
-                thread_range(lens[r] - prefix[r], &t0, &t1);
+                thread_range(lens[r] - first, &t0, &t1);
                 rf_attend_part(m, L, b.qkv + r * qkv_size, b.qb + r * m->heads * qs,
-                               table + rows[r] * table_stride, prefix[r] + t0, prefix[r] + t1,
+                               table + rows[r] * table_stride, first + t0, first + t1,
                                b.scores + id * m->heads * m->max_context,
                                b.partial + (r * 2 * threads + id) * part);
             }
-            for (int64_t g = 0; g < num_groups; g++) { /* each shared prefix's keys, likewise */
+            const int64_t layer_groups = window ? 0 : num_groups; /* (windows: alone) */
+            for (int64_t g = 0; g < layer_groups; g++) { /* each shared prefix's keys, likewise */
                 const shared_group *grp = groups + g;
                 const float *gq[MAX_BATCH];
                 const uint16_t *gqb[MAX_BATCH];
@@ -624,8 +641,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
             }
             SYNC();
             for (int64_t r = r0; r < r1; r++) {
-                attend_merge(m, b.partial + r * 2 * threads * part, prefix[r] ? 2 * threads : threads,
-                             b.xf + r * L->o.k);
+                const int64_t parts = prefix[r] && !window ? 2 * threads : threads;
+                attend_merge(m, b.partial + r * 2 * threads * part, parts, b.xf + r * L->o.k);
                 set_input(m, &L->o, &b, r);
             }
             SYNC();

@@ -37,6 +37,9 @@ typedef struct {
     rf_weight qkv, o, gate_up, down;   /* (gate_up, down unused in a MoE layer) */
     uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim] */
     const rf_moe *moe;           /* NULL: a dense MLP (gate_up, down) */
+    int64_t window; /* a sliding window: a row of len keys attends keys max(0, len - window) ..
+                       len - 1, alone (no shared prefix) unless the window holds every row's
+                       keys; 0: all of them */
 } rf_layer;
 
 typedef struct {

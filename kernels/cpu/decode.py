@@ -9,6 +9,8 @@ Requests of a step whose slot rows begin with the same `min_shared_prefix` or mo
 prefix the radix cache holds once) attend over that prefix together, as one matrix product per
 block of its keys for all their queries, merged with each one's own keys by log-sum-exp
 (decode.c's find_groups, step_<level>.c's rf_attend_shared); the scheduler need not know.
+Layers with a sliding window (`LayerWeights.window`) attend each request over its window
+alone, never over a shared prefix.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class LayerWeights:
     k_cache: torch.Tensor  # bf16 [slots, kv_heads, head_dim], written in place
     v_cache: torch.Tensor
     moe: MoeWeights | None = None  # the MLP of a mixture-of-experts layer, else gate_up, down
+    window: int = 0  # a sliding window: each row attends its last `window` keys; 0: all
 
     def weights(self) -> list[TiledWeight]:
         return [self.qkv, self.o, *(self.moe.weights() if self.moe else [self.gate_up,
@@ -173,7 +176,7 @@ class DecodeStep:
             _Layer(_ptr(lw.attn_norm), _ptr(lw.ffn_norm), _ptr(lw.q_norm), _ptr(lw.k_norm),
                    _ptr(lw.qkv_bias), _weight(lw.qkv), _weight(lw.o), _weight(lw.gate_up),
                    _weight(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache),
-                   None if moe is None else ctypes.pointer(moe[0]))
+                   None if moe is None else ctypes.pointer(moe[0]), lw.window)
             for lw, moe in zip(layers, moes)])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,

@@ -19,9 +19,11 @@ def check_backend_fits_device(name: str, device: torch.device) -> None:
 
 def create_attention_backend(name: str, device: torch.device, num_heads: int, num_kv_heads: int,
                              head_dim: int, scale: float,
-                             dtype: torch.dtype | None = None) -> AttentionBackend:
+                             dtype: torch.dtype | None = None,
+                             windowed: bool = False) -> AttentionBackend:
     """dtype: the model's (its queries'); lets torch_native pick radixflow's prefill attention
-    kernel on CPUs whose kernels take that dtype."""
+    kernel on CPUs whose kernels take that dtype. windowed: some layer attends through a
+    sliding window (triton compiles its windowed kernels at warm-up too)."""
     check_backend_fits_device(name, device)
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch_native"
@@ -33,7 +35,7 @@ def create_attention_backend(name: str, device: torch.device, num_heads: int, nu
     if name == "triton":
         from .triton_backend import TritonAttnBackend
 
-        return TritonAttnBackend(num_heads, num_kv_heads, head_dim, scale)
+        return TritonAttnBackend(num_heads, num_kv_heads, head_dim, scale, windowed=windowed)
     raise ValueError(f"--attention-backend must be auto, torch_native or triton, got {name!r}")
 
 

@@ -31,7 +31,9 @@ def decode_layers(layers: list, norm: torch.nn.Module, x: torch.Tensor, cos: tor
                   k_pools: list[torch.Tensor], v_pools: list[torch.Tensor],
                   scale: float) -> torch.Tensor:
     """x [1, hidden] through every layer and the final norm. The new token's K/V go to
-    `out_slot`; each layer then attends over the pool slots `kv_slots` [kv_len]."""
+    `out_slot`; each layer then attends over the pool slots `kv_slots` [kv_len], a layer with
+    a sliding window over the last `window` of them."""
+    kv_len = kv_slots.shape[0]
     for layer, k_pool, v_pool in zip(layers, k_pools, v_pools):
         attn = layer.self_attn
         q, k, v = attn.project(layer.input_layernorm(x), (cos, sin))
@@ -42,7 +44,12 @@ def decode_layers(layers: list, norm: torch.nn.Module, x: torch.Tensor, cos: tor
         values = v_pool.index_select(0, kv_slots).unsqueeze(0).transpose(1, 2)
         # the query heads of a KV group ride the query axis, as in TorchNativeAttnBackend
         queries = q.reshape(1, kv_heads, attn.num_heads // kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(queries, keys, values, scale=scale)
+        window = attn.window
+        # a mask rather than a slice: slicing kv_len - window would guard (and recompile) on
+        # whether the context has outgrown the window yet
+        mask = None if window is None else (
+            torch.arange(kv_len, device=kv_slots.device) >= kv_len - window).view(1, 1, 1, -1)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
         # (Block._scaled: Granite's residual multiplier; partial / no RoPE is in `project`)
         x = x + layer._scaled(attn.o_proj(out.reshape(1, attn.q_size)))
         x = x + layer._scaled(layer.mlp(layer.post_attention_layernorm(x)))

@@ -56,12 +56,12 @@ class ModelArgs:
     logits_scaling: float = 1.0  # Granite: logits / logits_scaling
     rotary_dim: int | None = None  # Phi-3's partial rotary; None: head_dim
     nope_layers: tuple[int, ...] = ()  # SmolLM3: layers without RoPE
-    sliding_window: int | None = None  # some layer attends through a window this wide
+    # sliding windows (families.py): the layers in window_layers attend through attn_window
+    attn_window: int | None = None
+    window_layers: tuple[int, ...] = ()
     # ---- Gemma (gemma.py) ----
     attn_softcap: float | None = None  # attention logits tanh-capped
     final_softcap: float | None = None  # output logits tanh-capped
-    attn_window: int | None = None  # the window of window_layers, attended as a window
-    window_layers: tuple[int, ...] = ()
     rope_local_theta: float | None = None  # Gemma 3's local (windowed) layers' RoPE base
     # ---- mixture of experts (moe.py) ----
     num_experts: int = 0  # routed experts of each sparse layer; 0: a dense model
@@ -95,12 +95,9 @@ class ModelArgs:
     def layer_has_rope(self, layer_id: int) -> bool:
         return layer_id not in self.nope_layers
 
-    @property
-    def context_limit(self) -> int:
-        """Positions a request may reach: a windowed model's window (families.py)."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+    def layer_window(self, layer_id: int) -> int | None:
+        """The sliding window layer `layer_id` attends through (None: all earlier tokens)."""
+        return self.attn_window if layer_id in self.window_layers else None
 
     def fused_decode_gaps(self) -> list[str]:
         """What of this model the C decode step does not compute (empty: it computes all)."""

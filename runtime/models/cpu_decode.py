@@ -9,7 +9,8 @@ kernels/cpu/gemv_*.c exactly as the model holds them (Q4_1 / Q8_0 groups from th
 It covers a model on a CPU at level avx512 or avx2 (kernels/cpu/features.py) whose layers are
 quantized (Int4Linear, as `--quantization auto` makes the default model's) over a bf16 KV pool,
 mixture-of-experts layers (moe.py's SparseMoe) included: the step routes each row, groups the
-rows by expert and reads only the routed experts' weights.
+rows by expert and reads only the routed experts' weights. Sliding-window layers attend each
+row's last `window` keys (Attention.window), as the torch backends do.
 Jump-forward's forced tokens are rows of the same call (they skip the head); larger batches,
 prefill and anything else run the torch model.
 """
@@ -116,7 +117,7 @@ class CpuDecode:
             layers.append(cpu_decode.LayerWeights(
                 _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
                 _norm(attn.q_norm), _norm(attn.k_norm), _fp32(bias), *weights,
-                kv_pool.k[i], kv_pool.v[i], moe=moe))
+                kv_pool.k[i], kv_pool.v[i], moe=moe, window=attn.window or 0))
         head = _tiled(model.lm_head)
         if head is None:
             return None, "its output head has no tiled weights"

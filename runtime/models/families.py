@@ -22,11 +22,11 @@ every decoder_sparse_step-th layer outside mlp_only_layers, norm_topk_prob, Qwen
 expert), Mixtral (top-k weights always renormalised), OLMoE (q/k norms over the whole
 projection, clip_qkv).
 
-Other sliding windows (`sliding_window`: Mistral, Phi-3; Qwen2/Qwen3/SmolLM3 with
-use_sliding_window) are not attended as windows: a model with any windowed layer serves at
-most `sliding_window` positions (ModelArgs.context_limit), within which a window of that size
-sees every earlier token, so each path computes what transformers computes; longer requests
-are refused as over the context length.
+Sliding windows of the other families (window_fields, as transformers' config classes and
+masks define them): Mistral, Mixtral, Phi-3 and Qwen3-MoE put `sliding_window` on every layer;
+Qwen2 / Qwen3 on the layers at or past `max_window_layers`, Qwen2-MoE on the even layers below
+it, SmolLM3 on its NoPE layers (each only with `use_sliding_window`), or as `layer_types` says
+where the config lists them. A windowed layer's query at position p sees keys p - W < k <= p.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def family_fields(family: str, config: dict[str, Any], num_layers: int,
         "o_proj_bias": (family not in ("qwen2", "qwen2_moe")
                         and bool(config.get("attention_bias", False))),
         "mlp_bias": bool(config.get("mlp_bias", False)),
-        "sliding_window": _sliding_window(family, config, num_layers),
+        **window_fields(family, config, num_layers),
     }
     if family == "granite":
         fields.update(
@@ -160,23 +160,42 @@ def _smollm3_rope(config: dict[str, Any], num_layers: int) -> list[int]:
     return list(layers)
 
 
-def _sliding_window(family: str, config: dict[str, Any], num_layers: int) -> int | None:
-    """The window when some layer of this family's model attends through one, else None."""
-    window = config.get("sliding_window")
-    if family in ("llama", "granite", "olmoe") or not window:
-        return None  # (transformers' Llama, Granite and OLMoE read no window)
-    if family in ("qwen2", "qwen3", "smollm3", "qwen2_moe", "qwen3_moe") and not config.get(
-            "use_sliding_window"):
-        return None
+# transformers' config defaults of `sliding_window` where config.json leaves it out
+_DEFAULT_WINDOW = {"mistral": 4096, "qwen2": 4096, "qwen3": 4096, "qwen2_moe": 4096,
+                   "qwen3_moe": 4096}
+_USE_SLIDING_WINDOW = ("qwen2", "qwen3", "smollm3", "qwen2_moe", "qwen3_moe")
+
+
+def window_fields(family: str, config: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """attn_window and window_layers (the layers attended through it), as transformers'
+    modeling_<family>.py picks each layer's mask; {} where no layer is windowed."""
+    if family in ("llama", "granite", "olmoe"):
+        return {}  # (transformers' Llama, Granite and OLMoE read no window)
+    window = config.get("sliding_window", _DEFAULT_WINDOW.get(family))
+    if family in _USE_SLIDING_WINDOW and not config.get("use_sliding_window"):
+        window = None  # (SmolLM3's explicit layer_types aside, below)
     types = config.get("layer_types")
-    if types is None:
-        if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-            first = int(config.get("max_window_layers", num_layers))
-            types = ["sliding_attention" if i >= first else "full_attention"
-                     for i in range(num_layers)]
-        elif family == "smollm3":
-            types = ["full_attention" if rope else "sliding_attention"
-                     for rope in _smollm3_rope(config, num_layers)]
-        else:  # Mistral, Mixtral, Phi-3: every layer
-            types = ["sliding_attention"] * num_layers
-    return int(window) if "sliding_attention" in types else None
+    if family == "smollm3" and types is not None:
+        window = config.get("sliding_window")  # its mask reads the window whatever the flag
+    if family in ("mistral", "mixtral", "phi3", "qwen3_moe") or types is None:
+        types = _derived_layer_types(family, config, num_layers)
+    if not window:
+        return {}
+    layers = tuple(i for i, t in enumerate(types[:num_layers]) if t == "sliding_attention")
+    return {"attn_window": int(window), "window_layers": layers} if layers else {}
+
+
+def _derived_layer_types(family: str, config: dict[str, Any], num_layers: int) -> list[str]:
+    """The layer types a config without `layer_types` gets (its window known to be set)."""
+    if family in ("qwen2", "qwen3"):
+        first = int(config.get("max_window_layers", 28))
+        return ["sliding_attention" if i >= first else "full_attention"
+                for i in range(num_layers)]
+    if family == "qwen2_moe":
+        below = int(config.get("max_window_layers", 28))
+        return ["sliding_attention" if (i + 1) % 2 and i < below else "full_attention"
+                for i in range(num_layers)]
+    if family == "smollm3":
+        return ["full_attention" if rope else "sliding_attention"
+                for rope in _smollm3_rope(config, num_layers)]
+    return ["sliding_attention"] * num_layers  # Mistral, Mixtral, Phi-3, Qwen3-MoE

@@ -54,7 +54,6 @@ class GemmaAttention(Attention):
             self.q_norm = GemmaRMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(args.head_dim, args.rms_norm_eps)
         self.scale, self.softcap = args.attn_scale, args.attn_softcap
-        self.window = args.attn_window if layer_id in args.window_layers else None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: Tables,
                 attn: AttentionBackend) -> torch.Tensor:

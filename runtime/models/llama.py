@@ -5,7 +5,8 @@ gpt-fast style: Transformer -> Block -> Attention / FeedForward. q/k/v and gate/
 into one matmul each by the weight loader (see `load_weights`; Phi-3's checkpoints hold them
 fused already). The families' differences are ModelArgs fields the blocks read: Granite's
 multipliers (embedding, residual, softmax scale, logits), SmolLM3's layers without RoPE,
-Phi-3's partial rotary width, biases on o_proj and the MLP.
+Phi-3's partial rotary width, biases on o_proj and the MLP, the layers' sliding windows
+(passed to the attention backend).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Attention(nn.Module):
         # dims of each head that rotate: all (Llama), the first rotary_dim (Phi-3's partial
         # rotary), none (SmolLM3's NoPE layers)
         self.rotary_dim = args.rope_dim if args.layer_has_rope(layer_id) else 0
+        self.window = args.layer_window(layer_id)  # sliding window, or None
         # q/k norms per head (Qwen3) or, qk_norm_per_head False, over the whole projection
         # (OLMoE); OLMoE's clip_qkv clamps q, k and v after them
         self.qk_norm_per_head, self.clip_qkv = args.qk_norm_per_head, args.clip_qkv
@@ -77,7 +79,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
         q, k, v = self.project(x, rope)
-        out = attn.forward(q, k, v, self.layer_id, batch)  # [num_tokens, num_heads, head_dim]
+        # [num_tokens, num_heads, head_dim]
+        out = attn.forward(q, k, v, self.layer_id, batch, window=self.window)
         return self.o_proj(out.reshape(-1, self.q_size))
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]

@@ -1,5 +1,5 @@
 """Tiny random models of the families beyond Llama (Granite, SmolLM3, Phi-3, Gemma 2/3,
-the mixture-of-experts families),
+the mixture-of-experts families, windowed Mistral and Qwen2),
 saved by transformers' own classes, and the check that radixflow.Engine serves them as
 transformers computes them (fp32: greedy tokens identical, prompt logprobs within 1e-4)."""
 
@@ -47,6 +47,11 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
     # q/k norms over the whole projection, clip_qkv that bites
     "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, clip_qkv=0.8)),
+    # sliding windows of 8 (prompts and generations run past them): Mistral's on every layer,
+    # Qwen2's on the layers from max_window_layers on (layer 1 of 0, 1)
+    "mistral": ("MistralConfig", dict(sliding_window=8)),
+    "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8,
+                                  max_window_layers=1)),
 }
 
 

@@ -75,20 +75,18 @@ def test_config_fields():
         _args(dict(architectures=["GraniteForCausalLM"], hidden_act="gelu"))
 
 
-def test_sliding_window_caps_the_context():
-    """A window is honoured by serving no more positions than it holds."""
+def test_sliding_windows_are_per_layer_and_do_not_cap_the_context():
+    """Windows are attended as windows (test_sliding_window.py): the context stays
+    max_position_embeddings."""
     phi = _args(dict(architectures=["Phi3ForCausalLM"], sliding_window=100))
-    assert phi.sliding_window == 100 and phi.context_limit == 100
-    mistral = _args(dict(architectures=["MistralForCausalLM"], sliding_window=64))
-    assert mistral.context_limit == 64
+    assert phi.window_layers == (0, 1) and phi.attn_window == 100
+    assert phi.fused_decode_gaps() == []  # the C decode step attends windows too
     qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64))
-    assert qwen.context_limit == 512  # use_sliding_window false: full attention
-    qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64,
-                      use_sliding_window=True, max_window_layers=2))
-    assert qwen.context_limit == 512  # no layer at or past max_window_layers
+    assert qwen.window_layers == ()  # use_sliding_window false: full attention
     qwen = _args(dict(architectures=["Qwen2ForCausalLM"], sliding_window=64,
                       use_sliding_window=True, max_window_layers=1))
-    assert qwen.context_limit == 64
+    assert (qwen.layer_window(0), qwen.layer_window(1)) == (None, 64)
+    assert qwen.max_position_embeddings == 512 and qwen.fused_decode_gaps() == []
 
 
 def test_tp_shards_fused_and_biased_weights():

@@ -35,7 +35,8 @@ def test_gemma_config_fields():
                                    "sliding_window": 4096})
     assert g2.window_layers == (0, 2, 4) and g2.attn_softcap == 50.0
     assert g2.final_softcap == 30.0 and g2.attn_scale == 256 ** -0.5
-    assert g2.context_limit == 512 and g2.fused_decode_gaps()
+    assert g2.max_position_embeddings == 512 and g2.fused_decode_gaps()
+    assert g2.layer_window(0) == 4096 and g2.layer_window(1) is None
     # the hub's Gemma 3 configs: rope_theta, rope_local_base_freq, rope_scaling of the global
     g3 = ModelArgs.from_hf_config({**base, "architectures": ["Gemma3ForCausalLM"],
                                    "sliding_window": 512, "rope_local_base_freq": 10000.0,
