@@ -12,7 +12,7 @@ from radixflow.kernels.cpu.rows import RowKernels
 
 from .attention import check_backend_fits_device, create_attention_backend, warm_up_attention
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
-from .memory_pool import KVPool, ReqToTokenPool
+from .memory_pool import HiddenSumPool, KVPool, ReqToTokenPool
 from .model_loader.pooling import PoolingConfig, read_pooling
 from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
@@ -81,25 +81,29 @@ class ModelRunner:
             torch.set_num_threads(args.num_threads)  # (a rank's share: TensorParallel)
         ma = self.model_args
         local = self.tp.spec.local_args(ma) if self.tp else ma  # this rank's heads
-        self.context_len = min(args.context_length or ma.context_limit, ma.context_limit)
-        if ma.context_limit < ma.max_position_embeddings:
-            logger.warning("%s: its sliding window of %d tokens is not attended as a window; "
-                           "requests are limited to %d tokens (where a window sees them all)",
-                           ma.architecture, ma.sliding_window, ma.context_limit)
+        self.context_len = min(args.context_length or ma.max_position_embeddings,
+                               ma.max_position_embeddings)
         self.model = self._load_model(model_folder)
         self.kv_dtype = self._kv_dtype()
         per_token = KVPool.bytes_per_token(ma.num_layers, local.num_kv_heads, ma.head_dim,
                                            self.kv_dtype)
+        if self.pooling is not None and self.pooling.pooling != "last":
+            per_token += HiddenSumPool.bytes_per_token(ma.hidden_size)  # (scheduler/embedding)
         num_slots = args.max_total_tokens or self._default_num_slots(per_token)
         if self.tp:  # every rank's pool has the same slots
             num_slots = self.tp.agree_min(num_slots)
+        served = self._context_within(num_slots, per_token)
+        if served < self.context_len:
+            self.context_len = served
+            self.model.reset_rope_tables(self.device, context_len=served)
         self.kv_pool = KVPool(num_slots, ma.num_layers, local.num_kv_heads, ma.head_dim,
                               self.kv_dtype, self.device)
         self.req_to_token_pool = ReqToTokenPool(args.max_running_requests, self.context_len,
                                                 self.device)
         self.attn = create_attention_backend(args.attention_backend, self.device,
                                              local.num_heads, local.num_kv_heads, ma.head_dim,
-                                             ma.attn_scale, dtype=self.dtype)
+                                             ma.attn_scale, dtype=self.dtype,
+                                             windowed=bool(ma.window_layers))
         warm_up_attention(self.attn, self.kv_pool, self.req_to_token_pool.req_to_token)
         decodes = not (args.is_embedding or args.disable_cpu_decode)
         self.cpu_decode = self._cpu_decode() if decodes else None
@@ -138,7 +142,24 @@ class ModelRunner:
             budget = free * self.args.mem_fraction
         else:  # the node's ranks share its memory: --kv-cache-gb is theirs together
             budget = self.args.kv_cache_gb * 2**30 / (self.tp.layout.per_node if self.tp else 1)
-        return max(int(budget // per_token), self.context_len + 1)
+        return max(int(budget // per_token), 2)
+
+    def _context_within(self, num_slots: int, per_token: int) -> int:
+        """The longest request the KV pool can hold (a slot per token, one kept for padding):
+        the model's context, or less when the pool is smaller. The pool is sized by
+        --kv-cache-gb / --max-total-tokens (--mem-fraction on a GPU), never by the model's
+        context length (131,072 tokens for Llama 3.2 would be 4 GiB at 1B)."""
+        if num_slots > self.context_len:
+            return self.context_len
+        pool = f"the KV pool of {num_slots} tokens ({num_slots * per_token / 2**30:.2f} GiB)"
+        if self.args.context_length:
+            raise ValueError(
+                f"--context-length {self.args.context_length} does not fit {pool}: raise "
+                f"--kv-cache-gb or --max-total-tokens, or lower --context-length")
+        logger.warning("the model's context of %d tokens does not fit %s: requests are limited "
+                       "to %d tokens (raise --kv-cache-gb or --max-total-tokens for more)",
+                       self.context_len, pool, num_slots - 1)
+        return num_slots - 1
 
     def _load_model(self, folder) -> LlamaForCausalLM:
         from .model_loader import iter_weights
