@@ -158,6 +158,28 @@ def test_moe_gguf_gives_the_hf_folders_logits(tmp_path, family):
     check_engine_matches(converted, model, tok, PROMPTS[:2])
 
 
+def test_a_mixtral_gguf_is_refused_naming_the_way_out(tmp_path):
+    """llama.cpp writes Mixtral as a `llama` file with stacked experts; transformers would read
+    it as a dense Llama. It is refused, pointing at the HF folder."""
+    from helpers.family_models import write_family_gguf
+
+    from radixflow.runtime.errors import ModelNotFound
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+
+    folder, model, _ = make_family_model(tmp_path / "hf", "mistral", sliding_window=None)
+
+    def experts(writer, config):
+        writer.add_expert_count(4)
+        writer.add_expert_used_count(2)
+
+    gguf_path = write_family_gguf(folder, model, tmp_path / "tiny-mixtral.gguf", "llama",
+                                  extra=experts)
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    with pytest.raises(ModelNotFound, match="llama file with 4 experts.*Hugging Face folder"):
+        convert_gguf(gguf_path, converted)
+
+
 def test_int4_quantizes_experts_and_keeps_the_router_dense():
     from radixflow.runtime.models.quant_linear import Int4Linear, quantize_linears_
 
@@ -169,9 +191,10 @@ def test_int4_quantizes_experts_and_keeps_the_router_dense():
     assert type(moe.gate).__name__ == "Router" and type(moe.shared_expert_gate).__name__ == "Router"
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral"])
 def test_moe_tp2_matches_hf(tmp_path, family):
-    """Experts split over two ranks (2 each; Qwen2-MoE's shared expert split like an MLP)."""
+    """Experts split over two ranks (2 each; Qwen2-MoE's shared expert split like an MLP;
+    Mixtral's block_sparse_moe.experts.N.w1/w2/w3 checkpoint names)."""
     folder, model, tok = make_family_model(tmp_path, family)
     check_engine_matches(folder, model, tok, tp_size=2)
 
