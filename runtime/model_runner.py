@@ -167,9 +167,9 @@ class ModelRunner:
         weights = iter_weights(folder)
         with torch.device("meta"):
             if self.tp:
-                from .distributed.tp_model import TPLlamaForCausalLM
+                from .distributed.tp_model import tp_model_class
 
-                model = TPLlamaForCausalLM(self.model_args, self.tp)
+                model = tp_model_class(self.model_args)(self.model_args, self.tp)
                 weights = self.tp.spec.shard_weights(weights)
             else:
                 model = model_class(self.model_args)(self.model_args)

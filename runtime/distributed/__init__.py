@@ -4,8 +4,8 @@
   --dist-init-addr, the collectives a forward needs, failures turned into clear errors;
 - sharding.py: which heads, KV heads, MLP features and vocab rows a rank holds, and the
   slices of the checkpoint's tensors that give them;
-- tp_model.py: a rank's model (llama.py's, with all-reduces and a vocab-parallel
-  embedding and head);
+- tp_model.py: a rank's model (llama.py's or gemma.py's, with all-reduces and a
+  vocab-parallel embedding and head);
 - plan.py: the batch plan rank 0 (the scheduler's process) broadcasts before each forward;
 - worker.py: ranks 1..N-1, which run rank 0's plans; launch.py starts them (Engine: as
   subprocesses of this process; the server: as children of its launcher, on every node);

@@ -10,7 +10,9 @@
 - The embedding and the output head are vocab-parallel: rank r holds rows
   [r * shard, (r + 1) * shard) with shard = ceil(vocab / tp_size), the last rank's tail padded
   with zero rows (logits of padding rows are dropped when the ranks' logits are gathered).
-- Norms (q/k norms of Qwen3 too: per head_dim) are replicated.
+- Norms (q/k norms of Qwen3 and Gemma 3 too: per head_dim) are replicated; OLMoE's q/k norms
+  over the whole projection are split as q / k's rows, their mean square taken over the ranks
+  (tp_model.py).
 - Phi-3's fused qkv_proj / gate_up_proj tensors are split into their parts, each sharded as
   above; o_proj / down_proj biases (attention_bias, mlp_bias) are rank 0's (zeros elsewhere),
   so the all-reduce adds them once. Granite's multipliers, partial rotary and NoPE layers are
@@ -19,8 +21,9 @@
   block of num_experts / tp_size whole experts, renumbered from 0 in its model, and the router
   whole; Qwen2-MoE's shared expert is split like a dense MLP (its sigmoid gate replicated: it
   scales each rank's partial sum alike). A rank's MoE output is summed over the ranks as an
-  MLP's is. OLMoE's q/k norms over the whole projection would need the heads of every rank
-  and are refused.
+  MLP's is.
+- Gemma 2 / 3 split as Llama does (their (1 + w) norms, soft-caps and windows are per-rank
+  arithmetic).
 """
 
 from __future__ import annotations
@@ -57,9 +60,6 @@ def split_problems(args: ModelArgs, tp_size: int) -> list[str]:
 
 def check_split(args: ModelArgs, tp_size: int) -> None:
     """Raise ValueError naming the numbers when the model cannot be split over tp_size ranks."""
-    if args.family in ("gemma2", "gemma3") or not args.qk_norm_per_head:
-        raise ValueError(f"--tp-size {tp_size}: {args.architecture} does not run tensor-"
-                         "parallel in radixflow (its blocks are not split); use --tp-size 1")
     problems = split_problems(args, tp_size)
     if problems:
         raise ValueError(f"--tp-size {tp_size} cannot split this model "
@@ -131,6 +131,8 @@ class ShardSpec:
             return _rows(tensor, self.heads[0] * d, self.heads[1] * d)
         if module in ("k_proj", "v_proj"):
             return _rows(tensor, self.kv_heads[0] * d, self.kv_heads[1] * d)
+        if module in ("q_norm", "k_norm") and tensor.shape[0] != d:  # whole projection (OLMoE)
+            return self.shard(f"{module[0]}_proj.{kind}", tensor)
         if module == "qkv_proj":  # fused in the checkpoint (Phi-3): each part's rows
             q, kv = self.heads[1] * self.tp_size * d, self.num_kv_heads * d
             return torch.cat([self.shard(f"q_proj.{kind}", tensor[:q]),

@@ -12,8 +12,9 @@
 
 Attention here reads each request's keys from the KV pool and computes the scores itself
 (soft-capping and windows are what the shared backends do not do): one request at a time, in
-torch ops, on any device. The C decode step, the compiled decode and tensor parallelism do not
-run these blocks (model_runner falls back to this module / refuses at start-up).
+torch ops, on any device. The C decode step and the compiled decode do not run these blocks
+(model_runner falls back to this module); tensor parallelism splits them as Llama's
+(runtime/distributed/tp_model.py).
 """
 
 from __future__ import annotations

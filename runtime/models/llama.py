@@ -11,7 +11,7 @@ Phi-3's partial rotary width, biases on o_proj and the MLP, the layers' sliding 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,17 @@ class RMSNorm(nn.Module):
         # statistics in fp32, then scale in the model dtype: Hugging Face's order, bit for bit
         return x, F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
 
+    def with_mean_square(self, x: torch.Tensor, mean_square: torch.Tensor) -> torch.Tensor:
+        """x normed by a mean square of its rows taken elsewhere (fp32, [rows, 1]): a tensor-
+        parallel rank's part of a whole-projection norm, whose rows span every rank."""
+        return (x.float() * torch.rsqrt(mean_square + self.eps)).to(x.dtype) * self.weight
+
 
 class Attention(nn.Module):
     rows: RowKernels | None = None
+    # tensor parallelism (tp_model.py): the mean of a per-rank tensor over the ranks, so that
+    # norms over the whole projection (OLMoE) take their statistics over every rank's heads
+    ranks_mean: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -108,11 +116,21 @@ class Attention(nn.Module):
     def _whole_norms_and_clip(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and not self.qk_norm_per_head:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self._whole_norms(q, k)
         qkv = torch.cat([q, k, v], dim=-1)
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         return qkv
+
+    def _whole_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ranks_mean is None:
+            return self.q_norm(q), self.k_norm(k)
+        # each rank holds as many q (k) features as every other: the mean over the ranks of
+        # their mean squares is the whole projection's (one collective for q and k)
+        squares = torch.stack([q.float().pow(2).mean(-1), k.float().pow(2).mean(-1)], dim=-1)
+        squares = self.ranks_mean(squares)
+        return (self.q_norm.with_mean_square(q, squares[:, :1]),
+                self.k_norm.with_mean_square(k, squares[:, 1:]))
 
 
 class Block(nn.Module):

@@ -111,9 +111,10 @@ def test_tp_shards_fused_and_biased_weights():
             assert torch.equal(got, bias if rank == 0 else torch.zeros_like(bias))
 
 
-@pytest.mark.parametrize("family", ["granite", "phi3"])
+@pytest.mark.parametrize("family", ["granite", "phi3", "smollm3"])
 def test_family_tp2_matches_hf(tmp_path, family):
-    """Split over two ranks: Granite's row-parallel biases, Phi-3's fused checkpoint tensors."""
+    """Split over two ranks: Granite's row-parallel biases, Phi-3's fused checkpoint tensors,
+    SmolLM3's layers without RoPE and its tied embedding."""
     folder, model, tok = make_family_model(tmp_path, family)
     check_engine_matches(folder, model, tok, tp_size=2)
 

@@ -1,5 +1,6 @@
-"""Gemma 2 and Gemma 3 (text) against transformers in fp32: windows shorter than the prompts,
-soft-capping, Gemma 3's two RoPE bases and q/k norms; and the paths that refuse them."""
+"""Gemma 2 and Gemma 3 (text) against transformers in fp32, on one rank and split over two:
+windows shorter than the prompts, soft-capping, Gemma 3's two RoPE bases and q/k norms; and
+the paths that refuse them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ PROMPTS = ["The quick brown fox", "The cache keeps every prefix that two request
 def test_gemma_matches_hf(tmp_path, family):
     folder, model, tok = make_family_model(tmp_path, family, tie_word_embeddings=True)
     check_engine_matches(folder, model, tok, PROMPTS)
+
+
+@pytest.mark.parametrize(("family", "tp_size"), [("gemma2", 2), ("gemma3", 2), ("gemma3", 4)])
+def test_gemma_tp_matches_hf(tmp_path, family, tp_size):
+    """Split over two ranks (2 heads and 1 KV head each) or four (1 head each, each KV head
+    on two ranks): windows, both soft-caps (the final one on each rank's vocab rows), Gemma 3's
+    two RoPE bases and per-head q/k norms, the scaled vocab-parallel embedding tied to the
+    head."""
+    folder, model, tok = make_family_model(tmp_path, family, tie_word_embeddings=True)
+    check_engine_matches(folder, model, tok, PROMPTS, tp_size=tp_size)
 
 
 def test_gemma_refuses_fused_paths(tmp_path):
@@ -45,8 +56,11 @@ def test_gemma_config_fields():
     assert g3.window_layers == (0, 1, 2, 3, 4) and g3.attn_softcap is None
     assert g3.rope_theta == 1e6 and g3.rope_local_theta == 10000.0 and g3.qk_norm
     assert g3.rope_scaling["factor"] == 8.0
-    with pytest.raises(ValueError, match="Gemma3ForCausalLM does not run tensor-parallel"):
-        check_split(g3, 2)
+    check_split(g3, 2)  # Gemma splits as Llama does; sizes that do not divide are named
+    with pytest.raises(ValueError, match=r"--tp-size 3 cannot split this model "
+                                         r"\(Gemma3ForCausalLM\): it does not divide its 4 "
+                                         r"attention heads.*intermediate size 128"):
+        check_split(g3, 3)
 
 
 def _write_gemma2_gguf(folder, model, dest):

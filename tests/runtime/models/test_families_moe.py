@@ -1,8 +1,8 @@
 """Mixture-of-experts families (moe.py) against transformers in fp32: Qwen3-MoE, Qwen2-MoE
 (shared expert, dense layers by decoder_sparse_step), Mixtral (its checkpoint names) and OLMoE
 (whole-projection q/k norms, clip_qkv): greedy output token-identical and prompt logprobs
-within 1e-4 through radixflow.Engine; the grouped experts against a dense loop; what the other
-paths do with experts."""
+within 1e-4 through radixflow.Engine, on one rank and split over two; the grouped experts
+against a dense loop; what the other paths do with experts."""
 
 from __future__ import annotations
 
@@ -191,12 +191,20 @@ def test_int4_quantizes_experts_and_keeps_the_router_dense():
     assert type(moe.gate).__name__ == "Router" and type(moe.shared_expert_gate).__name__ == "Router"
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"])
 def test_moe_tp2_matches_hf(tmp_path, family):
     """Experts split over two ranks (2 each; Qwen2-MoE's shared expert split like an MLP;
-    Mixtral's block_sparse_moe.experts.N.w1/w2/w3 checkpoint names)."""
+    Mixtral's block_sparse_moe.experts.N.w1/w2/w3 checkpoint names; OLMoE's whole-projection
+    q/k norms split with their heads, their mean square taken over the ranks)."""
     folder, model, tok = make_family_model(tmp_path, family)
     check_engine_matches(folder, model, tok, tp_size=2)
+
+
+def test_olmoe_tp4_replicated_kv_matches_hf(tmp_path):
+    """Four ranks, 2 KV heads: each k_norm part is on two ranks, which the mean over the
+    ranks weighs alike."""
+    folder, model, tok = make_family_model(tmp_path, "olmoe", num_experts=8)
+    check_engine_matches(folder, model, tok, tp_size=4)
 
 
 def test_tp_shards_whole_experts():
@@ -227,8 +235,27 @@ def test_tensor_parallel_refuses_what_it_cannot_split():
 
     with pytest.raises(ValueError, match="its 4 experts"):
         check_split(_args("qwen3_moe", num_attention_heads=8, num_key_value_heads=8), 8)
-    with pytest.raises(ValueError, match="does not run tensor-parallel"):
-        check_split(_args("olmoe"), 2)
+    with pytest.raises(ValueError, match="its 4 attention heads"):
+        check_split(_args("olmoe"), 8)
+    check_split(_args("olmoe"), 2)  # whole-projection q/k norms split (test_moe_tp2_matches_hf)
+
+
+def test_tp_shards_whole_projection_qk_norms():
+    """OLMoE's q_norm / k_norm weights span every head: a rank holds its heads' part (its KV
+    head's when KV heads are replicated); Qwen3's per-head norms stay whole."""
+    from radixflow.runtime.distributed.sharding import ShardSpec
+
+    olmoe = _args("olmoe")  # 4 heads, 2 KV heads of 16 dims
+    q, k = torch.arange(64.0), torch.arange(32.0)
+    for tp, rank, q_rows, k_rows in ((2, 1, (32, 64), (16, 32)), (4, 1, (16, 32), (0, 16))):
+        spec = ShardSpec.create(olmoe, tp, rank)
+        assert torch.equal(spec.shard("model.layers.0.self_attn.q_norm.weight", q),
+                           q[slice(*q_rows)])
+        assert torch.equal(spec.shard("model.layers.0.self_attn.k_norm.weight", k),
+                           k[slice(*k_rows)])
+    per_head = torch.ones(16)
+    spec = ShardSpec.create(_args("qwen3_moe"), 2, 1)
+    assert spec.shard("model.layers.0.self_attn.k_norm.weight", per_head) is per_head
 
 
 def test_stacked_weights_feed_the_grouped_kernel():

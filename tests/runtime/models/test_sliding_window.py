@@ -121,7 +121,7 @@ def test_windowed_family_matches_hf(tmp_path, family):
 
 
 def test_windowed_tp2_matches_hf(tmp_path):
-    """Each rank's attention passes its layers' windows (TPAttention is Llama's Attention)."""
+    """Each rank's attention passes its layers' windows (a rank's is Llama's Attention)."""
     folder, model, tok = windowed_model(tmp_path, "qwen2")
     check_engine_matches(folder, model, tok, tp_size=2)
 
