@@ -125,7 +125,9 @@ def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None, a
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters
+    # (Gemma 3: per layer type; the file holds the global layers' base)
+    writer.add_rope_freq_base(rope.get("rope_theta") or rope["full_attention"]["rope_theta"])
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     if extra is not None:

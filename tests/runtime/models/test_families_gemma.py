@@ -96,3 +96,35 @@ def test_gemma2_gguf_matches_hf(tmp_path):
     # tokenizer, which transformers' GGUF reader rebuilds as SentencePiece)
     tok.save_pretrained(converted)
     check_engine_matches(converted, model, tok, PROMPTS)
+
+
+def test_gemma3_gguf_matches_hf(tmp_path):
+    """A Gemma 3 GGUF as llama.cpp's converter writes it (every norm, q/k norms too, stored as
+    1 + w; the window in the metadata; the local RoPE base 10000 and five local layers to a
+    global one, llama.cpp's fixed values) serves what the HF model computes."""
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+
+    folder, model, tok = make_family_model(
+        tmp_path / "hf", "gemma3", tie_word_embeddings=True, query_pre_attn_scalar=16,
+        num_hidden_layers=6, sliding_window_pattern=6,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+
+    def extra(writer, c):
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_sliding_window(c.sliding_window)
+
+    def tensor(name, t):
+        if name == "lm_head.weight":
+            return None
+        return t + 1 if name.endswith("norm.weight") else t
+
+    gguf_path = write_family_gguf(folder, model, tmp_path / "gemma3.gguf", "gemma3", extra,
+                                  tensor)
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    convert_gguf(gguf_path, converted)
+    tok.save_pretrained(converted)  # (as for Gemma 2: the tiny BPE is not Gemma's tokenizer)
+    check_engine_matches(converted, model, tok, PROMPTS)
