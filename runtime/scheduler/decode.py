@@ -32,6 +32,7 @@ import torch
 from ..forward_batch import BatchRequest, ForwardMode
 from .device import use_device
 from .req import Req, ReqStatus
+from .window_kv import free_behind_windows
 
 if TYPE_CHECKING:
     from ..sampling import SampleOutput
@@ -99,6 +100,7 @@ class Decode:
         NOTE: rows of one request see each other's K/V because every layer writes the pass's
         K/V into the pool before attention reads it; row i attends to positions < seq_len_i.
         """
+        free_behind_windows(self.state, reqs)  # before allocating: the slots are reused
         slots = self.alloc(reqs)
         reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
         req_to_token = self.state.req_to_token

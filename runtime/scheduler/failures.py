@@ -198,6 +198,7 @@ class Failures:
         for req in live:
             if req.req_pool_idx in untrusted:
                 req.computed_len = req.tree_len  # the rest is swept below
+                req.window_freed = None  # (its gap, past tree_len, is recomputed)
             state.kv.drop_uncomputed(req)
         for req in culprits:
             self.fail(req, cause)

@@ -40,6 +40,10 @@ class KVCache:
     def release(self, req: Req) -> None:
         """Hand the request's computed tokens to the tree, unlock, give back its row."""
         n = req.computed_len
+        if req.window_freed is not None:  # only the part before the gap can join the tree
+            first, below = req.window_freed
+            self.kv_pool.free(self.req_to_token[req.req_pool_idx, below:n].long())
+            n, req.window_freed = first, None
         slots = self.req_to_token[req.req_pool_idx, :n].long()
         if self.tree.disabled:
             self.kv_pool.free(slots)
@@ -53,7 +57,7 @@ class KVCache:
 
     def cache_unfinished(self, req: Req) -> None:
         """Insert what the request has computed so far and re-point its row at the tree."""
-        if self.tree.disabled:
+        if self.tree.disabled or req.window_freed is not None:  # (a gap: nothing to share)
             return
         n = req.computed_len
         key = req.fill_ids[:n]
@@ -80,7 +84,7 @@ class KVCache:
 
     def check(self, live: list[Req]) -> None:
         """The slot-conservation invariant; call when the scheduler is between steps."""
-        held = sum(r.computed_len - r.tree_len for r in live)
+        held = sum(r.owned_slots for r in live)
         total = self.kv_pool.num_free + self.tree.total_size() + held
         if total != self.kv_pool.num_slots:
             raise InvariantBroken(

@@ -61,7 +61,7 @@ def kv_room(req: Req, released: dict[int, int]) -> int:
     slots it holds beyond its tree part (they go to the tree unlocked), and the tokens of its
     locked tree path that no one else holds (`released` counts the locks already given up by
     other victims, and takes this one's)."""
-    room = max(1, req.seq_len - req.computed_len) + req.computed_len - req.tree_len
+    room = max(1, req.seq_len - req.computed_len) + req.owned_slots
     node = req.last_node
     while node is not None and node.parent is not None:
         released[id(node)] = released.get(id(node), 0) + 1

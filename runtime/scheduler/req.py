@@ -41,6 +41,8 @@ class Req:
     cached_len: int = 0  # prompt tokens whose KV came from the tree at first admission
     computed_len: int = 0  # tokens of fill_ids whose KV is in the pool (row prefix)
     tree_len: int = 0  # leading tokens whose slots the tree owns (locked through last_node)
+    # [first, below): positions whose KV was freed behind every layer's window (window_kv.py)
+    window_freed: tuple[int, int] | None = None
     req_pool_idx: int | None = None  # its row of req_to_token (ReqToTokenPool)
     last_node: TreeNode | None = None  # locked tree node; unlocked exactly once
     finish: Finish | None = None
@@ -96,6 +98,12 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def owned_slots(self) -> int:
+        """KV slots the request holds beyond its tree part (less those freed behind windows)."""
+        gap = 0 if self.window_freed is None else self.window_freed[1] - self.window_freed[0]
+        return self.computed_len - self.tree_len - gap
 
     @property
     def wants_input_logprobs(self) -> bool:

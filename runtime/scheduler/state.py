@@ -22,6 +22,7 @@ from .failures import forward_in_parts
 from .kv_cache import KVCache
 from .req import Req, ReqStatus
 from .sessions import Sessions
+from .window_kv import window_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -42,6 +43,8 @@ class SchedulerState:
         self.kv_pool, self.req_to_token_pool = runner.kv_pool, runner.req_to_token_pool
         self.req_to_token = self.req_to_token_pool.req_to_token
         self.kv = KVCache(self.tree, self.kv_pool, self.req_to_token_pool)
+        # every layer windowed: the window, behind which requests free their KV (window_kv.py)
+        self.kv_window = window_of(runner.model_args)
         # a mean- or cls-pooling embedding server's per-slot hidden-state sums (embedding.py)
         self.hidden_sums = hidden_sum_pool(runner, self.kv_pool.num_slots, self.kv_pool.device)
         self.sessions = Sessions(getattr(tokenizer, "bos_token_id", None),
