@@ -49,3 +49,24 @@ def test_generations_free_behind_the_window_and_keep_their_prompts(mistral, monk
     # the tree holds the prompts (and the last request's own tokens), not the long outputs
     assert tree_tokens < full_tree
     assert again["cached_tokens"] == prompt_lens[0] - 1  # the prompt was still cached
+
+
+def test_a_small_pool_retracts_requests_with_gaps_and_loses_nothing(mistral, monkeypatch):
+    """Three 80-token generations in a pool of 128 slots: freeing behind the window, they
+    still outgrow it, so requests that hold a gap are retracted and recomputed from their
+    cached prompts; the outputs are those of a pool that never retracts."""
+    folder, _ = mistral
+    with Engine(str(folder), dtype="float32", max_total_tokens=2048) as engine:
+        expected = [r["output_ids"] for r in engine.generate(PROMPTS[:3], PARAMS)]
+    gapped = []
+
+    def spy(st, reqs):
+        window_kv.free_behind_windows(st, reqs)
+        gapped.extend(r.rid for r in reqs if r.window_freed)
+
+    monkeypatch.setattr(decode, "free_behind_windows", spy)
+    with Engine(str(folder), dtype="float32", max_total_tokens=128) as engine:
+        outs = [r["output_ids"] for r in engine.generate(PROMPTS[:3], PARAMS)]
+        engine.scheduler.check_slots()
+        assert engine.scheduler.state.num_retractions > 0 and gapped
+    assert outs == expected
