@@ -19,7 +19,7 @@ from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
 from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
-from .models.quant_linear import can_quantize_int4, quantize_linears_
+from .models.quant_linear import can_quantize_int4, dense_weights_of, quantize_linears_
 from .models.registry import model_class
 from .server_args import ServerArgs
 
@@ -134,7 +134,9 @@ class ModelRunner:
         if self.device.type != "cpu":
             return None
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
-                "decode_step": "C" if self.cpu_decode is not None else "torch ops"}
+                "decode_step": "C" if self.cpu_decode is not None else "torch ops",
+                "dense_weights": dense_weights_of(self.model,
+                                                  self.args.cpu_dense_weights).as_dict()}
 
     def _default_num_slots(self, per_token: int) -> int:
         if self.device.type == "cuda":
@@ -207,7 +209,7 @@ class ModelRunner:
         if choice == "auto" and (self.args.dtype == "float32" or not cpu_kernels.available()):
             return "none"  # (an explicit float32 asks for fp32 numerics throughout)
         count = quantize_linears_(model, keep=(model.lm_head,), only_if_exact=choice == "auto",
-                                  dtype=self.dtype)
+                                  dtype=self.dtype, dense_weights=self.args.cpu_dense_weights)
         if count:
             logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
         return "int4" if count else "none"

@@ -52,6 +52,11 @@ class ServerArgs:
         "auto", "int4: weight-only 4-bit linear layers (CPU), ~3x fewer bytes per decode step; "
         "auto: int4 layers and a Q8_0 head where that is lossless (a CPU whose level has "
         "radixflow's kernels, weights already 4-bit/8-bit groups as in the default model's GGUF)")
+    cpu_dense_weights: Literal["auto", "on", "off"] = _arg(
+        "auto", "a bf16 model's quantized layers (CPU): on keeps a bf16 copy of each for "
+        "products of many rows (prefill, large decode batches: 2 bytes per weight on top of the "
+        "4-bit ones), off keeps none (those products dequantize blocks of rows from the "
+        "quantized weights as they go), auto keeps the copies while they total at most 1 GiB")
     context_length: int | None = _arg(None, "max tokens per request (default: the model's)",
                                       aliases=("--max-model-len",))
     kv_cache_gb: float = _arg(1.0, "KV cache size in GiB on CPU")

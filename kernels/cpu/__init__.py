@@ -20,6 +20,11 @@ the generic level, or with no compiler, `available()` is False and callers keep 
 path.
 
 Each format has a torch reference (`unpack` + matmul) that the tests compare against.
+
+Products of many rows (a prefill) are faster through oneDNN's GEMM than through the tiled
+kernels: `gemm_dequant` dequantizes a block of output rows at a time (rf_dequant_rows, each
+level's `rf_dequant_tiles`: bit for bit `unpack`, rounded to bf16 as torch rounds) into a
+reused scratch buffer and multiplies it with torch.mm, so no dense copy of the weights is kept.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -227,6 +233,87 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
 
 
 _GEMM = {"q4_1": "rf_q4_1_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
+
+
+DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)
+_scratch = threading.local()
+
+
+def dequantize(w: TiledWeight, start: int = 0, rows: int | None = None,
+               dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """Rows [start, start + rows) of w's weights as a dense [rows, k] tensor of `dtype` (bf16
+    or float32), bit for bit `unpack(w)[start:start + rows].to(dtype)`; `start` a multiple of
+    TILE. `out`: a contiguous tensor of that shape and dtype to write into."""
+    rows = w.n - start if rows is None else rows
+    if start % TILE or start < 0 or rows < 0 or start + rows > w.n:
+        raise ValueError(f"rows [{start}, {start + rows}) of {w.n}: the start must be a "
+                         f"multiple of {TILE}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+    if out is None:
+        out = torch.empty(rows, w.k, dtype=dtype)
+    elif out.shape != (rows, w.k) or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {dtype} [{rows}, {w.k}] tensor")
+    lib = _library(w.level) if w.level else None
+    if lib is None:
+        out.copy_(_unpack_rows(w, start, rows))
+    elif rows:
+        lib.rf_dequant_rows(abi.FORMATS[w.format], w.data.data_ptr(), out.data_ptr(),
+                            int(dtype == torch.bfloat16), start, rows, w.k,
+                            torch.get_num_threads())
+    return out
+
+
+def _unpack_rows(w: TiledWeight, start: int, rows: int) -> torch.Tensor:
+    t0, t1 = start // TILE, -(-(start + rows) // TILE)
+    part = TiledWeight(w.format, w.data[t0:t1], min(w.n - t0 * TILE, (t1 - t0) * TILE), w.k,
+                       w.level)
+    return unpack(part)[:rows]
+
+
+def block_rows(k: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Output rows per block of gemm_dequant: a multiple of TILE whose dense rows fill about
+    DEQUANT_BLOCK_BYTES (a core's L2 holds it between the dequantization and the product;
+    bench/results/dense-weights.md)."""
+    per_row = k * torch.finfo(dtype).bits // 8
+    return max(TILE, DEQUANT_BLOCK_BYTES // per_row // TILE * TILE)
+
+
+def _scratch_for(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's reused buffer of at least `numel` elements of dtype."""
+    held = getattr(_scratch, "buffers", None)
+    if held is None:
+        held = _scratch.buffers = {}
+    buf = held.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = held[dtype] = torch.empty(numel, dtype=dtype)
+    return buf[:numel]
+
+
+def gemm_dequant(x: torch.Tensor, w: TiledWeight, dtype: torch.dtype = torch.bfloat16,
+                 bias: torch.Tensor | None = None, rows_per_block: int | None = None
+                 ) -> torch.Tensor:
+    """x [M, K] @ w.T (+ bias) -> [M, N] in `dtype` (bf16 or float32) for many rows, with no
+    dense copy of w: blocks of output rows are dequantized (`dequantize`) into a scratch
+    buffer kept per thread and multiplied with torch.mm (oneDNN) into the output's columns."""
+    if x.dim() != 2 or x.shape[1] != w.k:
+        raise ValueError(f"expected x of shape [M, {w.k}], got {tuple(x.shape)}")
+    x = x.to(dtype)
+    step = rows_per_block or block_rows(w.k, dtype)
+    if step % TILE:
+        raise ValueError(f"rows_per_block must be a multiple of {TILE}, got {step}")
+    y = torch.empty(x.shape[0], w.n, dtype=dtype)
+    scratch = _scratch_for(min(step, w.n) * w.k, dtype)
+    bias = None if bias is None else bias.to(dtype)
+    for start in range(0, w.n, step):
+        rows = min(step, w.n - start)
+        block = dequantize(w, start, rows, dtype, scratch[:rows * w.k].view(rows, w.k))
+        if bias is None:
+            torch.mm(x, block.t(), out=y[:, start:start + rows])
+        else:
+            torch.addmm(bias[start:start + rows], x, block.t(), out=y[:, start:start + rows])
+    return y
 
 
 def reference(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:

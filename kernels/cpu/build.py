@@ -73,5 +73,7 @@ def load(level: str, tile: int, group: int) -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
         getattr(lib, name).restype = None
     lib.rf_argmax_rows.argtypes = [ptr, i64, i64, ptr]
+    lib.rf_dequant_rows.argtypes = [i32, ptr, ptr, i32, i64, i64, i64, i32]
+    lib.rf_dequant_rows.restype = None
     lib.rf_argmax_rows.restype = None
     return lib

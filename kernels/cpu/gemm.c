@@ -54,3 +54,20 @@ void rf_bf16_gemm(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int6
         rf_bf16_gemm_tiles(w, x, y, y_bf16, M, N, K, t0, t1);
     }
 }
+
+/* Output rows [n0, n0 + rows) of a tiled weight of format fmt (n0 a multiple of TILE, n0 + rows
+ * at most N), dense [rows, K] in bf16 (out_bf16) or fp32: the many-row products'
+ * dequantization (kernels/cpu/__init__.py: dequantize, gemm_dequant), tiles split over
+ * threads. */
+void rf_dequant_rows(int fmt, const uint8_t *w, void *out, int out_bf16, int64_t n0,
+                     int64_t rows, int64_t K, int nthreads) {
+    const int64_t n1 = n0 + rows, T0 = n0 / TILE, T1 = (n1 + TILE - 1) / TILE;
+    if (n0 % TILE || rows <= 0) return; /* the Python side checks both */
+    if (nthreads > T1 - T0) nthreads = (int)(T1 - T0);
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t0, t1;
+        thread_range(T1 - T0, &t0, &t1);
+        rf_dequant_tiles(fmt, w, out, out_bf16, n0, n1, K, T0 + t0, T0 + t1);
+    }
+}

@@ -57,5 +57,9 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
+/* Output rows [n0, n1) of a tiled weight (n0 a multiple of TILE) as dense rows [n1 - n0, K] of
+ * bf16 or fp32: the tiles [t0, t1) of them (gemm.c's rf_dequant_rows splits them). */
+void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_t n0, int64_t n1,
+                      int64_t K, int64_t t0, int64_t t1);
 
 #endif

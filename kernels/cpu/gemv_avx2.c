@@ -342,3 +342,149 @@ void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16
         }
     }
 }
+
+/* ---- dequantizing tiles into dense rows (many-row products: gemm.c's rf_dequant_rows) ----
+ *
+ * What gemv_avx512.c's rf_dequant_tiles writes (bit for bit `unpack`, rounded to bf16 as torch
+ * rounds), with 256-bit vectors: per half of a 64-byte chunk (rows 0-7, 8-15) the dwords of
+ * columns 8c..8c+3 and 8c+4..8c+7 interleave into one row's 8 bytes per 64-bit half, widened
+ * to fp32 and scaled with the row's d (and m); bf16 tiles are transposed 8 x 8 dwords. */
+
+/* One row's 8 values into columns [col, col + 8) of local row a (none at or past `rows`). */
+static inline void put_row(void *out, int out_bf16, int64_t K, int64_t a, int64_t rows,
+                           int64_t col, __m256 v) {
+    if (a >= rows) return;
+    if (out_bf16) {
+        const __m256i b = bf16_bits(v);
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + a * K + col),
+                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    } else {
+        _mm256_storeu_ps((float *)out + a * K + col, v);
+    }
+}
+
+static inline __attribute__((always_inline)) void dequant_row(
+    const int fmt, __m128i bytes, const float *ds, const float *ms, int r, void *out,
+    int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
+    const __m256i q = fmt == FORMAT_Q4_1 ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ds[r]));
+    if (fmt == FORMAT_Q4_1) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
+    put_row(out, out_bf16, K, row0 + r, rows, col, v);
+}
+
+/* One tile of an integer format into local rows row0.. below `rows`. A half tile's 4 chunks
+ * are read first and each row's columns then written one after the other (see
+ * gemv_avx512.c's dequant_int_tile: rows a power of two apart share an L1 set). */
+static inline __attribute__((always_inline)) void dequant_int_tile(
+    const int fmt, const uint8_t *tile, int64_t G, void *out, int out_bf16, int64_t K,
+    int64_t row0, int64_t rows) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    float ds[TILE], ms[TILE];
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *blk = tile + g * block_bytes(fmt);
+        if (fmt == FORMAT_Q4_1) {
+            _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)));
+            _mm256_storeu_ps(ds + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
+            _mm256_storeu_ps(ms, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))));
+            _mm256_storeu_ps(ms + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48))));
+        } else {
+            memcpy(ds, blk, sizeof ds);
+        }
+        const int64_t col = g * GROUP;
+        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+            /* per chunk c (columns 8c .. 8c + 7): lane l of lo: rows 8h + 4l, + 1 (8 bytes
+             * each); of hi: rows 8h + 4l + 2, + 3 */
+            __m128i l0[4], l1[4], h0[4], h1[4];
+            for (int c = 0; c < 4; c++) {
+                __m256i a, b;
+                if (fmt == FORMAT_Q4_1) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * c + 32 * h));
+                    a = _mm256_and_si256(w, low4);
+                    b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                } else {
+                    a = _mm256_loadu_si256((const __m256i *)(blk + 64 + 128 * c + 32 * h));
+                    b = _mm256_loadu_si256((const __m256i *)(blk + 128 + 128 * c + 32 * h));
+                }
+                const __m256i lo = _mm256_unpacklo_epi32(a, b), hi = _mm256_unpackhi_epi32(a, b);
+                l0[c] = _mm256_castsi256_si128(lo), l1[c] = _mm256_extracti128_si256(lo, 1);
+                h0[c] = _mm256_castsi256_si128(hi), h1[c] = _mm256_extracti128_si256(hi, 1);
+            }
+            const int r = 8 * h;
+#define ROW(V, R)                                                                               \
+    for (int c = 0; c < 4; c++)                                                                 \
+        dequant_row(fmt, V, ds, ms, r + (R), out, out_bf16, K, row0, rows, col + 8 * c)
+            ROW(l0[c], 0); ROW(_mm_unpackhi_epi64(l0[c], l0[c]), 1);
+            ROW(h0[c], 2); ROW(_mm_unpackhi_epi64(h0[c], h0[c]), 3);
+            ROW(l1[c], 4); ROW(_mm_unpackhi_epi64(l1[c], l1[c]), 5);
+            ROW(h1[c], 6); ROW(_mm_unpackhi_epi64(h1[c], h1[c]), 7);
+#undef ROW
+        }
+    }
+}
+
+static void dequant_bf16_tile(const uint8_t *tile, void *out, int out_bf16, int64_t K,
+                              int64_t row0, int64_t rows) {
+    const uint32_t *pairs = (const uint32_t *)tile; /* [K / 2][16] */
+    const int64_t P = K / 2, live = rows - row0 < TILE ? rows - row0 : TILE;
+    int64_t p0 = 0;
+    for (; p0 + 8 <= P; p0 += 8) {
+        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_castsi256_ps(
+                    _mm256_loadu_si256((const __m256i *)(pairs + (p0 + i) * TILE + 8 * h)));
+            for (int k = 0; k < 4; k++) {
+                t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+                t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+            }
+            for (int k = 0; k < 2; k++) { /* r[4k + c], lane L: pairs 4k..4k+3 of row 4L + c */
+                r[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                r[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                r[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                r[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int c = 0; c < 4; c++) {
+                t[c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x20);     /* row 8h + c */
+                t[4 + c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x31); /* row 8h + 4 + c */
+            }
+            for (int64_t i = 0; i < 8 && 8 * h + i < live; i++) {
+                const int64_t row = row0 + 8 * h + i;
+                const __m256i v = _mm256_castps_si256(t[i]); /* columns 2 p0 .. 2 p0 + 16 */
+                if (out_bf16) {
+                    _mm256_storeu_si256((__m256i *)((uint16_t *)out + row * K + 2 * p0), v);
+                } else {
+                    float *o = (float *)out + row * K + 2 * p0;
+                    const __m256i lo16 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v));
+                    const __m256i hi16 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1));
+                    _mm256_storeu_si256((__m256i *)o, _mm256_slli_epi32(lo16, 16));
+                    _mm256_storeu_si256((__m256i *)(o + 8), _mm256_slli_epi32(hi16, 16));
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < live; i++) /* the last K / 2 % 8 pairs */
+        for (int64_t p = p0; p < P; p++) {
+            const uint32_t v = pairs[p * TILE + i];
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + (row0 + i) * K + 2 * p;
+                o[0] = (uint16_t)v, o[1] = (uint16_t)(v >> 16);
+            } else {
+                float *o = (float *)out + (row0 + i) * K + 2 * p;
+                o[0] = bf16_to_f32_1((uint16_t)v), o[1] = bf16_to_f32_1((uint16_t)(v >> 16));
+            }
+        }
+}
+
+void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_t n0, int64_t n1,
+                      int64_t K, int64_t t0, int64_t t1) {
+    const int64_t G = K / GROUP, rows = n1 - n0;
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t row0 = t * TILE - n0; /* n0 is a multiple of TILE */
+        if (fmt == FORMAT_BF16)
+            dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_1)
+            dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else
+            dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
+    }
+}

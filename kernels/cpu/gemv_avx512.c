@@ -279,3 +279,165 @@ void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16
         }
     }
 }
+
+/* ---- dequantizing tiles into dense rows (many-row products: gemm.c's rf_dequant_rows) ----
+ *
+ * Output rows [n0, n1) of w, written as dense rows [n1 - n0, K] of bf16 (out_bf16) or fp32,
+ * bit for bit what kernels/cpu/__init__.py's `unpack` computes in fp32, then rounded to bf16
+ * as torch rounds (to nearest even): q4_1's d q is exact in fp32 (4-bit q, fp16 d), so m + d q
+ * is one rounding whether or not it is fused; q8_0's d q is one product. A 64-byte chunk of a
+ * q4_1 block (or two quads of a q8_0 one) holds 8 consecutive columns of all 16 rows: its
+ * dwords interleaved (unpack lo/hi) give two rows' 8 bytes per 128-bit lane, widened to fp32,
+ * scaled and written as 8 columns of those two rows. bf16 tiles are transposed 16 pairs at a
+ * time (a 16 x 16 dword transpose). */
+
+/* 16 values to bf16, to nearest even (vcvtneps2bf16: as torch rounds, except that it flushes
+ * fp32 denormals, which fp16 scales and minimums never make: q4_1's values are multiples of
+ * fp16 numbers, q8_0's of an fp32 scale that is max|w| / 127). */
+static inline __m256i bf16_rne16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+
+/* Two rows' 8 values (lanes 0-7: row a, 8-15: row a + 1) into columns [col, col + 8) of rows a
+ * and a + 1 (local indices), a row at or past `rows` skipped. */
+static inline void put_pair(void *out, int out_bf16, int64_t K, int64_t a, int64_t rows,
+                            int64_t col, __m512 v) {
+    if (out_bf16) {
+        const __m256i b = bf16_rne16(v);
+        uint16_t *o = (uint16_t *)out + a * K + col;
+        if (a < rows) _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(b));
+        if (a + 1 < rows) _mm_storeu_si128((__m128i *)(o + K), _mm256_extracti128_si256(b, 1));
+    } else {
+        float *o = (float *)out + a * K + col;
+        if (a < rows) _mm256_storeu_ps(o, _mm512_castps512_ps256(v));
+        if (a + 1 < rows)
+            _mm256_storeu_ps(o + K, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    }
+}
+
+static inline __attribute__((always_inline)) void dequant_pair(
+    const int fmt, __m128i bytes, const __m512 *dp, const __m512 *mp, int j, void *out,
+    int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
+    __m512i q = fmt == FORMAT_Q4_1 ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
+    /* q4_1: d q is exact in fp32 (4-bit q, fp16 d), so the fused m + d q rounds once, as
+     * unpack's sum of the product does */
+    const __m512 v = fmt == FORMAT_Q4_1 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), dp[j], mp[j])
+                                        : _mm512_mul_ps(_mm512_cvtepi32_ps(q), dp[j]);
+    put_pair(out, out_bf16, K, row0 + 2 * j, rows, col, v);
+}
+
+/* One tile of an integer format (its G blocks) into local rows row0.. (fewer than 16 of them
+ * below `rows`: a last partial tile, or the end of the range). A group's 4 chunks are read
+ * first and each row's 64 bytes then written one after the other: written chunk by chunk, the
+ * 16 rows' lines were open at once, and with K a power of two those share one L1 set, more
+ * than its ways (3.5x slower at K = 2048 than at 2080). */
+static inline __attribute__((always_inline)) void dequant_int_tile(
+    const int fmt, const uint8_t *tile, int64_t G, void *out, int out_bf16, int64_t K,
+    int64_t row0, int64_t rows) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *blk = tile + g * block_bytes(fmt);
+        __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
+        if (fmt == FORMAT_Q4_1) {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        } else {
+            d = _mm512_loadu_ps((const float *)blk);
+        }
+        for (int j = 0; j < 8; j++) { /* rows 2j, 2j + 1: lanes 0-7, 8-15 */
+            const __m512i idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(2 * j));
+            dp[j] = _mm512_permutexvar_ps(idx, d);
+            mp[j] = _mm512_permutexvar_ps(idx, m);
+        }
+        /* chunk c: columns 32 g + 8 c .. + 8; lane l of lo[c]: rows 4l, 4l + 1 (8 bytes each),
+         * of hi[c]: rows 4l + 2, 4l + 3 */
+        __m512i lo[4], hi[4];
+        for (int c = 0; c < 4; c++) {
+            __m512i a, b; /* dword r: row r's columns 8c..8c+3 (a) and 8c+4..8c+7 (b) */
+            if (fmt == FORMAT_Q4_1) {
+                const __m512i w = _mm512_loadu_si512(blk + 64 + 64 * c);
+                a = _mm512_and_si512(w, low4);
+                b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            } else {
+                a = _mm512_loadu_si512(blk + 64 + 128 * c);
+                b = _mm512_loadu_si512(blk + 128 + 128 * c);
+            }
+            lo[c] = _mm512_unpacklo_epi32(a, b);
+            hi[c] = _mm512_unpackhi_epi32(a, b);
+        }
+        const int64_t col = g * GROUP;
+#define PAIR(V, L, J)                                                                         \
+    for (int c = 0; c < 4; c++)                                                               \
+        dequant_pair(fmt, _mm512_extracti32x4_epi32(V[c], L), dp, mp, J, out, out_bf16, K,    \
+                     row0, rows, col + 8 * c);
+        PAIR(lo, 0, 0) PAIR(hi, 0, 1) PAIR(lo, 1, 2) PAIR(hi, 1, 3)
+        PAIR(lo, 2, 4) PAIR(hi, 2, 5) PAIR(lo, 3, 6) PAIR(hi, 3, 7)
+#undef PAIR
+    }
+}
+
+static void dequant_bf16_tile(const uint8_t *tile, void *out, int out_bf16, int64_t K,
+                              int64_t row0, int64_t rows) {
+    const uint32_t *pairs = (const uint32_t *)tile; /* [K / 2][16] */
+    const int64_t P = K / 2, live = rows - row0 < TILE ? rows - row0 : TILE;
+    int64_t p0 = 0;
+    for (; p0 + 16 <= P; p0 += 16) {
+        __m512i r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(pairs + (p0 + i) * TILE);
+        for (int k = 0; k < 8; k++) {
+            t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+        }
+        for (int k = 0; k < 4; k++) { /* r[4k + c], lane L: pairs 4k..4k+3 of row 4L + c */
+            r[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+            r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+            r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+            r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+        }
+        for (int c = 0; c < 4; c++) { /* a 4 x 4 transpose of 128-bit lanes */
+            const __m512i u0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+            const __m512i u1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+            const __m512i u2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+            const __m512i u3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+            t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);      /* row c */
+            t[4 + c] = _mm512_shuffle_i32x4(u0, u2, 0xDD);  /* row 4 + c */
+            t[8 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);  /* row 8 + c */
+            t[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xDD); /* row 12 + c */
+        }
+        for (int64_t i = 0; i < live; i++) { /* t[i]: row i's columns 2 p0 .. 2 p0 + 32 */
+            if (out_bf16) {
+                _mm512_storeu_si512((uint16_t *)out + (row0 + i) * K + 2 * p0, t[i]);
+            } else {
+                float *o = (float *)out + (row0 + i) * K + 2 * p0;
+                const __m512i lo16 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(t[i]));
+                const __m512i hi16 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(t[i], 1));
+                _mm512_storeu_si512(o, _mm512_slli_epi32(lo16, 16));
+                _mm512_storeu_si512(o + 16, _mm512_slli_epi32(hi16, 16));
+            }
+        }
+    }
+    for (int64_t i = 0; i < live; i++) /* the last K / 2 % 16 pairs */
+        for (int64_t p = p0; p < P; p++) {
+            const uint32_t v = pairs[p * TILE + i];
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + (row0 + i) * K + 2 * p;
+                o[0] = (uint16_t)v, o[1] = (uint16_t)(v >> 16);
+            } else {
+                float *o = (float *)out + (row0 + i) * K + 2 * p;
+                o[0] = bf16_to_f32_1((uint16_t)v), o[1] = bf16_to_f32_1((uint16_t)(v >> 16));
+            }
+        }
+}
+
+void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_t n0, int64_t n1,
+                      int64_t K, int64_t t0, int64_t t1) {
+    const int64_t G = K / GROUP, rows = n1 - n0;
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t row0 = t * TILE - n0; /* n0 is a multiple of TILE */
+        if (fmt == FORMAT_BF16)
+            dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_1)
+            dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else
+            dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
+    }
+}

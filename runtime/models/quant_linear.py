@@ -9,14 +9,21 @@ fewer milliseconds per token:
 Both are exact for weights that came from those formats (see is_exact_*): the default model
 is served with its own weights, not an approximation of them.
 
-In a bf16 model the quantized kernels only win for a few rows: each layer keeps a bf16 copy of
-its (dequantized) weights for prefill and large decode batches (an fp32 model does not: see
-QuantLinear), and QUANT_MAX_ROWS is where the
+In a bf16 model the quantized kernels only win for a few rows: above them (prefill, large
+decode batches) a layer multiplies bf16 weights with oneDNN's GEMM, either from a bf16 copy of
+its (dequantized) weights it keeps, or, without one, a block of output rows at a time
+dequantized from its tiles into a scratch buffer (kernels/cpu's gemm_dequant): the copies cost
+2 bytes per weight on top of the tiles (2.5 GB for a 1B model held as 0.7 GB of int4), the
+blocks a little time. `--cpu-dense-weights` chooses (DenseWeights; an fp32 model keeps no copy
+at all: see QuantLinear). QUANT_MAX_ROWS is where the
 default model's whole decode step (weights streamed from memory, interleaved A/B) turned:
 int4 faster at 8 rows, bf16 at 12 (bench/results/kernel-choices.md#2026-11-29-quant-max-rows).
 """
 
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,8 +32,12 @@ from radixflow.kernels import cpu as cpu_kernels
 
 from .cpu_linear import PackedLinear, can_pack
 
+logger = logging.getLogger(__name__)
+
 GROUP_SIZE = 32
 QUANT_MAX_ROWS = 8  # more rows than this go through the bf16 weights (see the module doc)
+# --cpu-dense-weights auto keeps the bf16 copies while they total at most this (DenseWeights)
+DENSE_AUTO_LIMIT = 1 << 30
 
 
 def can_quantize_int4(device: torch.device) -> bool:
@@ -62,23 +73,37 @@ def is_exact(weight: torch.Tensor, groups: tuple[torch.Tensor, torch.Tensor, tor
 
 
 class QuantLinear(nn.Module):
-    """Quantized weights; in a bf16 model also a dense bf16 copy, used above `max_rows` rows.
+    """Quantized weights; in a bf16 model, above `max_rows` rows, oneDNN's bf16 GEMM over
+    either a dense bf16 copy (`dense`, with `dense_copy=True`) or blocks of rows dequantized
+    from the tiles at each call (`dense_copy=False`; kernels/cpu's gemm_dequant).
 
-    The copy exists where it pays: oneDNN's bf16 GEMM beats the quantized kernels above a few
-    rows (the module doc). An fp32 model (a CPU without bf16 arithmetic: level avx2) keeps
-    none: there radixflow's kernels beat fp32 GEMM at every row count (a 16/128/512-token
+    oneDNN's bf16 GEMM beats the quantized kernels above a few rows (the module doc). An fp32
+    model (a CPU without bf16 arithmetic: level avx2) uses neither: there radixflow's kernels
+    beat fp32 GEMM at every row count (a 16/128/512-token
     prefill of the default model, torch capped to AVX2: 38 vs 89, 206 vs 254, 758 vs 1219 ms;
     bench/results/cpu-levels.md#2026-12-01),
     and the model holds 98 MB of weights instead of another 540 MB.
     """
 
     max_rows = QUANT_MAX_ROWS
+    # without a copy, the tiled kernels take up to this many rows (at least max_rows), blocks
+    # above: one Llama-3.2-1B layer, 1 thread, tiled vs blocks: 14 vs 23 ms at 16 rows, 24 vs
+    # 27 at 32, 44 vs 34 at 64 (bench/results/dense-weights.md#2026-12-05)
+    blockwise_above = 32
+    tiled: cpu_kernels.TiledWeight | None = None  # (set by the subclasses that tile)
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16,
+                 dense_copy: bool = True):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        self.dense = self._dense_copy(linear) if dtype == torch.bfloat16 else None
+        self.bf16_gemm = dtype == torch.bfloat16  # above max_rows (copy or blocks)
+        self.dense = self._dense_copy(linear) if self.bf16_gemm and dense_copy else None
+
+    @property
+    def dense_copy_bytes(self) -> int:
+        """What a bf16 copy of the weights takes (held or not)."""
+        return self.in_features * self.out_features * 2
 
     def _dense_copy(self, linear: nn.Linear) -> nn.Module:
         dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None,
@@ -94,6 +119,9 @@ class QuantLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.dense is not None and rows.shape[0] > self.max_rows:
             out = self.dense(rows.to(torch.bfloat16))
+        elif (self.bf16_gemm and self.tiled is not None
+              and rows.shape[0] > max(self.max_rows, self.blockwise_above)):
+            out = cpu_kernels.gemm_dequant(rows, self.tiled, torch.bfloat16, self.bias)
         else:
             out = self._quantized(rows)
             if self.bias is not None:
@@ -115,12 +143,12 @@ class Int4Linear(QuantLinear):
 
     def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
                  groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, dense_copy: bool = True):
         """`groups`: `quantize_groups(linear.weight)` when the caller already has it."""
         if linear.in_features % group_size:
             raise ValueError(f"int4 needs in_features divisible by {group_size}, "
                              f"got {linear.in_features}")
-        super().__init__(linear, dtype)
+        super().__init__(linear, dtype, dense_copy)
         self.group_size = group_size
         q, scale, low = groups or quantize_groups(linear.weight.detach(), group_size)
         self.tiled = _tile_q4_1(q, scale, low) if group_size == cpu_kernels.GROUP else None
@@ -157,12 +185,12 @@ class Q8_0Linear(QuantLinear):
     max_rows = 2
 
     def __init__(self, linear: nn.Linear, weight: cpu_kernels.Q8_0Weight | None = None,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, dense_copy: bool = True):
         """`weight`: `cpu_kernels.quantize_q8_0(linear.weight)` when the caller already has it."""
         if linear.in_features % GROUP_SIZE:
             raise ValueError(f"Q8_0 needs in_features divisible by {GROUP_SIZE}, "
                              f"got {linear.in_features}")
-        super().__init__(linear, dtype)
+        super().__init__(linear, dtype, dense_copy)
         weight = weight or cpu_kernels.quantize_q8_0(linear.weight.detach())
         self.tiled = cpu_kernels.tile_q8_0(weight)
 
@@ -176,8 +204,9 @@ class TiledBF16Linear(QuantLinear):
     oneDNN's bf16 kernel does not reach memory speed for one row; it is also the layout the C
     decode step reads."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
-        super().__init__(linear, dtype)
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16,
+                 dense_copy: bool = True):
+        super().__init__(linear, dtype, dense_copy)
         self.tiled = cpu_kernels.tile_bf16(linear.weight.detach())
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
@@ -190,8 +219,71 @@ def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
             if type(child) is nn.Linear and child.in_features % GROUP_SIZE == 0]
 
 
+DENSE_WEIGHTS = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class DenseWeights:
+    """What `--cpu-dense-weights` chose for a model's quantized layers (a bf16 model's: an fp32
+    model has no copies to choose): `held` bytes of bf16 copies kept, `saved` bytes of copies
+    not kept (those layers dequantize blocks of rows per many-row product instead)."""
+
+    choice: str  # the flag: auto | on | off
+    held: int
+    saved: int
+
+    @property
+    def mode(self) -> str:
+        """"on" (copies), "off" (blocks from the tiles) or "none" (no bf16 GEMM: fp32)."""
+        return "on" if self.held else "off" if self.saved else "none"
+
+    def as_dict(self) -> dict:
+        return {"choice": self.choice, "mode": self.mode, "held_bytes": self.held,
+                "saved_bytes": self.saved}
+
+    def describe(self) -> str:
+        gib, limit = 2**30, f"{DENSE_AUTO_LIMIT / 2**30:g} GiB"
+        flag = f"--cpu-dense-weights {self.choice}"
+        if self.mode == "on":
+            why = "" if self.choice == "on" else \
+                f", at most {limit}" if self.held <= DENSE_AUTO_LIMIT else ", no C kernels"
+            return (f"kept bf16 copies of the quantized weights for products over "
+                    f"{QUANT_MAX_ROWS} rows: {self.held / gib:.2f} GiB ({flag}{why})")
+        if self.mode == "off":
+            why = "" if self.choice == "off" else f", over {limit}"
+            return (f"no bf16 copies of the quantized weights ({flag}{why}): products over "
+                    f"{QuantLinear.blockwise_above} rows dequantize blocks of rows from the "
+                    f"tiles; {self.saved / gib:.2f} GiB saved")
+        return "no bf16 copies of the quantized weights (an fp32 model needs none)"
+
+
+def dense_weights_of(model: nn.Module, choice: str = "auto") -> DenseWeights:
+    """The bf16 copies a quantized model holds and those it does without."""
+    held = saved = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and module.bf16_gemm:
+            if module.dense is not None:
+                held += module.dense_copy_bytes
+            else:
+                saved += module.dense_copy_bytes
+    return DenseWeights(choice, held, saved)
+
+
+def keep_dense_copies(choice: str, copy_bytes: int) -> bool:
+    """--cpu-dense-weights: on keeps bf16 copies, off none; auto keeps them while they total at
+    most DENSE_AUTO_LIMIT (the default model's 0.27 GB keep its prefill speed, a 1B model's
+    2.5 GB are not held beside 0.7 GB of int4), or where no C kernels run (no blocks to
+    dequantize: the torch int4 kernel would take every row count)."""
+    if choice not in DENSE_WEIGHTS:
+        raise ValueError(f"--cpu-dense-weights must be one of {DENSE_WEIGHTS}, got {choice!r}")
+    if choice != "auto":
+        return choice == "on"
+    return copy_bytes <= DENSE_AUTO_LIMIT or not cpu_kernels.available()
+
+
 def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
-                      only_if_exact: bool = False, dtype: torch.dtype = torch.bfloat16) -> int:
+                      only_if_exact: bool = False, dtype: torch.dtype = torch.bfloat16,
+                      dense_weights: str = "auto") -> int:
     """Replace the model's nn.Linears (with in_features divisible by the group size) by
     Int4Linears; returns how many linears were replaced (a kept one included). Quantize fp32
     weights, before any bf16 cast.
@@ -204,6 +296,8 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
       cost more quality than the bytes are worth.
     - `only_if_exact`: replace nothing (return 0) unless every other linear's weights are
       already 4-bit (see is_exact), i.e. int4 is lossless for this checkpoint.
+    - `dense_weights`: whether a bf16 model's layers keep bf16 copies (keep_dense_copies; one
+      log line says what was chosen and what it saved).
     """
     plan = []
     for module, name, linear in _quantizable(model):
@@ -221,6 +315,11 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
             return 0
         else:
             plan.append((module, name, Int4Linear, {"groups": groups}))
+    copies = sum(getattr(module, name).weight.numel() * 2 for module, name, _, _ in plan)
+    dense_copy = keep_dense_copies(dense_weights, copies if dtype == torch.bfloat16 else 0)
     for module, name, kind, extra in plan:
-        setattr(module, name, kind(getattr(module, name), dtype=dtype, **extra))
+        setattr(module, name, kind(getattr(module, name), dtype=dtype, dense_copy=dense_copy,
+                                   **extra))
+    if plan and dtype == torch.bfloat16:
+        logger.info("%s", dense_weights_of(model, dense_weights).describe())
     return len(plan)

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from helpers.tiled_weights import tiled_weights as _weights
 
 from radixflow.kernels import cpu
 
@@ -20,29 +21,6 @@ def level(cpu_level):
         pytest.skip("no C compiler")
     assert cpu.available(), f"the {cpu_level} build did not load (see the log)"
     return cpu_level
-
-
-def _q4_1_groups(n: int, k: int, seed: int):
-    """Q4_1 groups as a GGUF holds them: q in 0..15, fp16 scales and minimums."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=gen)
-    scale = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
-    low = (-torch.rand(n, k // 32, generator=gen) * 0.1).half().float()
-    return q, scale, low
-
-
-def _weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWeight, torch.Tensor]:
-    """A tiled weight and the fp32 weights it must hold."""
-    if fmt == "q4_1":
-        q, scale, low = _q4_1_groups(n, k, seed)
-        dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
-        return cpu.tile_q4_1(q, scale, low), dense
-    gen = torch.Generator().manual_seed(seed)
-    if fmt == "q8_0":
-        w = cpu.quantize_q8_0(torch.randn(n, k, generator=gen) * 0.05)
-        return cpu.tile_q8_0(w), cpu.unpack_q8_0(w)
-    dense = torch.randn(n, k, generator=gen).bfloat16().float()
-    return cpu.tile_bf16(dense), dense
 
 
 def _int8_x(x: torch.Tensor) -> torch.Tensor:

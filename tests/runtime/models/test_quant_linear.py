@@ -163,3 +163,149 @@ def test_an_8bit_head_becomes_q8_0_and_matches_its_weights():
         x = torch.randn(rows, 32, dtype=torch.bfloat16)
         ref = x.float() @ weight.T
         torch.testing.assert_close(model.lm_head(x).float(), ref, atol=3e-2, rtol=2e-2)
+
+
+# ---- --cpu-dense-weights: bf16 copies, or blocks dequantized from the tiles ----
+
+def _many_row_layers() -> list[tuple[type, nn.Linear, dict]]:
+    """A layer of each tiled kind with its weights: the products above max_rows rows."""
+    torch.manual_seed(7)
+    grid = _grid_linear(200, 96)  # n = 200: no whole block of rows, nor of tiles
+    grid.bias = nn.Parameter(torch.randn(200) * 0.1)
+    return [(Int4Linear, grid, {}), (Q8_0Linear, _q8_linear(72, 160), {}),
+            (TiledBF16Linear, nn.Linear(96, 50, bias=False), {})]
+
+
+@pytest.mark.skipif(not cpu_kernels.available(),
+                    reason="radixflow's CPU kernels do not run at this level (generic)")
+@pytest.mark.parametrize("rows", [9, 64, 300])
+def test_without_a_copy_many_rows_multiply_blocks_of_the_tiles(rows):
+    for kind, linear, extra in _many_row_layers():
+        with_copy = kind(linear, dtype=torch.bfloat16, **extra)
+        without = kind(linear, dtype=torch.bfloat16, dense_copy=False, **extra)
+        assert with_copy.dense is not None and without.dense is None
+        assert not any(p.dtype == torch.bfloat16 for p in without.parameters())
+        x = torch.randn(rows, linear.in_features, dtype=torch.bfloat16)
+        out = without(x)
+        weights = cpu_kernels.unpack(without.tiled).bfloat16().float()
+        bias = 0 if linear.bias is None else linear.bias.detach().bfloat16().float()
+        ref = x.float() @ weights.T + bias
+        scale = float((x.float().abs() @ weights.abs().T).max())
+        torch.testing.assert_close(out.float(), ref, atol=1e-3 * scale + 1e-2, rtol=1e-2)
+        torch.testing.assert_close(out.float(), with_copy(x).float(),
+                                   atol=1e-3 * scale + 2e-2, rtol=2e-2)
+
+
+def test_dense_weights_policy(monkeypatch):
+    from radixflow.runtime.models import quant_linear
+
+    assert quant_linear.keep_dense_copies("on", 1 << 40)
+    assert not quant_linear.keep_dense_copies("off", 0)
+    assert quant_linear.keep_dense_copies("auto", quant_linear.DENSE_AUTO_LIMIT)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: True)
+    assert not quant_linear.keep_dense_copies("auto", quant_linear.DENSE_AUTO_LIMIT + 1)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)  # no blocks to dequantize
+    assert quant_linear.keep_dense_copies("auto", quant_linear.DENSE_AUTO_LIMIT + 1)
+    with pytest.raises(ValueError, match="--cpu-dense-weights must be one of"):
+        quant_linear.keep_dense_copies("sometimes", 0)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(),
+                    reason="radixflow's CPU kernels do not run at this level (generic)")
+@pytest.mark.parametrize("choice", ["on", "off", "auto"])
+def test_quantize_linears_keeps_copies_as_asked_and_says_so(choice, monkeypatch, caplog):
+    """auto with copies over its limit (lowered here) keeps none."""
+    from radixflow.runtime.models import quant_linear
+
+    monkeypatch.setattr(quant_linear, "DENSE_AUTO_LIMIT", 1000)
+    model = _model(grid=True)
+    layers = [(64, 64), (32, 64), (100, 32)]  # out, in: the body's two, then the head
+    copies = sum(o * i * 2 for o, i in layers)
+    with caplog.at_level("INFO", logger=quant_linear.__name__):
+        assert quantize_linears_(model, keep=(model.lm_head,), dense_weights=choice) == 3
+    report = quant_linear.dense_weights_of(model)
+    quantized = [m for m in model.modules() if isinstance(m, quant_linear.QuantLinear)]
+    bf16_bytes = sum(p.numel() * p.element_size() for m in quantized for p in m.parameters()
+                     if p.dtype == torch.bfloat16)
+    if choice == "on":
+        assert report.mode == "on" and report.held == copies and report.saved == 0
+        assert all(m.dense is not None for m in quantized)
+        assert "kept bf16 copies" in caplog.text
+    else:
+        assert report.mode == "off" and report.held == 0 and report.saved == copies
+        assert all(m.dense is None for m in quantized) and bf16_bytes == 0
+        assert f"{copies / 2**30:.2f} GiB saved" in caplog.text
+        if choice == "auto":
+            assert "--cpu-dense-weights auto, over" in caplog.text
+
+
+def test_an_fp32_model_reports_no_copies_to_choose():
+    from radixflow.runtime.models.quant_linear import dense_weights_of
+
+    model = _model(grid=True)
+    quantize_linears_(model, keep=(model.lm_head,), dtype=torch.float32, dense_weights="off")
+    report = dense_weights_of(model)
+    assert report.mode == "none" and report.held == report.saved == 0
+
+
+def test_the_flag_parses():
+    import argparse
+
+    from radixflow.runtime.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    assert ServerArgs.from_cli_args(parser.parse_args([])).cpu_dense_weights == "auto"
+    for value in ("on", "off", "auto"):
+        args = ServerArgs.from_cli_args(parser.parse_args(["--cpu-dense-weights", value]))
+        assert args.cpu_dense_weights == value
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cpu-dense-weights", "sometimes"])
+    with pytest.raises(ValueError, match="--cpu-dense-weights must be one of"):
+        ServerArgs(cpu_dense_weights="sometimes")
+
+
+def _snap_to_q4_1(folder) -> None:
+    """Rewrite a tiny model's linear weights as 4-bit groups with fp16 scales and minimums
+    (what a Q4_1 GGUF holds), so that --quantization auto takes them as they are."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    weights = load_file(path)
+    for name, w in weights.items():
+        if name.endswith("proj.weight") and w.shape[1] % 32 == 0:
+            q, scale, low = quantize_groups(w)
+            scale, low = scale.half().float(), low.half().float()
+            weights[name] = (low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
+                             ).contiguous()
+    save_file(weights, path, metadata={"format": "pt"})
+
+
+@pytest.mark.skipif(not cpu_kernels.available() or not cpu_kernels.cpu_features().bf16,
+                    reason="a bf16 model with radixflow's CPU kernels (level avx512)")
+def test_a_model_without_copies_serves_the_same_greedy_output(tmp_path, monkeypatch):
+    from helpers.tiny_models import make_tiny_model
+
+    from radixflow.runtime.engine import Engine
+    from radixflow.runtime.models.quant_linear import dense_weights_of
+
+    folder = make_tiny_model(tmp_path / "tiny", "llama")
+    _snap_to_q4_1(folder)
+    greedy = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    prompts = ["The quick brown fox jumps over the lazy dog and runs far away " * 3,
+               *[f"request number {i} of a batch" for i in range(12)]]  # a decode batch of 13
+    outputs, reports, blocks = {}, {}, []
+    product = cpu_kernels.gemm_dequant
+    monkeypatch.setattr(cpu_kernels, "gemm_dequant",
+                        lambda x, *a, **k: blocks.append(x.shape[0]) or product(x, *a, **k))
+    for choice in ("on", "off"):
+        with Engine(str(folder), quantization="auto", dtype="bfloat16", cpu_isa="avx512",
+                    cpu_dense_weights=choice, max_total_tokens=2048) as engine:
+            runner = engine.scheduler.runner
+            assert runner.quantization == "int4"
+            reports[choice] = dense_weights_of(runner.model)
+            assert runner.cpu_info()["dense_weights"]["mode"] == choice
+            outputs[choice] = [r["output_ids"] for r in engine.generate(prompts, greedy)]
+            assert bool(blocks) == (choice == "off")  # the prefills' products
+    assert reports["off"].held == 0 and reports["off"].saved == reports["on"].held > 0
+    assert outputs["off"] == outputs["on"]

@@ -31,6 +31,7 @@ def test_model_and_server_info(server, tiny_model_dir):
         cpu = info["model_info"]["cpu"]
         assert cpu["level"] in ("avx512", "avx2", "generic") and info["cpu_isa"] == "auto"
         assert cpu["kernels"] in ("avx512", "avx2", "torch") and "decode_step" in cpu
+        assert cpu["dense_weights"]["mode"] in ("on", "off", "none")  # --cpu-dense-weights
     assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
 
 
