@@ -13,8 +13,8 @@ import json
 
 import pytest
 import torch
+from helpers.c_step import hold_the_same_weights, teacher_forced, teacher_forced_batch
 
-from radixflow.kernels import cpu
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.forward_batch import ForwardMode
 from radixflow.runtime.model_runner import BatchRequest, ModelRunner
@@ -32,39 +32,18 @@ def _at_each_level(cpu_level):
 TOKENS = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64, 128, 2, 77, 401, 9, 18, 33, 250, 251, 6]
 
 
+def _reference_of(quantized: ModelRunner, folder) -> ModelRunner:
+    """An fp32 runner over the weights `quantized` holds."""
+    ref = _runner(folder, dtype="float32", quantization="none")
+    hold_the_same_weights(quantized.model, ref.model)
+    return ref
+
+
 def _runner(folder, **args) -> ModelRunner:
     """A runner at the test's CPU level, in its dtype unless `args` say otherwise."""
     config = json.loads((folder / "config.json").read_text())
     args = {**LEVEL, **args}
     return ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, **args), folder, config)
-
-
-def _reference_of(quantized: ModelRunner, folder) -> ModelRunner:
-    """An fp32 runner over the weights `quantized` holds."""
-    ref = _runner(folder, dtype="float32", quantization="none")
-    src, dst = quantized.model, ref.model
-    for name, param in src.named_parameters():
-        if "norm" in name or "embed" in name:
-            dst.get_parameter(name).data = param.detach().float()
-    for name, module in src.named_modules():
-        if getattr(module, "tiled", None) is not None:  # every linear, head included
-            target = dst.get_submodule(name)
-            target.weight.data = cpu.unpack(module.tiled)
-            if module.bias is not None:
-                target.bias.data = module.bias.float()
-    return ref
-
-
-def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.Tensor:
-    """Logits after each token, every token fed as a one-token decode step."""
-    slots = runner.kv_pool.alloc(len(tokens))
-    runner.req_to_token_pool.req_to_token[row, :len(tokens)] = slots.to(torch.int32)
-    out = []
-    for i, tok in enumerate(tokens):
-        part = BatchRequest(req_pool_idx=row, ids=[tok], start_pos=i, logit_offsets=[0])
-        out.append(runner.forward(ForwardMode.DECODE, [part], slots[i:i + 1]))
-    runner.kv_pool.free(slots)
-    return torch.cat(out)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama3_rope", "smollm2"])
@@ -73,11 +52,11 @@ def test_c_step_is_as_close_to_fp32_as_the_eager_bf16_step(tiny_model_factory, a
     runner = _runner(folder, quantization="int4")
     step = runner.cpu_decode
     assert step is not None, "the C step should take a model with int4 layers"
-    c_step = _teacher_forced(runner, TOKENS, row=0)
+    c_step = teacher_forced(runner, TOKENS, row=0)
     assert step.calls == len(TOKENS)
     runner.cpu_decode = None
-    eager = _teacher_forced(runner, TOKENS, row=1)
-    exact = _teacher_forced(_reference_of(runner, folder), TOKENS, row=0)
+    eager = teacher_forced(runner, TOKENS, row=1)
+    exact = teacher_forced(_reference_of(runner, folder), TOKENS, row=0)
 
     c_err = (c_step - exact).abs().max()
     eager_err = (eager - exact).abs().max()
@@ -96,10 +75,10 @@ def test_context_beyond_one_thread_chunk_and_slots_out_of_order(tiny_model_facto
     runner = _runner(folder, quantization="int4")
     tokens = (TOKENS * 8)[:150]
     free_first = runner.kv_pool.alloc(7)  # later slots come from after a gap
-    c_step = _teacher_forced(runner, tokens, row=0)
+    c_step = teacher_forced(runner, tokens, row=0)
     runner.kv_pool.free(free_first)
     runner.cpu_decode = None
-    eager = _teacher_forced(runner, tokens, row=1)
+    eager = teacher_forced(runner, tokens, row=1)
     scale = eager.abs().max()
     assert (c_step - eager).abs().max() < 0.05 * scale
 
@@ -144,31 +123,11 @@ def test_attention_shapes(tmp_path, shape):
     runner = _runner(folder, quantization="int4")
     assert runner.cpu_decode is not None
     tokens = (TOKENS * 3)[:41]  # odd: a key pairs with a zero weight; blocks of 16 and a rest
-    c_step = _teacher_forced(runner, tokens, row=0)
+    c_step = teacher_forced(runner, tokens, row=0)
     runner.cpu_decode = None
-    eager = _teacher_forced(runner, tokens, row=1)
-    exact = _teacher_forced(_reference_of(runner, folder), tokens, row=0)
+    eager = teacher_forced(runner, tokens, row=1)
+    exact = teacher_forced(_reference_of(runner, folder), tokens, row=0)
     assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
-
-
-def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """Every request's logits after each of its tokens, the requests decoding side by side: a
-    step holds one token of each request not yet done (so the batch shrinks)."""
-    slots = [runner.kv_pool.alloc(len(seq)) for seq in seqs]
-    for row, (seq, s) in enumerate(zip(seqs, slots)):
-        runner.req_to_token_pool.req_to_token[row, :len(seq)] = s.to(torch.int32)
-    out: list[list[torch.Tensor]] = [[] for _ in seqs]
-    for i in range(max(map(len, seqs))):
-        live = [r for r, seq in enumerate(seqs) if i < len(seq)]
-        parts = [BatchRequest(req_pool_idx=r, ids=[seqs[r][i]], start_pos=i, logit_offsets=[0])
-                 for r in live]
-        out_slots = torch.cat([slots[r][i:i + 1] for r in live])
-        logits = runner.forward(ForwardMode.DECODE, parts, out_slots)
-        for j, r in enumerate(live):
-            out[r].append(logits[j:j + 1])
-    for s in slots:
-        runner.kv_pool.free(s)
-    return [torch.cat(o) for o in out]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -177,13 +136,13 @@ def test_a_batch_of_requests_in_one_c_step(tiny_model_factory, arch):
     runner = _runner(folder, quantization="int4")
     seqs = [TOKENS, TOKENS[3:15], (TOKENS * 2)[5:30], TOKENS[:1], TOKENS[::2]]
     calls = runner.cpu_decode.calls
-    batched = _teacher_forced_batch(runner, seqs)
+    batched = teacher_forced_batch(runner, seqs)
     assert runner.cpu_decode.calls - calls == max(map(len, seqs))  # one C call a step
     ref = _reference_of(runner, folder)
     for seq, got in zip(seqs, batched):
-        exact = _teacher_forced(ref, seq, row=0)
+        exact = teacher_forced(ref, seq, row=0)
         runner.cpu_decode, step = None, runner.cpu_decode
-        eager = _teacher_forced(runner, seq, row=7)
+        eager = teacher_forced(runner, seq, row=7)
         runner.cpu_decode = step
         assert (got - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
 
@@ -220,9 +179,9 @@ def test_requests_sharing_a_cached_prefix(tiny_model_factory):
             got[r].append(logits[j:j + 1])
     ref = _reference_of(runner, folder)
     for suffix, rows in zip(suffixes, got):
-        exact = _teacher_forced(ref, prefix + suffix, row=0)[len(prefix):]
+        exact = teacher_forced(ref, prefix + suffix, row=0)[len(prefix):]
         runner.cpu_decode, step = None, runner.cpu_decode
-        eager = _teacher_forced(runner, prefix + suffix, row=9)[len(prefix):]
+        eager = teacher_forced(runner, prefix + suffix, row=9)[len(prefix):]
         runner.cpu_decode = step
         c_step = torch.cat(rows)
         assert (c_step - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3

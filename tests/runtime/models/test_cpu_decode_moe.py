@@ -16,12 +16,12 @@ import json
 
 import pytest
 import torch
+from helpers.c_step import DENSE, hold_the_same_weights, teacher_forced, teacher_forced_batch
 from helpers.family_models import make_family_model
 
 from radixflow.kernels import cpu
 from radixflow.runtime.engine import Engine
-from radixflow.runtime.forward_batch import ForwardMode
-from radixflow.runtime.model_runner import BatchRequest, ModelRunner
+from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.models.moe import SparseMoe
 from radixflow.runtime.server_args import ServerArgs
 
@@ -62,48 +62,12 @@ def _runner(folder, **args) -> ModelRunner:
 
 
 def _reference(runner: ModelRunner, folder) -> ModelRunner:
-    """An fp32 runner over the weights `runner` holds (test_cpu_decode.py's), the routers'
-    included (bf16 in a bf16 model)."""
+    """An fp32 runner over the weights `runner` holds, the routers' included (bf16 in a bf16
+    model)."""
     ref = _runner(folder, dtype="float32", quantization="none")
-    src, dst = runner.model, ref.model
-    for name, param in src.named_parameters():
-        if "norm" in name or "embed" in name or name.endswith(("mlp.gate.weight",
-                                                               "shared_expert_gate.weight")):
-            dst.get_parameter(name).data = param.detach().float()
-    for name, module in src.named_modules():
-        if getattr(module, "tiled", None) is not None:  # every linear, head included
-            target = dst.get_submodule(name)
-            target.weight.data = cpu.unpack(module.tiled)
-            if module.bias is not None:
-                target.bias.data = module.bias.float()
+    hold_the_same_weights(runner.model, ref.model,
+                          DENSE + ("mlp.gate.weight", "shared_expert_gate.weight"))
     return ref
-
-
-def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.Tensor:
-    """Logits after each token, every token fed as a one-token decode step."""
-    return _teacher_forced_batch(runner, [tokens], first_row=row)[0]
-
-
-def _teacher_forced_batch(runner: ModelRunner, seqs: list[list[int]], first_row: int = 0
-                          ) -> list[torch.Tensor]:
-    """Every request's logits after each of its tokens, the requests decoding side by side
-    (test_cpu_decode.py's): a step holds one token of each request not yet done."""
-    slots = [runner.kv_pool.alloc(len(seq)) for seq in seqs]
-    table = runner.req_to_token_pool.req_to_token
-    for row, (seq, s) in enumerate(zip(seqs, slots)):
-        table[first_row + row, :len(seq)] = s.to(torch.int32)
-    out: list[list[torch.Tensor]] = [[] for _ in seqs]
-    for i in range(max(map(len, seqs))):
-        live = [r for r, seq in enumerate(seqs) if i < len(seq)]
-        parts = [BatchRequest(req_pool_idx=first_row + r, ids=[seqs[r][i]], start_pos=i,
-                              logit_offsets=[0]) for r in live]
-        logits = runner.forward(ForwardMode.DECODE, parts,
-                                torch.cat([slots[r][i:i + 1] for r in live]))
-        for j, r in enumerate(live):
-            out[r].append(logits[j:j + 1])
-    for s in slots:
-        runner.kv_pool.free(s)
-    return [torch.cat(o) for o in out]
 
 
 def _eager(runner: ModelRunner, fn):
@@ -126,10 +90,10 @@ def test_one_request(folders, family):
     assert runner.cpu_decode is not None, "the C step should take an int4 MoE model"
     expected = {"qwen3_moe": [0], "qwen2_moe": [1], "mixtral": [0, 1]}[family]
     assert _moe_layers(runner) == expected  # (the dense layers keep the dense path)
-    c_step = _teacher_forced(runner, TOKENS, row=0)
+    c_step = teacher_forced(runner, TOKENS, row=0)
     assert runner.cpu_decode.calls == len(TOKENS)
-    eager = _eager(runner, lambda: _teacher_forced(runner, TOKENS, row=1))
-    exact = _teacher_forced(_reference(runner, folder), TOKENS, row=0)
+    eager = _eager(runner, lambda: teacher_forced(runner, TOKENS, row=1))
+    exact = teacher_forced(_reference(runner, folder), TOKENS, row=0)
     c_err, eager_err = (c_step - exact).abs().max(), (eager - exact).abs().max()
     assert c_err <= eager_err * 1.5 + 1e-3, (c_err, eager_err)
     if LEVEL["dtype"] == "float32":  # fp32 routing both ways: the same experts, the same sums
@@ -159,17 +123,17 @@ def test_a_batch(folders, family, seqs):
     folder = folders(family)
     runner = _runner(folder)
     calls = runner.cpu_decode.calls
-    batched = _teacher_forced_batch(runner, seqs)
+    batched = teacher_forced_batch(runner, seqs)
     assert runner.cpu_decode.calls - calls == max(map(len, seqs))  # one C call a step
     eager_batched, routes = _routes(runner, lambda: _eager(
-        runner, lambda: _teacher_forced_batch(runner, seqs)))
+        runner, lambda: teacher_forced_batch(runner, seqs)))
     if seqs[0] == seqs[1]:  # what the batch asks of the grouping, as the torch model routes
         for ids in routes:
             counts = torch.bincount(ids.flatten(), minlength=8)
             assert counts.max() >= 3 and (counts == 0).sum() >= 4, counts
     ref = _reference(runner, folder)
     for seq, got, eager in zip(seqs, batched, eager_batched):
-        exact = _teacher_forced(ref, seq, row=0)
+        exact = teacher_forced(ref, seq, row=0)
         assert (got - exact).abs().max() <= (eager - exact).abs().max() * 1.5 + 1e-3
     if seqs[0] == seqs[1]:  # rows alike, in one expert's product together: alike out
         for r in (1, 2):
@@ -201,11 +165,11 @@ def test_experts_in_the_other_tiled_formats(folders, fmt):
     moe_layer = runner.cpu_decode.step._keep[0][_moe_layers(runner)[0]].moe
     assert {w.format for w in moe_layer.weights()} == {fmt}
     seqs = [TOKENS[:10], TOKENS[:10], TOKENS[4:14]]
-    batched = _teacher_forced_batch(runner, seqs)
-    eager = _eager(runner, lambda: _teacher_forced_batch(runner, seqs))
+    batched = teacher_forced_batch(runner, seqs)
+    eager = _eager(runner, lambda: teacher_forced_batch(runner, seqs))
     ref = _reference(runner, folder)
     for seq, got, torch_ops in zip(seqs, batched, eager):
-        exact = _teacher_forced(ref, seq, row=0)
+        exact = teacher_forced(ref, seq, row=0)
         assert (got - exact).abs().max() <= (torch_ops - exact).abs().max() * 1.5 + 1e-3
     assert (batched[1] - batched[0]).abs().max() < 1e-4
 

@@ -16,11 +16,10 @@ import json
 
 import pytest
 import torch
+from helpers.c_step import hold_the_same_weights, teacher_forced
 from helpers.family_models import make_family_model
 
-from radixflow.kernels import cpu
 from radixflow.runtime.engine import Engine
-from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.models.llama import Attention
 from radixflow.runtime.server_args import ServerArgs
@@ -62,28 +61,8 @@ def _runner(folder, **args) -> ModelRunner:
 def _reference(runner: ModelRunner, folder) -> ModelRunner:
     """An fp32 runner over the weights `runner` holds (test_cpu_decode.py's)."""
     ref = _runner(folder, dtype="float32", quantization="none")
-    src, dst = runner.model, ref.model
-    for name, param in src.named_parameters():
-        if "norm" in name or "embed" in name:
-            dst.get_parameter(name).data = param.detach().float()
-    for name, module in src.named_modules():
-        if getattr(module, "tiled", None) is not None:  # every linear, head included
-            target = dst.get_submodule(name)
-            target.weight.data = cpu.unpack(module.tiled)
-            if module.bias is not None:
-                target.bias.data = module.bias.float()
+    hold_the_same_weights(runner.model, ref.model)
     return ref
-
-
-def _teacher_forced(runner: ModelRunner, tokens: list[int], row: int) -> torch.Tensor:
-    """Logits after each token, every token fed as a one-token decode step."""
-    slots = runner.kv_pool.alloc(len(tokens))
-    runner.req_to_token_pool.req_to_token[row, :len(tokens)] = slots.to(torch.int32)
-    out = [runner.forward(ForwardMode.DECODE, [BatchRequest(req_pool_idx=row, ids=[t],
-                                                            start_pos=i, logit_offsets=[0])],
-                          slots[i:i + 1]) for i, t in enumerate(tokens)]
-    runner.kv_pool.free(slots)
-    return torch.cat(out)
 
 
 def _step_windows(runner: ModelRunner) -> list[int]:
@@ -97,16 +76,16 @@ def test_c_step_attends_each_layers_window(folders, family):
     assert runner.cpu_decode is not None
     windows = [runner.model.args.layer_window(i) or 0 for i in range(runner.model.args.num_layers)]
     assert _step_windows(runner) == windows and WINDOW in windows
-    c_step = _teacher_forced(runner, TOKENS, row=0)
+    c_step = teacher_forced(runner, TOKENS, row=0)
     assert runner.cpu_decode.calls == len(TOKENS)
     runner.cpu_decode = None
-    eager = _teacher_forced(runner, TOKENS, row=1)
+    eager = teacher_forced(runner, TOKENS, row=1)
     ref = _reference(runner, folder)
-    exact = _teacher_forced(ref, TOKENS, row=0)
+    exact = teacher_forced(ref, TOKENS, row=0)
     for module in ref.model.modules():
         if isinstance(module, Attention):
             module.window = None
-    unwindowed = _teacher_forced(ref, TOKENS, row=1)
+    unwindowed = teacher_forced(ref, TOKENS, row=1)
 
     c_err = (c_step - exact).abs().max()
     eager_err = (eager - exact).abs().max()
