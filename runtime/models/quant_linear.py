@@ -290,7 +290,10 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
 
     - `keep`: linears that do not become int4 unless their weights are already 4-bit. Where
       radixflow's kernels run, one whose weights are exactly 8-bit groups becomes a
-      Q8_0Linear, any other a TiledBF16Linear; elsewhere it stays as it is.
+      Q8_0Linear; any other a TiledBF16Linear when only exact formats are wanted
+      (`only_if_exact`), else a Q8_0Linear too (8-bit groups of its weights: lossy, but
+      half the bytes of bf16 for what is often the largest matrix a decode step reads, as
+      llama.cpp's Q4_K_M files keep the head in 6 bits); elsewhere it stays as it is.
     - `dtype`: of the dense copies kept for many rows (the model's dtype). For the output
       head: the default model's GGUF stores its (tied) embedding as Q8_0, and 4-bit logits
       cost more quality than the bytes are worth.
@@ -307,7 +310,7 @@ def quantize_linears_(model: nn.Module, keep: tuple[nn.Module, ...] = (),
         elif linear in keep:
             if cpu_kernels.available():
                 q8 = cpu_kernels.quantize_q8_0(linear.weight.detach())
-                if _close(linear.weight, cpu_kernels.unpack_q8_0(q8)):
+                if not only_if_exact or _close(linear.weight, cpu_kernels.unpack_q8_0(q8)):
                     plan.append((module, name, Q8_0Linear, {"weight": q8}))
                 else:
                     plan.append((module, name, TiledBF16Linear, {}))
