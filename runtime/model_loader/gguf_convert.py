@@ -1,8 +1,9 @@
-"""GGUF file -> Hugging Face folder, through transformers' own GGUF reader.
+"""GGUF file -> Hugging Face folder, through transformers' own GGUF reader, or for the files
+it cannot read (llama.cpp's granite, smollm3, olmoe and Mixtral files) gguf_own_reader.py.
 
-transformers dequantizes each tensor and undoes llama.cpp's q/k row permutation; we only
-save the result as float32 safetensors (lossless for dequantized blocks) next to the config,
-the tokenizer and its chat template.
+Either dequantizes each tensor and undoes llama.cpp's q/k row permutation; we only save the
+result as float32 safetensors (lossless for dequantized blocks) next to the config, the
+tokenizer and its chat template.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from ..errors import ModelNotFound
 from ..models.rope_scaling import set_gguf_rope
 from .gguf_families import fix_family_config, read_error_hint
+from .gguf_own_reader import read_gguf, reads_itself
 
 logger = logging.getLogger(__name__)
 
@@ -29,26 +31,21 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
     """
     import torch
     from huggingface_hub import save_torch_state_dict
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import GenerationConfig
 
     start = time.monotonic()
-    folder, name = str(gguf_path.parent), gguf_path.name
     logger.info("converting %s to a Hugging Face folder (once; may take a minute)", gguf_path)
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        fix_family_config(config, gguf_path)  # what the reader drops of phi3 (gguf_families)
+        if reads_itself(gguf_path):  # granite, smollm3, olmoe, Mixtral (gguf_own_reader)
+            config, tokenizer, skeleton, tensors = read_gguf(gguf_path)
+        else:
+            config, tokenizer, skeleton, tensors = _read_with_transformers(gguf_path)
         set_gguf_rope(config, gguf_path)  # rope scaling, which the reader drops (rope_scaling)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        with torch.device("meta"):  # only for the parameter names; costs no memory
-            skeleton = AutoModelForCausalLM.from_config(config)
-        # NOTE: from_pretrained(gguf_file=...) would do the same but insists on `accelerate`.
-        loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
     except (ValueError, KeyError, OSError) as e:
         raise ModelNotFound(f"could not read {gguf_path} as a GGUF model: {e}"
                             f"{read_error_hint(e)}") from e
 
-    tensors = {k: v.to(torch.float32).contiguous() for k, v in loaded["tensors"].items()}
+    tensors = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()}
     # llama.cpp drops `output.weight` when the head is tied to the embedding.
     tied = "lm_head.weight" not in tensors
     expected = set(skeleton.state_dict()) - ({"lm_head.weight"} if tied else set())
@@ -74,6 +71,23 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
         "tie_word_embeddings": tied,
         "dtype": "float32",
     }
+
+
+def _read_with_transformers(gguf_path: Path):
+    """(config, tokenizer, skeleton, tensors) through transformers' GGUF reader."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    fix_family_config(config, gguf_path)  # what the reader drops of phi3 (gguf_families)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with torch.device("meta"):  # only for the parameter names; costs no memory
+        skeleton = AutoModelForCausalLM.from_config(config)
+    # NOTE: from_pretrained(gguf_file=...) would do the same but insists on `accelerate`.
+    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
+    return config, tokenizer, skeleton, loaded["tensors"]
 
 
 def _save_tokenizer(tokenizer, gguf_path: Path, dest: Path) -> None:

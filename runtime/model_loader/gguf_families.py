@@ -11,24 +11,24 @@ others radixflow does not load). Of those:
 - qwen3moe / qwen2moe: the experts' `expert_feed_forward_length` (and Qwen2-MoE's
   `expert_shared_feed_forward_length`) are dropped, leaving transformers' defaults; read here.
   (transformers sets norm_topk_prob for qwen3moe, as llama.cpp computes it.)
-Files of llama.cpp's granite, smollm3 and olmoe archs are refused by transformers' reader; the
-error names the arch and says to load the model's HF folder instead. Mixtral is refused here:
-llama.cpp writes it as a `llama` file with stacked experts, which transformers would read as a
-dense Llama and fail on (or worse).
+Files of llama.cpp's granite, smollm3 and olmoe archs, which transformers' reader refuses, and
+Mixtral (a `llama` file with stacked experts, which it would read as a dense Llama) are read by
+gguf_own_reader.py instead, and never come here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-HF_FOLDER_ONLY = ("granite", "smollm3", "olmoe", "mixtral")
+# families radixflow loads from their HF folder only, not from a GGUF (none today)
+HF_FOLDER_ONLY: tuple[str, ...] = ()
 
 
 def fix_family_config(config, gguf_path: Path) -> None:
     """Set on `config` (a transformers config read from `gguf_path`) what its reader drops."""
     arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}.get(
         config.model_type, config.model_type)
-    if arch not in ("llama", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe"):
+    if arch not in ("phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe"):
         return
     from gguf import GGUFReader
 
@@ -38,12 +38,6 @@ def fix_family_config(config, gguf_path: Path) -> None:
         field = fields.get(f"{arch}.{key}")
         return None if field is None else field.contents()
 
-    if arch == "llama":
-        if experts := read("expert_count"):
-            raise ValueError(
-                f"it is a llama file with {int(experts)} experts (llama.cpp's Mixtral), which "
-                "radixflow does not read from a GGUF; load the model's Hugging Face folder")
-        return
     if arch == "phi3":
         _set_partial_rotary(config, read("rope.dimension_count"))
         return

@@ -146,3 +146,74 @@ def write_family_gguf(folder, model, dest, arch: str, extra=None, tensor=None, a
     writer.write_tensors_to_file()
     writer.close()
     return dest
+
+
+def llamacpp_permute(t, n_head: int):
+    """llama.cpp's converter's q/k row permutation (LlamaModel.permute): each head's rotary
+    halves interleaved, as its RoPE takes them."""
+    rows = t.shape[0]
+    return (t.reshape(n_head, 2, rows // n_head // 2, *t.shape[1:])
+            .swapaxes(1, 2).reshape(t.shape))
+
+
+def write_llamacpp_gguf(folder, model, dest, family: str, experts_qtype=None):
+    """`model` as llama.cpp's convert_hf_to_gguf.py writes its family: granite, smollm3 and
+    Mixtral (a `llama` file) as LlamaModel does (q/k rows permuted, rope dimension count),
+    olmoe as a TextModel (no permutation); Granite's four multipliers as its *_scale keys (and
+    no head_dim); the experts stacked as blk.N.ffn_{gate,up,down}_exps with the router as
+    ffn_gate_inp; the tied head left out. `experts_qtype` (a gguf.GGMLQuantizationType) stores
+    the stacked experts quantized."""
+    arch = {"mixtral": "llama"}.get(family, family)
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    experts = {}
+
+    def extra(writer, config):
+        if arch != "olmoe":
+            writer.add_rope_dimension_count(getattr(config, "head_dim", None) or head_dim)
+        if arch != "granite" and getattr(config, "head_dim", None):
+            writer.add_key_length(config.head_dim)
+            writer.add_value_length(config.head_dim)
+        if arch == "granite":
+            writer.add_attention_scale(config.attention_multiplier)
+            writer.add_embedding_scale(config.embedding_multiplier)
+            writer.add_residual_scale(config.residual_multiplier)
+            writer.add_logit_scale(config.logits_scaling)
+        if family in ("mixtral", "olmoe"):
+            writer.add_expert_count(getattr(config, "num_local_experts", None)
+                                    or config.num_experts)
+            writer.add_expert_used_count(config.num_experts_per_tok)
+
+    def tensor(hf_name, t):
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            return None
+        if ".mlp.experts." in hf_name:
+            experts[hf_name] = t
+            return None
+        if arch != "olmoe" and ".self_attn.q_proj." in hf_name:
+            return llamacpp_permute(t, c.num_attention_heads)
+        if arch != "olmoe" and ".self_attn.k_proj." in hf_name:
+            return llamacpp_permute(t, c.num_key_value_heads)
+        return t
+
+    def add(writer, name, t):
+        t = t.numpy().copy()
+        if experts_qtype is None:
+            writer.add_tensor(name, t)
+        else:
+            import gguf
+
+            writer.add_tensor(name, gguf.quants.quantize(t, experts_qtype),
+                              raw_dtype=experts_qtype)
+
+    def add_experts(writer):
+        for name, t in experts.items():
+            layer = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                gate, up = t.chunk(2, dim=1)
+                add(writer, f"blk.{layer}.ffn_gate_exps.weight", gate)
+                add(writer, f"blk.{layer}.ffn_up_exps.weight", up)
+            else:
+                add(writer, f"blk.{layer}.ffn_down_exps.weight", t)
+
+    return write_family_gguf(folder, model, dest, arch, extra, tensor, add_experts)

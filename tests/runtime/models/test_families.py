@@ -16,6 +16,7 @@ from helpers.family_models import (
     hf_reference,
     make_family_model,
     write_family_gguf,
+    write_llamacpp_gguf,
 )
 
 from radixflow.runtime.distributed.sharding import ShardSpec
@@ -154,6 +155,28 @@ def test_phi3_gguf_keeps_partial_rotary(tmp_path):
     converted.mkdir()
     convert_gguf(gguf_path, converted)
     assert ModelArgs.from_hf_config(load_config(converted)).rope_dim == 12
+    check_engine_matches(converted, model, tok)
+
+
+# SmolLM3 from a GGUF: llama.cpp fixes its no-RoPE layers at every 4th (layer 3 of 0..3)
+GGUF_OVERRIDES = {"granite": {}, "smollm3": {"num_hidden_layers": 4,
+                                             "no_rope_layer_interval": 4}}
+
+
+@pytest.mark.parametrize("family", ["granite", "smollm3"])
+def test_llamacpp_gguf_matches_hf(tmp_path, family):
+    """llama.cpp's granite (its *_scale keys, biases) and smollm3 (tied head) files, q/k rows
+    permuted as its converter writes them, read by gguf_own_reader: the converted folder
+    serves what the HF model computes, with the tokenizer rebuilt from the GGUF."""
+    from radixflow.runtime.model_loader.gguf_convert import convert_gguf
+
+    folder, model, tok = make_family_model(tmp_path / "hf", family, **GGUF_OVERRIDES[family])
+    gguf_path = write_llamacpp_gguf(folder, model, tmp_path / f"{family}.gguf", family)
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    info = convert_gguf(gguf_path, converted)
+    assert info["architecture"] == type(model).__name__
+    assert info["tie_word_embeddings"] == model.config.tie_word_embeddings
     check_engine_matches(converted, model, tok)
 
 

@@ -158,26 +158,23 @@ def test_moe_gguf_gives_the_hf_folders_logits(tmp_path, family):
     check_engine_matches(converted, model, tok, PROMPTS[:2])
 
 
-def test_a_mixtral_gguf_is_refused_naming_the_way_out(tmp_path):
-    """llama.cpp writes Mixtral as a `llama` file with stacked experts; transformers would read
-    it as a dense Llama. It is refused, pointing at the HF folder."""
-    from helpers.family_models import write_family_gguf
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_llamacpp_moe_gguf_matches_hf(tmp_path, family):
+    """llama.cpp's Mixtral (a `llama` file with expert_count, q/k rows permuted) and olmoe
+    (whole-projection q/k norms, unpermuted) files with stacked experts, read by
+    gguf_own_reader: the converted folder serves what the HF model computes. (llama.cpp's
+    olmoe converter writes no clip_qkv, so the model has none.)"""
+    from helpers.family_models import write_llamacpp_gguf
 
-    from radixflow.runtime.errors import ModelNotFound
     from radixflow.runtime.model_loader.gguf_convert import convert_gguf
 
-    folder, model, _ = make_family_model(tmp_path / "hf", "mistral", sliding_window=None)
-
-    def experts(writer, config):
-        writer.add_expert_count(4)
-        writer.add_expert_used_count(2)
-
-    gguf_path = write_family_gguf(folder, model, tmp_path / "tiny-mixtral.gguf", "llama",
-                                  extra=experts)
+    overrides = {"clip_qkv": None} if family == "olmoe" else {}
+    folder, model, tok = make_family_model(tmp_path / "hf", family, **overrides)
+    gguf_path = write_llamacpp_gguf(folder, model, tmp_path / f"tiny-{family}.gguf", family)
     converted = tmp_path / "converted"
     converted.mkdir()
-    with pytest.raises(ModelNotFound, match="llama file with 4 experts.*Hugging Face folder"):
-        convert_gguf(gguf_path, converted)
+    assert convert_gguf(gguf_path, converted)["architecture"] == type(model).__name__
+    check_engine_matches(converted, model, tok)
 
 
 def test_int4_quantizes_experts_and_keeps_the_router_dense():
