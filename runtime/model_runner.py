@@ -147,11 +147,11 @@ class ModelRunner:
         return max(int(budget // per_token), 2)
 
     def _context_within(self, num_slots: int, per_token: int) -> int:
-        """The longest request the KV pool can hold (a slot per token, one kept for padding):
-        the model's context, or less when the pool is smaller. The pool is sized by
+        """The longest request the KV pool can hold (a slot per token; the padding slot is
+        extra): the model's context, or less when the pool is smaller. The pool is sized by
         --kv-cache-gb / --max-total-tokens (--mem-fraction on a GPU), never by the model's
         context length (131,072 tokens for Llama 3.2 would be 4 GiB at 1B)."""
-        if num_slots > self.context_len:
+        if num_slots >= self.context_len:
             return self.context_len
         pool = f"the KV pool of {num_slots} tokens ({num_slots * per_token / 2**30:.2f} GiB)"
         if self.args.context_length:
@@ -160,8 +160,8 @@ class ModelRunner:
                 f"--kv-cache-gb or --max-total-tokens, or lower --context-length")
         logger.warning("the model's context of %d tokens does not fit %s: requests are limited "
                        "to %d tokens (raise --kv-cache-gb or --max-total-tokens for more)",
-                       self.context_len, pool, num_slots - 1)
-        return num_slots - 1
+                       self.context_len, pool, num_slots)
+        return num_slots
 
     def _load_model(self, folder) -> LlamaForCausalLM:
         from .model_loader import iter_weights

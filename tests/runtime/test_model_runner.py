@@ -55,16 +55,16 @@ def test_the_kv_pool_is_sized_by_its_flags_not_the_models_context(long_context_l
     config = json.loads((long_context_llama / "config.json").read_text())
     runner = ModelRunner(ServerArgs(model=str(long_context_llama), max_total_tokens=1024),
                          long_context_llama, config)
-    assert runner.kv_pool.num_slots == 1024 and runner.context_len == 1023
-    assert runner.req_to_token_pool.req_to_token.shape[1] == 1023
-    assert "requests are limited to 1023 tokens" in caplog.text
+    assert runner.kv_pool.num_slots == 1024 and runner.context_len == 1024
+    assert runner.req_to_token_pool.req_to_token.shape[1] == 1024
+    assert "requests are limited to 1024 tokens" in caplog.text
     per_token = runner.kv_pool.bytes_per_token(
         config["num_hidden_layers"], config["num_key_value_heads"],
         config["hidden_size"] // config["num_attention_heads"], runner.kv_dtype)
     by_budget = ModelRunner(ServerArgs(model=str(long_context_llama), kv_cache_gb=0.001),
                             long_context_llama, config)
     assert by_budget.kv_pool.num_slots == int(0.001 * 2**30 // per_token) < 131072
-    assert by_budget.context_len == by_budget.kv_pool.num_slots - 1
+    assert by_budget.context_len == by_budget.kv_pool.num_slots
 
 
 def test_a_context_length_asked_for_must_fit_the_pool(long_context_llama):
