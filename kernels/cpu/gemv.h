@@ -43,6 +43,24 @@ static inline float bf16_to_f32_1(uint16_t h) {
     return f;
 }
 
+/* A bf16 tile's pairs [p0, P) (pairs[p * TILE + row]: two bf16 weights of a row each) for
+ * rows 0 .. live - 1, written one at a time to out's rows row0 + row (K wide) as bf16 or
+ * fp32: the tail the levels' vector loops leave of a dequantized tile. */
+static inline void store_pairs_tail(const uint32_t *pairs, int64_t live, int64_t p0, int64_t P,
+                                    void *out, int out_bf16, int64_t K, int64_t row0) {
+    for (int64_t i = 0; i < live; i++)
+        for (int64_t p = p0; p < P; p++) {
+            const uint32_t v = pairs[p * TILE + i];
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + (row0 + i) * K + 2 * p;
+                o[0] = (uint16_t)v, o[1] = (uint16_t)(v >> 16);
+            } else {
+                float *o = (float *)out + (row0 + i) * K + 2 * p;
+                o[0] = bf16_to_f32_1((uint16_t)v), o[1] = bf16_to_f32_1((uint16_t)(v >> 16));
+            }
+        }
+}
+
 /* This thread's share [t0, t1) of n items, inside an OpenMP parallel region. */
 static inline void thread_range(int64_t n, int64_t *t0, int64_t *t1) {
     int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();

@@ -462,17 +462,7 @@ static void dequant_bf16_tile(const uint8_t *tile, void *out, int out_bf16, int6
             }
         }
     }
-    for (int64_t i = 0; i < live; i++) /* the last K / 2 % 8 pairs */
-        for (int64_t p = p0; p < P; p++) {
-            const uint32_t v = pairs[p * TILE + i];
-            if (out_bf16) {
-                uint16_t *o = (uint16_t *)out + (row0 + i) * K + 2 * p;
-                o[0] = (uint16_t)v, o[1] = (uint16_t)(v >> 16);
-            } else {
-                float *o = (float *)out + (row0 + i) * K + 2 * p;
-                o[0] = bf16_to_f32_1((uint16_t)v), o[1] = bf16_to_f32_1((uint16_t)(v >> 16));
-            }
-        }
+    store_pairs_tail(pairs, live, p0, P, out, out_bf16, K, row0); /* the last K / 2 % 8 */
 }
 
 void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_t n0, int64_t n1,
