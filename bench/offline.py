@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from radixflow.runtime.model_loader.hf_folder import transformers_model
+
 from . import workloads as wl
 from .report import Run, publish, run_key
 
@@ -208,12 +210,11 @@ def main() -> None:
     del engine
 
     if not args.no_baseline:
-        import transformers
 
         from radixflow.runtime.model_loader import resolve_model
 
         folder = resolve_model(None)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+        hf = transformers_model(folder, torch.bfloat16)
         for name in args.workloads:
             if name == "single":
                 raw["results"]["single"]["hf"] = hf_single_stream(hf, tokenizer, 128, repeats=3)

@@ -1,9 +1,11 @@
-"""GGUF file -> Hugging Face folder, through transformers' own GGUF reader, or for the files
-it cannot read (llama.cpp's granite, smollm3, olmoe and Mixtral files) gguf_own_reader.py.
+"""GGUF file -> a model folder: the config and tokenizer (with its chat template) through
+transformers' own GGUF reader, or for the files it cannot read (llama.cpp's granite, smollm3,
+olmoe and Mixtral files) gguf_own_reader.py.
 
-Either dequantizes each tensor and undoes llama.cpp's q/k row permutation; we only save the
-result as float32 safetensors (lossless for dequantized blocks) next to the config, the
-tokenizer and its chat template.
+The weights stay in the GGUF for the archs in AS_STORED (gguf_tensors.py reads them at each
+load, in their own quantization); for the others, transformers' reader dequantizes them and
+undoes llama.cpp's permutations, and they are saved as float32 safetensors (lossless for
+dequantized blocks).
 """
 
 from __future__ import annotations
@@ -16,38 +18,80 @@ from typing import Any
 from ..errors import ModelNotFound
 from ..models.rope_scaling import set_gguf_rope
 from .gguf_families import fix_family_config, read_error_hint
-from .gguf_own_reader import read_gguf, reads_itself
+from .gguf_own_reader import read_gguf, reads_itself, tensor_plan
+from .gguf_tensors import write_source
 
 logger = logging.getLogger(__name__)
 
 _MAX_SHARD_SIZE = "4GB"
 
 
-def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
-    """Write an HF folder for `gguf_path` into the existing folder `dest`; returns a summary.
+# archs whose tensors radixflow reads from the GGUF as stored, at every load (gguf_tensors);
+# the others' are dequantized once into float32 safetensors (transformers' reader: phi3's,
+# gemma's and the MoE families' tensor fixes are its own)
+AS_STORED = ("llama", "qwen2", "qwen3", "granite", "smollm3", "olmoe")
 
-    Raises ModelNotFound when transformers cannot read the file (not a GGUF, or an
-    architecture it does not support).
+
+def convert_gguf(gguf_path: Path, dest: Path, *, move_into: bool = False) -> dict[str, Any]:
+    """Prepare the existing folder `dest` for `gguf_path`; returns a summary.
+
+    For the archs in AS_STORED: the config, the tokenizer (from the GGUF's metadata) and
+    gguf.json, which names the file and where each tensor of the model is in it; no weights
+    are written (the model loads from the GGUF itself). For the others: an HF folder with
+    the weights dequantized to float32 safetensors. `move_into`: the file moves into `dest`
+    (the default model's, downloaded into a temporary folder).
+
+    Raises ModelNotFound when the file cannot be read (not a GGUF, or an architecture
+    transformers' reader does not know).
     """
     import torch
-    from huggingface_hub import save_torch_state_dict
     from transformers import GenerationConfig
 
     start = time.monotonic()
-    logger.info("converting %s to a Hugging Face folder (once; may take a minute)", gguf_path)
     try:
         if reads_itself(gguf_path):  # granite, smollm3, olmoe, Mixtral (gguf_own_reader)
-            config, tokenizer, skeleton, tensors = read_gguf(gguf_path)
+            config, tokenizer, skeleton, plan = read_gguf(gguf_path)
+            tensors = None
         else:
-            config, tokenizer, skeleton, tensors = _read_with_transformers(gguf_path)
+            config, tokenizer, skeleton, plan, tensors = _read_with_transformers(gguf_path)
         set_gguf_rope(config, gguf_path)  # rope scaling, which the reader drops (rope_scaling)
     except (ValueError, KeyError, OSError) as e:
         raise ModelNotFound(f"could not read {gguf_path} as a GGUF model: {e}"
                             f"{read_error_hint(e)}") from e
 
-    tensors = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()}
     # llama.cpp drops `output.weight` when the head is tied to the embedding.
-    tied = "lm_head.weight" not in tensors
+    tied = "lm_head.weight" not in (plan if tensors is None else tensors)
+    config.tie_word_embeddings = tied
+    config.architectures = [type(skeleton).__name__]
+    config.dtype = "float32"  # `torch_dtype` before transformers 5
+    tokenizer.model_max_length = config.max_position_embeddings
+    config.save_pretrained(dest)
+    GenerationConfig.from_model_config(config).save_pretrained(dest)
+    _save_tokenizer(tokenizer, gguf_path, dest)
+    if tensors is None:
+        if move_into:
+            gguf_path = gguf_path.rename(dest / gguf_path.name)
+        write_source(dest, gguf_path, plan, relative=move_into)
+        stored = "as stored (gguf.json)"
+    else:
+        _save_float32(tensors, skeleton, gguf_path, dest, tied, torch)
+        stored = "float32 safetensors"
+    logger.info("prepared %s in %.1f s: weights %s", gguf_path.name,
+                time.monotonic() - start, stored)
+    return {
+        "source": str(gguf_path),
+        "architecture": config.architectures[0],
+        "tie_word_embeddings": tied,
+        "weights": stored,
+    }
+
+
+def _save_float32(tensors, skeleton, gguf_path: Path, dest: Path, tied: bool, torch) -> None:
+    from huggingface_hub import save_torch_state_dict
+
+    logger.info("dequantizing %s to float32 safetensors (once; may take a minute)",
+                gguf_path.name)
+    tensors = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()}
     expected = set(skeleton.state_dict()) - ({"lm_head.weight"} if tied else set())
     if set(tensors) != expected:
         missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
@@ -55,27 +99,14 @@ def convert_gguf(gguf_path: Path, dest: Path) -> dict[str, Any]:
             f"{gguf_path} does not match its {type(skeleton).__name__} config: "
             f"missing {missing[:5]}, unexpected {extra[:5]}"
         )
-
-    config.tie_word_embeddings = tied
-    config.architectures = [type(skeleton).__name__]
-    config.dtype = "float32"  # `torch_dtype` before transformers 5
-    tokenizer.model_max_length = config.max_position_embeddings
-    config.save_pretrained(dest)
-    GenerationConfig.from_model_config(config).save_pretrained(dest)
     save_torch_state_dict(tensors, dest, max_shard_size=_MAX_SHARD_SIZE)
-    _save_tokenizer(tokenizer, gguf_path, dest)
-    logger.info("converted %s in %.0f s", gguf_path.name, time.monotonic() - start)
-    return {
-        "source": str(gguf_path),
-        "architecture": config.architectures[0],
-        "tie_word_embeddings": tied,
-        "dtype": "float32",
-    }
 
 
 def _read_with_transformers(gguf_path: Path):
-    """(config, tokenizer, skeleton, tensors) through transformers' GGUF reader."""
+    """(config, tokenizer, skeleton, plan, None) through transformers' GGUF reader for the
+    archs read as stored, (config, tokenizer, skeleton, None, float32 tensors) for others."""
     import torch
+    from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -85,9 +116,13 @@ def _read_with_transformers(gguf_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     with torch.device("meta"):  # only for the parameter names; costs no memory
         skeleton = AutoModelForCausalLM.from_config(config)
+    reader = GGUFReader(gguf_path)
+    arch = reader.fields["general.architecture"].contents()
+    if arch in AS_STORED:
+        return config, tokenizer, skeleton, tensor_plan(reader, arch, config, skeleton), None
     # NOTE: from_pretrained(gguf_file=...) would do the same but insists on `accelerate`.
     loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
-    return config, tokenizer, skeleton, loaded["tensors"]
+    return config, tokenizer, skeleton, None, loaded["tensors"]
 
 
 def _save_tokenizer(tokenizer, gguf_path: Path, dest: Path) -> None:

@@ -50,9 +50,9 @@ def reads_itself(gguf_path: Path) -> bool:
 
 
 def read_gguf(gguf_path: Path):
-    """(config, tokenizer, skeleton, tensors) for `gguf_path`: the transformers config, its
-    tokenizer, the model on the meta device (for its parameter names) and the float32
-    tensors under the model's names (no `lm_head.weight` when the head is tied)."""
+    """(config, tokenizer, skeleton, plan) for `gguf_path`: the transformers config, its
+    tokenizer, the model on the meta device (for its parameter names) and the tensor plan
+    (`tensor_plan`)."""
     import torch
     from gguf import GGUFReader
     from transformers import AutoModelForCausalLM
@@ -62,8 +62,8 @@ def read_gguf(gguf_path: Path):
     config = _config(reader, arch)
     with torch.device("meta"):  # only for the parameter names; costs no memory
         skeleton = AutoModelForCausalLM.from_config(config)
-    tensors = _tensors(reader, arch, config, skeleton)
-    return config, _tokenizer(gguf_path), skeleton, tensors
+    plan = tensor_plan(reader, arch, config, skeleton)
+    return config, _tokenizer(gguf_path), skeleton, plan
 
 
 def _contents(fields, key: str):
@@ -123,57 +123,53 @@ def _config(reader, arch: str):
     return getattr(transformers, _CONFIGS[arch])(**kwargs)
 
 
-def _unpermute(t, n_head: int):
-    """Undo llama.cpp's LlamaModel.permute of q/k rows (weights or biases)."""
-    rows = t.shape[0]
-    return (t.reshape(n_head, rows // n_head // 2, 2, *t.shape[1:])
-            .swapaxes(1, 2).reshape(t.shape))
-
-
-def _tensors(reader, arch: str, config, skeleton) -> dict[str, Any]:
+def tensor_plan(reader, arch: str, config, skeleton) -> dict[str, dict[str, Any]]:
+    """For each tensor of the transformers model (`skeleton`'s names; no `lm_head.weight` when
+    the head is tied): {"tensors": the GGUF tensors that make it, "shape": its shape,
+    "unpermute": heads, where llama.cpp's converter permuted its rows, "stack":
+    "experts_gate_up" where gate and up experts are stacked as one}; gguf_tensors reads it."""
     import gguf
-    import torch
 
-    from ...kernels.gguf_blocks import dequantize
+    infos = {t.name: t for t in reader.tensors}
+    left = set(infos)
 
-    by_name = {t.name: t for t in reader.tensors}
-
-    def read(name: str):
-        if name not in by_name:
+    def take(name: str) -> str:
+        if name not in infos:
             raise KeyError(f"the file has no tensor {name!r}")
-        t = by_name.pop(name)
-        shape = tuple(reversed([int(d) for d in t.shape]))  # GGUF lists dims innermost first
-        return dequantize(t.data, t.tensor_type, shape)
+        left.discard(name)
+        return name
 
-    layers = config.num_hidden_layers
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
-    tensors: dict[str, torch.Tensor] = {}
-    for hf_name in skeleton.state_dict():
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    plan: dict[str, dict[str, Any]] = {}
+    for hf_name, param in skeleton.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
+        entry: dict[str, Any] = {"shape": list(param.shape)}
         stem, _, last = hf_name.rpartition(".")
         if stem.endswith(".experts") and last in ("gate_up_proj", "down_proj"):
             layer = hf_name.split(".")[2]
             if last == "gate_up_proj":  # [E, I, H] each -> [E, 2I, H]
-                tensors[hf_name] = torch.cat([read(f"blk.{layer}.ffn_gate_exps.weight"),
-                                              read(f"blk.{layer}.ffn_up_exps.weight")], dim=1)
+                entry.update(tensors=[take(f"blk.{layer}.ffn_gate_exps.weight"),
+                                      take(f"blk.{layer}.ffn_up_exps.weight")],
+                             stack="experts_gate_up")
             else:
-                tensors[hf_name] = read(f"blk.{layer}.ffn_down_exps.weight")
+                entry["tensors"] = [take(f"blk.{layer}.ffn_down_exps.weight")]
+            plan[hf_name] = entry
             continue
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise KeyError(f"no GGUF name for {hf_name!r} in llama.cpp's {arch} arch")
-        t = read(gguf_name)
+        entry["tensors"] = [take(gguf_name)]
         if arch in _PERMUTED and stem.endswith(("q_proj", "k_proj")):
-            t = _unpermute(t, config.num_attention_heads if stem.endswith("q_proj")
-                           else config.num_key_value_heads)
-        tensors[hf_name] = t.contiguous()
+            entry["unpermute"] = (config.num_attention_heads if stem.endswith("q_proj")
+                                  else config.num_key_value_heads)
+        plan[hf_name] = entry
     # (llama.cpp may add tensors it computes, rope_freqs: not weights of the model)
-    by_name.pop("rope_freqs.weight", None)
-    if by_name:
+    left -= {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+    if left:
         raise KeyError(f"tensors the {type(skeleton).__name__} config has no place for: "
-                       f"{sorted(by_name)[:5]}")
-    return tensors
+                       f"{sorted(left)[:5]}")
+    return plan
 
 
 def _tokenizer(gguf_path: Path):

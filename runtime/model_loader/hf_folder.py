@@ -52,11 +52,39 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of every safetensors shard, under its HF name, one at a time (CPU)."""
+    """Every tensor of every safetensors shard, under its HF name, one at a time (CPU); for a
+    folder prepared from a GGUF (gguf.json), its tensors dequantized to float32."""
     from safetensors import safe_open
+
+    from .gguf_tensors import GGUFWeights
+
+    if (source := GGUFWeights.of_folder(folder)) is not None:
+        yield from source.dequantized()
+        return
 
     for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt") as f:
             names = f.keys()  # safe_open has keys() but is not iterable itself
             for name in names:
                 yield name, f.get_tensor(name)
+
+
+def transformers_model(folder: Path, dtype=None):
+    """The folder's model as transformers builds it (the reference radixflow is checked
+    against), for a folder of safetensors or one prepared from a GGUF (weights dequantized
+    from the file)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .gguf_tensors import SOURCE_FILE
+
+    dtype = dtype or torch.float32
+    if not (Path(folder) / SOURCE_FILE).is_file():
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = dict(iter_weights(folder))
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    return model.eval()

@@ -9,20 +9,29 @@ from pathlib import Path
 from ..errors import ModelNotFound
 from . import default_model
 from .cache import build_once, default_cache_dir, is_complete
+from .gguf_tensors import SOURCE_FILE
 
 logger = logging.getLogger(__name__)
 
 _EXPECTED = "an HF model folder (config.json + *.safetensors) or a .gguf file"
+# prepared folders' layout: since v2 a GGUF's folder holds gguf.json and no float32 weights
+# (gguf_convert.AS_STORED); folders of the older layout are not reused
+LAYOUT = "v2"
+
+
+def models_dir(cache_dir: Path) -> Path:
+    return cache_dir / "models" / LAYOUT
 
 
 def resolve_model(model: str | None, *, cache_dir: Path | None = None) -> Path:
     """Return the HF folder to load for `model`.
 
     - None or "SmolLM2-135M-Instruct": the default model, downloaded and converted on first
-      use into <cache_dir>/models/SmolLM2-135M-Instruct.
+      use into <cache_dir>/models/v2/SmolLM2-135M-Instruct (the GGUF is kept there).
     - a folder with config.json: that folder.
-    - a .gguf file: converted on first use into <cache_dir>/models/gguf/<stem>-<key>, where
-      key hashes the file's name, size and mtime (not its contents, which can be GBs).
+    - a .gguf file: prepared on first use into <cache_dir>/models/v2/gguf/<stem>-<key>, where
+      key hashes the file's name, size and mtime (not its contents, which can be GBs): the
+      config, the tokenizer and gguf.json, which points at the file (gguf_convert).
 
     `cache_dir` defaults to `default_cache_dir()`. Raises ModelNotFound for anything else and
     ModelDownloadError when the default model cannot be fetched.
@@ -56,7 +65,7 @@ def loadable(folder: Path) -> Path:
 
 
 def _default_model_folder(cache_dir: Path) -> Path:
-    folder = cache_dir / "models" / default_model.DEFAULT_MODEL_NAME
+    folder = models_dir(cache_dir) / default_model.DEFAULT_MODEL_NAME
     if is_complete(folder):
         return folder
 
@@ -66,7 +75,7 @@ def _default_model_folder(cache_dir: Path) -> Path:
         download_dir = tmp / ".download"
         download_dir.mkdir()
         gguf_path = default_model.fetch_default_gguf(download_dir)
-        info = convert_gguf(gguf_path, tmp)
+        info = convert_gguf(gguf_path, tmp, move_into=True)
         for leftover in download_dir.iterdir():
             leftover.unlink()
         download_dir.rmdir()
@@ -82,7 +91,7 @@ def _hf_folder(path: Path) -> Path:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f"; it holds {', '.join(ggufs)}: pass the .gguf file itself" if ggufs else ""
         raise ModelNotFound(f"{path} has no config.json; expected {_EXPECTED}{hint}")
-    if not any(path.glob("*.safetensors")):
+    if not any(path.glob("*.safetensors")) and not (path / SOURCE_FILE).is_file():
         raise ModelNotFound(f"{path} has no *.safetensors weights; expected {_EXPECTED}")
     return path.resolve()
 
@@ -90,7 +99,7 @@ def _hf_folder(path: Path) -> Path:
 def _gguf_folder(path: Path, cache_dir: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    folder = cache_dir / "models" / "gguf" / f"{path.stem}-{key[:16]}"
+    folder = models_dir(cache_dir) / "gguf" / f"{path.stem}-{key[:16]}"
     if is_complete(folder):
         return folder
 

@@ -10,6 +10,7 @@ from helpers.family_models import hf_greedy_ids
 from helpers.tiny_models import ARCHS
 
 from radixflow.runtime.engine import Engine
+from radixflow.runtime.model_loader.hf_folder import transformers_model
 
 PROMPTS = [
     "The quick brown fox",
@@ -24,7 +25,7 @@ NEW_TOKENS = 24
 
 def hf_greedy(folder, prompts, max_new_tokens):
     tok = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers_model(folder, torch.float32)
     return hf_greedy_ids(model, tok, prompts, max_new_tokens), model, tok
 
 

@@ -10,6 +10,7 @@ import transformers
 from helpers.default_prompts import PROMPTS
 
 from radixflow.runtime.engine import Engine
+from radixflow.runtime.model_loader.hf_folder import transformers_model
 
 pytestmark = pytest.mark.e2e
 
@@ -17,8 +18,7 @@ pytestmark = pytest.mark.e2e
 
 def test_greedy_matches_hf_fp32(default_model_path):
     tok = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_path,
-                                                          dtype=torch.float32).eval()
+    hf = transformers_model(default_model_path, torch.float32)
     expected = []
     for p in PROMPTS:
         ids = tok(p, return_tensors="pt").input_ids

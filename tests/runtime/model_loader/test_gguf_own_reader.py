@@ -13,14 +13,16 @@ from helpers.family_models import (
 )
 
 from radixflow.runtime.model_loader import gguf_own_reader
+from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights, unpermute_rows
 
 
 def test_unpermute_undoes_llamacpps_permutation():
+    """The row order gguf_tensors applies to stored (quantized) q/k rows and to biases."""
     t = torch.arange(32 * 3, dtype=torch.float32).view(32, 3)
     for heads in (1, 2, 4):
-        assert torch.equal(gguf_own_reader._unpermute(llamacpp_permute(t, heads), heads), t)
+        assert torch.equal(llamacpp_permute(t, heads)[unpermute_rows(32, heads)], t)
     bias = torch.arange(32.0)
-    assert torch.equal(gguf_own_reader._unpermute(llamacpp_permute(bias, 2), 2), bias)
+    assert torch.equal(llamacpp_permute(bias, 2)[unpermute_rows(32, 2)], bias)
 
 
 def test_mixtral_file_with_quantized_experts(tmp_path):
@@ -37,7 +39,8 @@ def test_mixtral_file_with_quantized_experts(tmp_path):
     assert not gguf_own_reader.reads_itself(
         write_family_gguf(dense, dense_model, tmp_path / "llama.gguf", "llama"))
 
-    config, tokenizer, skeleton, tensors = gguf_own_reader.read_gguf(path)
+    config, tokenizer, skeleton, plan = gguf_own_reader.read_gguf(path)
+    tensors = dict(GGUFWeights(path, plan).dequantized())
     assert type(config).__name__ == "MixtralConfig" and config.num_local_experts == 4
     assert config.num_experts_per_tok == 2 and config.sliding_window is None
     state = model.state_dict()

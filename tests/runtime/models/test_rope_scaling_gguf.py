@@ -8,11 +8,10 @@ import math
 import gguf
 import pytest
 import torch
-import transformers
 from helpers.tiny_models import LLAMA3_ROPE_SCALING, make_tiny_model, write_tiny_gguf
 
 from radixflow.runtime.model_loader.gguf_convert import convert_gguf
-from radixflow.runtime.model_loader.hf_folder import load_config
+from radixflow.runtime.model_loader.hf_folder import load_config, transformers_model
 from radixflow.runtime.models.config import ModelArgs
 from radixflow.runtime.models.rope import rope_frequencies, rope_inv_freq
 from radixflow.runtime.models.rope_scaling import llama3_from_divisors, scaling_from_gguf
@@ -102,7 +101,7 @@ def _same_logits(original, converted):
     ids = torch.tensor([[5, 40, 99, 7, 300, 12, 8, 77] * 10])  # past the original 64 positions
     logits = []
     for folder in (original, converted):
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = transformers_model(folder, torch.float32)
         with torch.no_grad():
             logits.append(model.eval()(ids).logits)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
