@@ -21,6 +21,7 @@ from .models.cpu_linear import can_pack, pack_linears_
 from .models.llama import LlamaForCausalLM
 from .models.quant_linear import can_quantize_int4, dense_weights_of, quantize_linears_
 from .models.registry import model_class
+from .models.stored_linears import weight_formats
 from .server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class ModelRunner:
             return None
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
                 "decode_step": "C" if self.cpu_decode is not None else "torch ops",
+                "weights": weight_formats(self.model),
                 "dense_weights": dense_weights_of(self.model,
                                                   self.args.cpu_dense_weights).as_dict()}
 
@@ -165,7 +167,11 @@ class ModelRunner:
 
     def _load_model(self, folder) -> LlamaForCausalLM:
         from .model_loader import iter_weights
+        from .model_loader.gguf_tensors import GGUFWeights
 
+        stored = GGUFWeights.of_folder(folder)
+        if stored is not None and self._loads_as_stored():
+            return self._load_as_stored(model_class(self.model_args), stored)
         weights = iter_weights(folder)
         with torch.device("meta"):
             if self.tp:
@@ -189,6 +195,35 @@ class ModelRunner:
             pack_linears_(model)
         if self.device.type == "cpu" and cpu_kernels.available():
             model.bind_row_kernels(RowKernels())  # norms, rope, SiLU of extend forwards
+        return model.eval()
+
+    def _loads_as_stored(self) -> bool:
+        """Whether a GGUF's layers go from its blocks straight into radixflow's tiled kernels
+        (a CPU with them, one rank, a generation server, a dense model, --quantization
+        auto|int4 and no explicit --dtype float32 with auto); elsewhere its tensors load
+        dequantized."""
+        args = self.args
+        return (self.device.type == "cpu" and cpu_kernels.available() and self.tp is None
+                and not args.is_embedding and args.quantization != "none"
+                and self.model_args.num_experts == 0  # (experts: moe.py stacks dense weights)
+                and not (args.quantization == "auto" and args.dtype == "float32"))
+
+    def _load_as_stored(self, cls, stored) -> LlamaForCausalLM:
+        from .models.stored_linears import load_stored_linears_
+
+        with torch.device("meta"):
+            model = cls(self.model_args)
+        consumed = load_stored_linears_(model, stored, dtype=self.dtype,
+                                        dense_weights=self.args.cpu_dense_weights,
+                                        int4=self.args.quantization == "int4")
+        model.to(self.dtype)  # (on meta: the norms and biases left, nothing allocated yet)
+        model.to_empty(device=self.device)
+        model.load_weights(stored.dequantized(skip=consumed))
+        self.quantization = "int4"
+        model.reset_rope_tables(self.device, context_len=self.context_len)
+        model.bind_row_kernels(RowKernels())
+        if self.dtype == torch.bfloat16:
+            logger.info("%s", dense_weights_of(model, self.args.cpu_dense_weights).describe())
         return model.eval()
 
     def _quantize(self, model: LlamaForCausalLM) -> str:

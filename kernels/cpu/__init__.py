@@ -201,6 +201,35 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     return dense.reshape(tiles * TILE, k)[:n]
 
 
+def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
+    """float32 [len(ids), k]: rows `ids` of w's weights (an embedding lookup in the tiles),
+    equal to `unpack(w)[ids]`; reads only those rows' bytes."""
+    ids = ids.reshape(-1).long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.n):
+        raise IndexError(f"row ids must be in [0, {w.n})")
+    tile, row = ids // TILE, ids % TILE
+    k, g, tiles = w.k, w.k // GROUP, w.data.shape[0]
+    if w.format == "bf16":
+        dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2)
+        return dense[tile, :, row, :].reshape(-1, k).float()
+    blocks = w.data.view(tiles, g, -1)
+    r = row[:, None, None]
+    groups = torch.arange(g)[None, :, None]
+    if w.format == "q8_0":  # [scale f32 x 16 rows][quad 0..7][row][4 int8]
+        scale_bytes = 4 * r + torch.arange(4)
+        quant = 64 + (torch.arange(8)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
+        scale = blocks[tile[:, None, None], groups, scale_bytes].contiguous().view(torch.float32)
+        q = blocks[tile[:, None, None], groups, quant].contiguous().view(torch.int8).float()
+        return (q * scale).reshape(-1, k)
+    # q4_1: [d fp16 x 16][low fp16 x 16][chunk 0..3][row][4 bytes: half 0 low nibble, 1 high]
+    d = blocks[tile[:, None, None], groups, 2 * r + torch.arange(2)].contiguous()
+    low = blocks[tile[:, None, None], groups, 32 + 2 * r + torch.arange(2)].contiguous()
+    nib_bytes = 64 + (torch.arange(4)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
+    nib = blocks[tile[:, None, None], groups, nib_bytes].view(-1, g, 4, 1, 4)  # chunk, i
+    q = torch.cat([nib & 15, nib >> 4], dim=3).reshape(-1, g, GROUP).float()  # chunk,half,i
+    return (low.view(torch.float16).float() + q * d.view(torch.float16).float()).reshape(-1, k)
+
+
 # ---- products ----
 
 def _input(x: torch.Tensor, w: TiledWeight) -> torch.Tensor:

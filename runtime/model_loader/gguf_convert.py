@@ -19,7 +19,7 @@ from ..errors import ModelNotFound
 from ..models.rope_scaling import set_gguf_rope
 from .gguf_families import fix_family_config, read_error_hint
 from .gguf_own_reader import read_gguf, reads_itself, tensor_plan
-from .gguf_tensors import write_source
+from .gguf_tensors import _reader, write_source
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ def convert_gguf(gguf_path: Path, dest: Path, *, move_into: bool = False) -> dic
     else:
         _save_float32(tensors, skeleton, gguf_path, dest, tied, torch)
         stored = "float32 safetensors"
+    _reader.cache_clear()  # (the header's parsed fields: megabytes for a large vocabulary)
     logger.info("prepared %s in %.1f s: weights %s", gguf_path.name,
                 time.monotonic() - start, stored)
     return {
@@ -106,9 +107,10 @@ def _read_with_transformers(gguf_path: Path):
     """(config, tokenizer, skeleton, plan, None) through transformers' GGUF reader for the
     archs read as stored, (config, tokenizer, skeleton, None, float32 tensors) for others."""
     import torch
-    from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from .gguf_tensors import gguf_reader
 
     folder, name = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
@@ -116,7 +118,7 @@ def _read_with_transformers(gguf_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     with torch.device("meta"):  # only for the parameter names; costs no memory
         skeleton = AutoModelForCausalLM.from_config(config)
-    reader = GGUFReader(gguf_path)
+    reader = gguf_reader(gguf_path)
     arch = reader.fields["general.architecture"].contents()
     if arch in AS_STORED:
         return config, tokenizer, skeleton, tensor_plan(reader, arch, config, skeleton), None
@@ -139,9 +141,9 @@ def _save_tokenizer(tokenizer, gguf_path: Path, dest: Path) -> None:
 
 
 def _read_tokenizer_metadata(gguf_path: Path) -> dict[str, Any]:
-    from gguf import GGUFReader
+    from .gguf_tensors import gguf_reader
 
-    fields = GGUFReader(gguf_path).fields
+    fields = gguf_reader(gguf_path).fields
     out: dict[str, Any] = {}
     if (field := fields.get("tokenizer.chat_template")) is not None:
         out["chat_template"] = field.contents()

@@ -30,9 +30,9 @@ def fix_family_config(config, gguf_path: Path) -> None:
         config.model_type, config.model_type)
     if arch not in ("phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe"):
         return
-    from gguf import GGUFReader
+    from .gguf_tensors import gguf_reader
 
-    fields = GGUFReader(gguf_path).fields
+    fields = gguf_reader(gguf_path).fields
 
     def read(key: str):
         field = fields.get(f"{arch}.{key}")

@@ -41,9 +41,9 @@ SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp's hparams.n_no_rope_layer_step for smollm3
 
 def reads_itself(gguf_path: Path) -> bool:
     """Whether `gguf_path` is a file this module reads (and transformers' reader does not)."""
-    from gguf import GGUFReader
+    from .gguf_tensors import gguf_reader
 
-    fields = GGUFReader(gguf_path).fields
+    fields = gguf_reader(gguf_path).fields
     arch = _contents(fields, "general.architecture")
     return arch in OWN_ARCHS or (arch == "llama"
                                  and bool(_contents(fields, "llama.expert_count")))
@@ -54,10 +54,11 @@ def read_gguf(gguf_path: Path):
     tokenizer, the model on the meta device (for its parameter names) and the tensor plan
     (`tensor_plan`)."""
     import torch
-    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM
 
-    reader = GGUFReader(gguf_path)
+    from .gguf_tensors import gguf_reader
+
+    reader = gguf_reader(gguf_path)
     arch = _contents(reader.fields, "general.architecture")
     config = _config(reader, arch)
     with torch.device("meta"):  # only for the parameter names; costs no memory

@@ -18,6 +18,7 @@ and are not counted in the server's resident memory.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ...kernels.gguf_blocks import GGMLType, dequantize, ggml_type, row_bytes
+from ...kernels.gguf_blocks import GGMLType, dequantize, row_bytes
 
 SOURCE_FILE = "gguf.json"  # in a prepared folder: {"path", "size", "plan"}
 # rows dequantized at a time (a 128k-token vocabulary's head is 2 GB as float32)
@@ -85,17 +86,15 @@ class _Info:
 class GGUFWeights:
     """The tensors of a prepared folder's GGUF, under the model's names (see the module doc)."""
 
-    def __init__(self, gguf_path: Path, plan: dict[str, dict[str, Any]]):
-        from gguf import GGUFReader
-
+    def __init__(self, gguf_path: Path, plan: dict[str, dict[str, Any]],
+                 infos: dict[str, list] | None = None):
+        """`infos`: `tensor_infos(gguf_path)`, as saved in gguf.json (read from the file's
+        header when not given: seconds, for a file with a large vocabulary)."""
         self.path = Path(gguf_path)
         self.plan = plan
-        reader = GGUFReader(self.path)
-        self._infos = {t.name: _Info(ggml_type(int(t.tensor_type)),
-                                     tuple(reversed([int(d) for d in t.shape])),
-                                     int(t.data_offset), int(t.n_bytes))
-                       for t in reader.tensors}
-        del reader  # (its memory map: only the header was read)
+        infos = tensor_infos(self.path) if infos is None else infos
+        self._infos = {name: _Info(GGMLType(t), tuple(shape), offset, nbytes)
+                       for name, (t, shape, offset, nbytes) in infos.items()}
 
     @classmethod
     def of_folder(cls, folder: Path) -> GGUFWeights | None:
@@ -111,7 +110,7 @@ class GGUFWeights:
         if not path.is_file() or path.stat().st_size != meta["size"]:
             raise ModelNotFound(f"{folder} was prepared from {path}, which is gone or has "
                                 "changed; pass the .gguf file again")
-        return cls(path, meta["plan"])
+        return cls(path, meta["plan"], meta.get("tensors"))
 
     def names(self) -> list[str]:
         return list(self.plan)
@@ -165,9 +164,33 @@ class GGUFWeights:
         return StoredTensor(info.qtype, rows, cols, raw)
 
 
+def gguf_reader(gguf_path: Path):
+    """gguf's GGUFReader of the file, shared by the steps that prepare a folder: parsing the
+    header takes seconds for a large vocabulary (its strings one by one). A memory map: only
+    the header's pages are read."""
+    path = Path(gguf_path).resolve()
+    stat = path.stat()
+    return _reader(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: Path, size: int, mtime_ns: int):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def tensor_infos(gguf_path: Path) -> dict[str, list]:
+    """name -> [GGML type, shape (outermost first), file offset, bytes] of every tensor."""
+    reader = gguf_reader(gguf_path)
+    return {t.name: [int(t.tensor_type), list(reversed([int(d) for d in t.shape])),
+                     int(t.data_offset), int(t.n_bytes)] for t in reader.tensors}
+
+
 def write_source(dest: Path, gguf_path: Path, plan: dict[str, dict[str, Any]],
                  relative: bool = False) -> None:
     """`dest`/gguf.json for `gguf_path` (`relative`: the file is inside `dest`)."""
     (Path(dest) / SOURCE_FILE).write_text(json.dumps({
         "path": gguf_path.name if relative else str(gguf_path),
-        "size": gguf_path.stat().st_size, "plan": plan}, indent=1) + "\n")
+        "size": gguf_path.stat().st_size, "plan": plan,
+        "tensors": tensor_infos(gguf_path)}) + "\n")

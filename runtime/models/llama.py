@@ -243,7 +243,8 @@ class LlamaForCausalLM(nn.Module):
                 param.data[start:start + size].copy_(tensor)
                 loaded.add(f"{name}#{shard}")
         if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+            if isinstance(self.lm_head, nn.Linear):  # (tiled layers share their tiles)
+                self.lm_head.weight = self.embed_tokens.weight
             loaded.add("lm_head.weight")
         missing = [n for n in self._expected_loaded_names() if n not in loaded
                    and (need_lm_head or n != "lm_head.weight")]

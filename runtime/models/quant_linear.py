@@ -106,13 +106,33 @@ class QuantLinear(nn.Module):
         return self.in_features * self.out_features * 2
 
     def _dense_copy(self, linear: nn.Linear) -> nn.Module:
-        dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None,
+        return self._dense_module(linear.weight.detach().to(torch.bfloat16))
+
+    def _dense_module(self, weight: torch.Tensor) -> nn.Module:
+        dense = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
                           dtype=torch.bfloat16, device="meta")
-        dense.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16),
-                                    requires_grad=False)
-        if linear.bias is not None:
+        dense.weight = nn.Parameter(weight, requires_grad=False)
+        if self.bias is not None:
             dense.bias = nn.Parameter(self.bias, requires_grad=False)
         return PackedLinear(dense) if can_pack(dense.weight.device, torch.bfloat16) else dense
+
+    @classmethod
+    def from_tiled(cls, tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
+                   dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False
+                   ) -> QuantLinear:
+        """A layer over weights already tiled (a GGUF's blocks, runtime/models/
+        stored_linears.py), with no dense weights to start from; `dense_copy`: keep a bf16
+        copy (dequantized from the tiles) for many-row products in a bf16 model."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = tiled.k, tiled.n
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.bf16_gemm = dtype == torch.bfloat16
+        self.group_size = GROUP_SIZE
+        self.tiled = tiled
+        self.dense = (self._dense_module(cpu_kernels.dequantize(tiled, dtype=torch.bfloat16))
+                      if self.bf16_gemm and dense_copy else None)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -211,6 +231,13 @@ class TiledBF16Linear(QuantLinear):
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
+
+
+def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
+                 dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
+    """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
+    kind = {"q4_1": Int4Linear, "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
+    return kind.from_tiled(tiled, bias, dtype, dense_copy)
 
 
 def _quantizable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:

@@ -215,9 +215,9 @@ def llama3_from_divisors(divisors: Any, theta: float) -> dict[str, Any] | None:
 def set_gguf_rope(config: Any, gguf_path: Any) -> None:
     """Put the GGUF's rope scaling (scaling_from_gguf) on `config`, the transformers config
     its reader built. Raises ValueError for a scaling radixflow cannot express."""
-    from gguf import GGUFReader
+    from ..model_loader.gguf_tensors import gguf_reader
 
-    reader = GGUFReader(gguf_path)
+    reader = gguf_reader(gguf_path)
     arch_field = reader.fields.get("general.architecture")
     arch = arch_field.contents() if arch_field is not None else "llama"
     prefix = f"{arch}.rope.scaling."

@@ -1,0 +1,185 @@
+"""A GGUF's linear layers and embedding, from their stored blocks straight into the C kernels'
+tiles: no float32 model, no dense weights (unless --cpu-dense-weights keeps bf16 copies).
+
+Each stored type goes to the nearest tiled format radixflow's kernels multiply (every CPU
+level has all three):
+- Q4_0, Q4_1, Q4_K -> q4_1 (groups of 32 with a scale and a low value: Q4_K's sub-blocks of 32
+  are such groups, scale d*sc and low -dmin*m; the scales are held as fp16);
+- Q8_0 -> q8_0, exactly;
+- F32, F16, BF16 -> bf16 tiles;
+- every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS) -> q8_0: its blocks
+  dequantized and requantized to 8-bit groups of 32 (no kernel of its own yet; an 8-bit
+  grid keeps them within 1/254 of each group's largest weight).
+A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
+format of its parts (bf16 > q8_0 > q4_1). With --quantization int4 every layer but the
+output head becomes q4_1 (its stored values requantized to 4-bit groups where they are not
+4-bit already). One log line says what became what, and why.
+
+The embedding becomes a TiledEmbedding over the same kind of tiles (the output head's, shared,
+when the model ties them), dequantizing the rows a batch looks up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+
+import torch
+from torch import nn
+
+from radixflow.kernels import cpu as cpu_kernels
+from radixflow.kernels.gguf_blocks import GGMLType, affine_groups, symmetric_int8_groups
+
+from ..model_loader.gguf_tensors import CHUNK_ROWS, GGUFWeights, StoredTensor
+from .llama import _map_hf_name
+from .quant_linear import QuantLinear, keep_dense_copies, quantize_groups, tiled_linear
+
+logger = logging.getLogger(__name__)
+
+_AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)
+_FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_WIDTH = {"q4_1": 0, "q8_0": 1, "bf16": 2}
+_WHY = {"q4_1": "groups of 32 as stored, fp16 scales",
+        "q8_0": "exact",
+        "bf16": "exact"}
+
+
+def nearest_format(qtype: GGMLType) -> str:
+    if qtype in _AFFINE_4BIT:
+        return "q4_1"
+    if qtype in _FLOATS:
+        return "bf16"
+    return "q8_0"
+
+
+def why(qtype: GGMLType, fmt: str) -> str:
+    if nearest_format(qtype) != fmt:
+        return "requantized: a fused layer's widest part or --quantization int4"
+    if fmt == "q8_0" and qtype != GGMLType.Q8_0:
+        return f"no {qtype.name} kernel yet: requantized to 8-bit groups of 32"
+    return _WHY[fmt]
+
+
+class TiledEmbedding(nn.Module):
+    """An embedding table held in a tiled format: a lookup dequantizes just the looked-up
+    rows (kernels/cpu gather_rows), in the model's dtype."""
+
+    def __init__(self, tiled: cpu_kernels.TiledWeight, dtype: torch.dtype, stored_as: str):
+        super().__init__()
+        self.tiled, self.dtype, self.stored_as = tiled, dtype, stored_as
+        self.num_embeddings, self.embedding_dim = tiled.n, tiled.k
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = cpu_kernels.gather_rows(self.tiled, ids)
+        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+
+
+def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
+    """The parts' rows, one after another, tiled in `fmt`, converted CHUNK_ROWS at a time."""
+    if fmt == "bf16":
+        return cpu_kernels.tile_bf16(torch.cat([
+            p.dequantize(a, min(a + CHUNK_ROWS, p.rows)).to(torch.bfloat16)
+            for p in parts for a in range(0, p.rows, CHUNK_ROWS)]))
+    pieces = []
+    for p in parts:
+        for a in range(0, p.rows, CHUNK_ROWS):
+            chunk = p.slice_rows(a, min(a + CHUNK_ROWS, p.rows))
+            if fmt == "q4_1" and chunk.qtype in _AFFINE_4BIT:
+                pieces.append(affine_groups(chunk.raw, chunk.qtype, chunk.shape))
+            elif fmt == "q4_1":
+                pieces.append(quantize_groups(chunk.dequantize()))
+            elif chunk.qtype == GGMLType.Q8_0:
+                pieces.append(symmetric_int8_groups(chunk.raw, chunk.qtype, chunk.shape))
+            else:
+                w = cpu_kernels.quantize_q8_0(chunk.dequantize())
+                pieces.append((w.q, w.scale))
+    fields = [torch.cat(column) for column in zip(*pieces, strict=True)]
+    if fmt == "q4_1":
+        return cpu_kernels.tile_q4_1(*fields)
+    return cpu_kernels.tile_q8_0(cpu_kernels.Q8_0Weight(*fields))
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
+    """(parent, child name, parameter path) of every nn.Linear of the model."""
+    return [(module, name, f"{path}.{name}" if path else name)
+            for path, module in model.named_modules()
+            for name, child in module.named_children() if type(child) is nn.Linear]
+
+
+def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch.dtype,
+                         dense_weights: str = "auto", int4: bool = False) -> set[str]:
+    """Replace the (meta) model's nn.Linears and its embedding by tiled layers built from the
+    GGUF's blocks; returns the checkpoint names consumed (the rest load as dense tensors)."""
+    by_param: dict[str, dict[str | None, str]] = defaultdict(dict)
+    for hf_name in weights.names():
+        name, shard = _map_hf_name(hf_name)
+        if name is not None:
+            by_param[name][shard] = hf_name
+    tied = getattr(model.args, "tie_word_embeddings", False)
+    if tied:
+        by_param["lm_head.weight"] = by_param["embed_tokens.weight"]
+
+    plan, consumed, copies = [], set(), 0
+    for parent, child, path in _linears(model):
+        parts = by_param.get(f"{path}.weight")
+        if not parts:
+            raise ValueError(f"the GGUF has no weights for {path}")
+        names = [parts[s] for s in sorted(parts, key=_SHARD_ORDER.get)]
+        fmt = "q4_1" if int4 and path != "lm_head" else max(
+            (nearest_format(weights.stored_type(n)) for n in names), key=_WIDTH.get)
+        biases = by_param.get(f"{path}.bias", {})
+        bias_names = [biases[s] for s in sorted(biases, key=_SHARD_ORDER.get)]
+        plan.append((parent, child, path, names, fmt, bias_names))
+        consumed.update(names, bias_names)
+        copies += 2 * child_numel(parent, child)
+    dense_copy = dtype == torch.bfloat16 and keep_dense_copies(dense_weights, copies)
+
+    made: Counter = Counter()
+    head_tiles = None
+    for parent, child, path, names, fmt, bias_names in plan:  # one layer's bytes at a time
+        stored = [weights.tensor(n) for n in names]
+        tiled = _tile(stored, fmt)
+        bias = (torch.cat([weights.tensor(n).dequantize().reshape(-1) for n in bias_names])
+                if bias_names else None)
+        layer = tiled_linear(tiled, bias, dtype, dense_copy and path != "lm_head")
+        layer.stored_as = "+".join(sorted({t.qtype.name for t in stored}))
+        setattr(parent, child, layer)
+        for t in stored:
+            made[(t.qtype.name, fmt, why(t.qtype, fmt))] += 1
+        if path == "lm_head":
+            head_tiles = (tiled, layer.stored_as)
+    embed_name = by_param["embed_tokens.weight"][None]
+    if tied and head_tiles is not None:
+        tiles, stored_as = head_tiles
+    else:
+        stored = weights.tensor(embed_name)
+        tiles, stored_as = _tile([stored], nearest_format(stored.qtype)), stored.qtype.name
+    model.embed_tokens = TiledEmbedding(tiles, dtype, stored_as)
+    consumed.add(embed_name)
+    logger.info("weights from the GGUF as stored: %s", "; ".join(
+        f"{n} {src} -> {fmt} ({reason})" for (src, fmt, reason), n in sorted(made.items())))
+    return consumed
+
+
+def child_numel(parent: nn.Module, child: str) -> int:
+    linear = getattr(parent, child)
+    return linear.in_features * linear.out_features
+
+
+_SHARD_ORDER = {None: 0, "q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
+
+
+def weight_formats(model: nn.Module) -> dict[str, dict[str, str]]:
+    """Each group of layers' stored type, tiled format and kernel (/get_server_info)."""
+    groups: dict[str, dict[str, set]] = {}
+    for path, module in model.named_modules():
+        tiled = getattr(module, "tiled", None)
+        if tiled is None or not isinstance(module, (QuantLinear, TiledEmbedding)):
+            continue
+        role = path.rsplit(".", 1)[-1]
+        entry = groups.setdefault(role, {"stored": set(), "format": set(), "kernel": set()})
+        entry["stored"].add(getattr(module, "stored_as", "dense"))
+        entry["format"].add(tiled.format)
+        entry["kernel"].add(f"radixflow C {tiled.level}" if tiled.level else "torch")
+    return {role: {k: "+".join(sorted(v)) for k, v in entry.items()}
+            for role, entry in groups.items()}
