@@ -201,12 +201,13 @@ def _write_generation_config(dest: Path, config) -> None:
     (dest / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
-def write_tiny_gguf(hf_folder: Path, dest: Path) -> Path:
+def write_tiny_gguf(hf_folder: Path, dest: Path, qtype_of=None) -> Path:
     """Write the llama-family model in `hf_folder` as an F32 GGUF file at `dest`, llama.cpp style.
 
     Mirrors what llama.cpp's convert_hf_to_gguf.py does for Llama: GGUF tensor names, q/k rows
     permuted for its rotary layout, `output.weight` left out when the head is tied, and a
     "gpt2" (byte-level BPE) tokenizer with the chat template in the metadata. Returns `dest`.
+    `qtype_of(hf_name)`: a gguf.GGMLQuantizationType to store that tensor in (None: F32).
     """
     import gguf
     import numpy as np
@@ -244,9 +245,12 @@ def write_tiny_gguf(hf_folder: Path, dest: Path) -> Path:
             tensor = _llama_cpp_permute(tensor, num_heads)
         elif hf_name.endswith("k_proj.weight"):
             tensor = _llama_cpp_permute(tensor, num_kv_heads)
-        writer.add_tensor(
-            names.get_name(hf_name, try_suffixes=(".weight",)), np.ascontiguousarray(tensor)
-        )
+        qtype = qtype_of(hf_name) if qtype_of is not None else None
+        data = np.ascontiguousarray(tensor)
+        if qtype is not None:
+            data = gguf.quants.quantize(data, qtype)
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), data,
+                          raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

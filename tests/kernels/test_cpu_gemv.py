@@ -170,3 +170,19 @@ def test_compile_failure_turns_the_kernels_off(monkeypatch, tmp_path):
         assert not cpu.available()
     finally:
         cpu._library_for.cache_clear()
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+def test_gather_rows_is_unpack_indexed(fmt):
+    """An embedding lookup in tiles (stored_linears.TiledEmbedding) reads the rows unpack has."""
+    from radixflow.runtime.models.quant_linear import quantize_groups
+
+    torch.manual_seed(0)
+    w = torch.randn(37, 96)
+    tiled = {"q4_1": lambda: cpu.tile_q4_1(*quantize_groups(w)),
+             "q8_0": lambda: cpu.tile_q8_0(cpu.quantize_q8_0(w)),
+             "bf16": lambda: cpu.tile_bf16(w)}[fmt]()
+    ids = torch.tensor([0, 5, 36, 16, 17, 5])
+    assert torch.equal(cpu.gather_rows(tiled, ids), cpu.unpack(tiled)[ids])
+    with pytest.raises(IndexError):
+        cpu.gather_rows(tiled, torch.tensor([37]))
