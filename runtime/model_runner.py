@@ -8,19 +8,16 @@ import torch
 
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
-from radixflow.kernels.cpu.rows import RowKernels
 
 from .attention import check_backend_fits_device, create_attention_backend, warm_up_attention
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
 from .memory_pool import HiddenSumPool, KVPool, ReqToTokenPool
+from .model_building import load_model
 from .model_loader.pooling import PoolingConfig, read_pooling
 from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
-from .models.cpu_linear import can_pack, pack_linears_
-from .models.llama import LlamaForCausalLM
-from .models.quant_linear import can_quantize_int4, dense_weights_of, quantize_linears_
-from .models.registry import model_class
+from .models.quant_linear import dense_weights_of
 from .models.stored_linears import weight_formats
 from .server_args import ServerArgs
 
@@ -84,7 +81,9 @@ class ModelRunner:
         local = self.tp.spec.local_args(ma) if self.tp else ma  # this rank's heads
         self.context_len = min(args.context_length or ma.max_position_embeddings,
                                ma.max_position_embeddings)
-        self.model = self._load_model(model_folder)
+        self.model, self.quantization = load_model(args, self.model_args, model_folder,
+                                                   self.device, self.dtype, self.tp,
+                                                   self.context_len)
         self.kv_dtype = self._kv_dtype()
         per_token = KVPool.bytes_per_token(ma.num_layers, local.num_kv_heads, ma.head_dim,
                                            self.kv_dtype)
@@ -164,90 +163,6 @@ class ModelRunner:
                        "to %d tokens (raise --kv-cache-gb or --max-total-tokens for more)",
                        self.context_len, pool, num_slots)
         return num_slots
-
-    def _load_model(self, folder) -> LlamaForCausalLM:
-        from .model_loader import iter_weights
-        from .model_loader.gguf_tensors import GGUFWeights
-
-        stored = GGUFWeights.of_folder(folder)
-        if stored is not None and self._loads_as_stored():
-            return self._load_as_stored(model_class(self.model_args), stored)
-        weights = iter_weights(folder)
-        with torch.device("meta"):
-            if self.tp:
-                from .distributed.tp_model import tp_model_class
-
-                model = tp_model_class(self.model_args)(self.model_args, self.tp)
-                weights = self.tp.spec.shard_weights(weights)
-            else:
-                model = model_class(self.model_args)(self.model_args)
-        model.to_empty(device=self.device)
-        model.load_weights(weights, need_lm_head=not self.args.is_embedding)
-        self.quantization = self._quantize(model)  # from the checkpoint's own weights
-        if self.tp and not self.tp.all_agree(self.quantization == "int4") \
-                and self.quantization == "int4":
-            raise ValueError("--quantization auto: this rank's shard of the weights is 4-bit "
-                             "groups and another rank's is not; pass --quantization none or int4")
-        model.to(self.dtype)
-        # fp32 tables, whatever the model dtype; longrope picks its factors by the context
-        model.reset_rope_tables(self.device, context_len=self.context_len)
-        if can_pack(self.device, self.dtype):
-            pack_linears_(model)
-        if self.device.type == "cpu" and cpu_kernels.available():
-            model.bind_row_kernels(RowKernels())  # norms, rope, SiLU of extend forwards
-        return model.eval()
-
-    def _loads_as_stored(self) -> bool:
-        """Whether a GGUF's layers go from its blocks straight into radixflow's tiled kernels
-        (a CPU with them, one rank, a generation server, a dense model, --quantization
-        auto|int4 and no explicit --dtype float32 with auto); elsewhere its tensors load
-        dequantized."""
-        args = self.args
-        return (self.device.type == "cpu" and cpu_kernels.available() and self.tp is None
-                and not args.is_embedding and args.quantization != "none"
-                and self.model_args.num_experts == 0  # (experts: moe.py stacks dense weights)
-                and not (args.quantization == "auto" and args.dtype == "float32"))
-
-    def _load_as_stored(self, cls, stored) -> LlamaForCausalLM:
-        from .models.stored_linears import load_stored_linears_
-
-        with torch.device("meta"):
-            model = cls(self.model_args)
-        consumed = load_stored_linears_(model, stored, dtype=self.dtype,
-                                        dense_weights=self.args.cpu_dense_weights,
-                                        int4=self.args.quantization == "int4")
-        model.to(self.dtype)  # (on meta: the norms and biases left, nothing allocated yet)
-        model.to_empty(device=self.device)
-        model.load_weights(stored.dequantized(skip=consumed))
-        self.quantization = "int4"
-        model.reset_rope_tables(self.device, context_len=self.context_len)
-        model.bind_row_kernels(RowKernels())
-        if self.dtype == torch.bfloat16:
-            logger.info("%s", dense_weights_of(model, self.args.cpu_dense_weights).describe())
-        return model.eval()
-
-    def _quantize(self, model: LlamaForCausalLM) -> str:
-        """Apply --quantization; returns what was applied ("int4" or "none").
-
-        auto: int4 on a CPU whose level has radixflow's kernels (avx512, avx2) when the
-        checkpoint's weights are already 4-bit groups (a Q4_0/Q4_1 GGUF such as the default
-        model's), where it is lossless and a decode step reads a third of the bytes, unless
-        --dtype float32 was asked for; otherwise none.
-        """
-        choice = self.args.quantization
-        if choice == "none":
-            return "none"
-        if not can_quantize_int4(self.device):
-            if choice == "auto":
-                return "none"
-            raise ValueError("--quantization int4 needs a CPU device and torch's int4 CPU kernel")
-        if choice == "auto" and (self.args.dtype == "float32" or not cpu_kernels.available()):
-            return "none"  # (an explicit float32 asks for fp32 numerics throughout)
-        count = quantize_linears_(model, keep=(model.lm_head,), only_if_exact=choice == "auto",
-                                  dtype=self.dtype, dense_weights=self.args.cpu_dense_weights)
-        if count:
-            logger.info("quantized weights for %d linear layers (--quantization %s)", count, choice)
-        return "int4" if count else "none"
 
     def _cpu_decode(self) -> CpuDecode | None:
         from .attention.torch_native import TorchNativeAttnBackend

@@ -23,10 +23,10 @@ def tiny_llama(tmp_path_factory):
 def test_torch_native_on_cuda_is_refused_before_the_weights_load(tiny_llama, monkeypatch):
     monkeypatch.setattr(model_runner, "resolve_device", lambda name: torch.device("cuda"))
 
-    def load_model(self, folder):
+    def load_model(*args, **kwargs):
         raise AssertionError("the weights were loaded before the backend was checked")
 
-    monkeypatch.setattr(ModelRunner, "_load_model", load_model)
+    monkeypatch.setattr(model_runner, "load_model", load_model)
     config = json.loads((tiny_llama / "config.json").read_text())
     args = ServerArgs(model=str(tiny_llama), attention_backend="torch_native")
     with pytest.raises(ValueError, match="torch_native runs on the CPU only.*triton"):
