@@ -19,7 +19,7 @@ from ..errors import ModelNotFound
 from ..models.rope_scaling import set_gguf_rope
 from .gguf_families import fix_family_config, read_error_hint
 from .gguf_own_reader import read_gguf, reads_itself, tensor_plan
-from .gguf_tensors import _reader, write_source
+from .gguf_tensors import forget_readers, write_source
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def convert_gguf(gguf_path: Path, dest: Path, *, move_into: bool = False) -> dic
     else:
         _save_float32(tensors, skeleton, gguf_path, dest, tied, torch)
         stored = "float32 safetensors"
-    _reader.cache_clear()  # (the header's parsed fields: megabytes for a large vocabulary)
+    forget_readers()
     logger.info("prepared %s in %.1f s: weights %s", gguf_path.name,
                 time.monotonic() - start, stored)
     return {

@@ -5,7 +5,7 @@ stacked experts).
 The config is built from the GGUF metadata as llama.cpp names and reads it (src/models/*.cpp
 and convert_hf_to_gguf.py) into the transformers config of the family (GraniteConfig,
 SmolLM3Config, OlmoeConfig, MixtralConfig). The tensors are read memory-mapped with gguf's
-GGUFReader, dequantized with kernels/gguf_blocks.py (bit-exact with gguf's), renamed to the
+GGUFReader and planned (tensor_plan; gguf_tensors.py reads them as stored), named as the
 transformers model's names (gguf's HF -> GGUF name map, applied to the model's names), with
 llama.cpp's q/k row permutation undone where its converter applied it (LlamaModel and its
 subclasses: llama / Mixtral, granite, smollm3; not olmoe) and the stacked experts

@@ -130,8 +130,7 @@ class GGUFWeights:
         else:
             t = StoredTensor.cat(parts) if len(parts) > 1 else parts[0]
         if entry.get("unpermute"):
-            order = unpermute_rows(max(t.rows, t.cols) if t.rows == 1 else t.rows,
-                                   int(entry["unpermute"]))
+            order = unpermute_rows(t.cols if t.rows == 1 else t.rows, int(entry["unpermute"]))
             if t.rows == 1:  # a bias: permute its (float) elements
                 return StoredTensor(t.qtype, 1, t.cols,
                                     t.raw.view(t.cols, -1)[order].reshape(1, -1))
@@ -178,6 +177,11 @@ def _reader(path: Path, size: int, mtime_ns: int):
     from gguf import GGUFReader
 
     return GGUFReader(path)
+
+
+def forget_readers() -> None:
+    """Drop the shared reader (its parsed header: megabytes for a large vocabulary)."""
+    _reader.cache_clear()
 
 
 def tensor_infos(gguf_path: Path) -> dict[str, list]:

@@ -141,7 +141,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         tiled = _tile(stored, fmt)
         bias = (torch.cat([weights.tensor(n).dequantize().reshape(-1) for n in bias_names])
                 if bias_names else None)
-        layer = tiled_linear(tiled, bias, dtype, dense_copy and path != "lm_head")
+        layer = tiled_linear(tiled, bias, dtype)
+        layer.wants_dense_copy = dense_copy and path != "lm_head"  # (add_dense_copies_)
         layer.stored_as = "+".join(sorted({t.qtype.name for t in stored}))
         setattr(parent, child, layer)
         for t in stored:
@@ -166,6 +167,16 @@ def child_numel(parent: nn.Module, child: str) -> int:
     return linear.in_features * linear.out_features
 
 
+def add_dense_copies_(model: nn.Module) -> None:
+    """The bf16 copies load_stored_linears_ chose to keep, made once the model's own
+    parameters are loaded (a copy made before `to_empty` would be emptied with them)."""
+    for module in model.modules():
+        if getattr(module, "wants_dense_copy", False):
+            module.dense = module._dense_module(
+                cpu_kernels.dequantize(module.tiled, dtype=torch.bfloat16))
+            module.wants_dense_copy = False
+
+
 _SHARD_ORDER = {None: 0, "q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
 
 
@@ -178,7 +189,7 @@ def weight_formats(model: nn.Module) -> dict[str, dict[str, str]]:
             continue
         role = path.rsplit(".", 1)[-1]
         entry = groups.setdefault(role, {"stored": set(), "format": set(), "kernel": set()})
-        entry["stored"].add(getattr(module, "stored_as", "dense"))
+        entry["stored"].update(getattr(module, "stored_as", "dense").split("+"))
         entry["format"].add(tiled.format)
         entry["kernel"].add(f"radixflow C {tiled.level}" if tiled.level else "torch")
     return {role: {k: "+".join(sorted(v)) for k, v in entry.items()}

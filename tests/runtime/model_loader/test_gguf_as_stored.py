@@ -30,7 +30,7 @@ def _qtype(hf_name):
 def _prefill_logits(folder, **args):
     runner = ModelRunner(ServerArgs(model=str(folder), max_total_tokens=256, **args), folder,
                          load_config(folder))
-    ids = [1, 5, 9, 33, 70, 2, 11]
+    ids = [1, 5, 9, 33, 70, 2, 11] * 6  # (over QUANT_MAX_ROWS: the bf16 copies' products)
     slots = runner.kv_pool.alloc(len(ids))
     runner.req_to_token_pool.req_to_token[0, :len(ids)] = slots.to(torch.int32)
     logits = runner.forward(ForwardMode.EXTEND, [BatchRequest(
@@ -50,6 +50,7 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert formats["gate_up_proj"]["stored"] == "Q4_0"
     assert formats["qkv_proj"]["format"] == "q8_0"  # a fused layer takes its widest part
     assert formats["embed_tokens"]["stored"] == "Q8_0"
+    assert runner.cpu_info()["dense_weights"]["mode"] == "on"  # (a tiny model keeps copies)
     _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
     # bf16 activations against float32: close, and the same top-1 at every position
     assert (ours - dense).abs().max() < 0.05 * dense.abs().max()
