@@ -38,6 +38,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -175,17 +176,20 @@ def main() -> None:
                     "what the step itself spent (at one thread: its arithmetic alone)")
     ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"],
                     help="force radixflow's CPU kernels to this level (see README)")
+    ap.add_argument("--model", default=None, help="a model folder or .gguf file (default: the "
+                    "default model); e.g. bench/scale_models.py's /tmp/scale/llama-1b-Q4_K_M.gguf")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.messages import GenerateReq
+    from radixflow.runtime.models.stored_linears import decode_step_bytes
     from radixflow.runtime.sampling_params import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
     # no overlap: its forward thread stops with the engine, and each step is timed alone
-    engine = Engine(None, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa,
+    engine = Engine(args.model, enable_torch_compile=args.compile, cpu_isa=args.cpu_isa,
                     disable_overlap_schedule=True)
     sched = engine.scheduler
     engine.shutdown()  # step the scheduler directly, no background thread
@@ -256,15 +260,17 @@ def main() -> None:
              f"{f' --shared-prefix {args.shared_prefix}' if args.shared_prefix else ''}"
              f"{' --no-torch-ops' if args.no_torch_ops else ''}"
              f"{f' --threads {args.threads}' if args.threads else ''}"
-             f"{' --cpu-time' if args.cpu_time else ''}")
+             f"{' --cpu-time' if args.cpu_time else ''}"
+             f"{f' --model {args.model}' if args.model else ''}")
     context = (f"a shared {len(prefix)}-token prefix ({shared_slots} KV slots alike in every "
                f"row) plus {len(prompt(0)) - len(prefix)} tokens of each request's own"
                if prefix else f"{len(ids)} tokens")
+    model = "Default model" if args.model is None else Path(args.model).name
     lines = [f"# Decode step, {who}, {date}", "",
              f"Command: `python -m bench.decode_step --rounds {args.rounds} --steps {args.steps}"
              f"{extra}`", "",
              f"CPU: {sched.runner.cpu.describe()}; kernels: {info['cpu']['kernels']}.", "",
-             f"Default model, {info['dtype']}, quantization {info['quantization']}, "
+             f"{model}, {info['dtype']}, quantization {info['quantization']}, "
              f"{torch.get_num_threads()} threads; {who} decoding (context grows from "
              f"{context} by {total_steps} over the run). Median over {args.rounds} rounds "
              f"of {args.steps} steps, variants in turns.", ""]
@@ -275,7 +281,7 @@ def main() -> None:
     for name, ms in medians.items():
         lines.append(f"| {name} | {ms:.2f} | {args.batch * 1e3 / ms:.1f} | {ms - served:+.2f} ms |")
     lines.append("")
-    weight_bytes, bandwidth = bytes_per_step(sched.runner.model), copy_bandwidth()
+    weight_bytes, bandwidth = decode_step_bytes(sched.runner.model), copy_bandwidth()
     bound_ms = weight_bytes / bandwidth * 1e3
     lines += [f"Bytes a step must read: {weight_bytes / 1e6:.1f} MB of weights (once for the "
               f"whole batch; K/V on top). Memory bandwidth here (a {COPY_MB} MB copy, "
@@ -312,7 +318,8 @@ def main() -> None:
                   args.cpu_isa if args.cpu_isa != "auto" else "",
                   f"batch{args.batch}" if args.batch > 1 else "",
                   f"shared{args.shared_prefix}" if args.shared_prefix else "",
-                  f"threads{args.threads}" if args.threads else "")
+                  f"threads{args.threads}" if args.threads else "",
+                  Path(args.model).stem if args.model else "")
     publish("\n".join(lines), None if args.no_write else Run("decode-step", key))
 
 
@@ -373,20 +380,6 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
 
 
 COPY_MB = 512
-
-
-def bytes_per_step(model: torch.nn.Module) -> int:
-    """Weight bytes one decode step reads: each linear's quantized (tiled) or dense weights,
-    plus one embedding row (negligible) and the norms."""
-    total, dense_copies = 0, set()
-    for module in model.modules():
-        tiled = getattr(module, "tiled", None)
-        if tiled is not None:  # a quantized layer: its dense copy serves only many rows
-            total += tiled.nbytes
-            dense_copies.update(id(m) for m in module.modules())
-        elif type(module) is torch.nn.Linear and id(module) not in dense_copies:
-            total += module.weight.numel() * module.weight.element_size()
-    return total
 
 
 def copy_bandwidth() -> float:

@@ -18,7 +18,7 @@ from .models.compiled_decode import SingleRequestDecode
 from .models.config import ModelArgs
 from .models.cpu_decode import CpuDecode
 from .models.quant_linear import dense_weights_of
-from .models.stored_linears import weight_formats
+from .models.stored_linears import decode_step_bytes, weight_formats
 from .server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ class ModelRunner:
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
                 "decode_step": "C" if self.cpu_decode is not None else "torch ops",
                 "weights": weight_formats(self.model),
+                "decode_step_weight_bytes": decode_step_bytes(self.model),
                 "dense_weights": dense_weights_of(self.model,
                                                   self.args.cpu_dense_weights).as_dict()}
 

@@ -194,3 +194,17 @@ def weight_formats(model: nn.Module) -> dict[str, dict[str, str]]:
         entry["kernel"].add(f"radixflow C {tiled.level}" if tiled.level else "torch")
     return {role: {k: "+".join(sorted(v)) for k, v in entry.items()}
             for role, entry in groups.items()}
+
+
+def decode_step_bytes(model: nn.Module) -> int:
+    """Weight bytes one decode step reads, once for the whole batch: each linear's tiles (or
+    dense weights where it has none), the embedding's looked-up rows left out as negligible."""
+    total, dense_copies = 0, set()
+    for module in model.modules():
+        tiled = getattr(module, "tiled", None)
+        if tiled is not None and not isinstance(module, TiledEmbedding):
+            total += tiled.nbytes  # its dense copy, if any, serves only many-row products
+            dense_copies.update(id(m) for m in module.modules())
+        elif type(module) is nn.Linear and id(module) not in dense_copies:
+            total += module.weight.numel() * module.weight.element_size()
+    return total

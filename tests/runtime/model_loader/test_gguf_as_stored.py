@@ -38,6 +38,18 @@ def _prefill_logits(folder, **args):
     return runner, logits
 
 
+def _linear_params(hf_folder):
+    """Weights a decode step multiplies by, counted from the checkpoint: every projection
+    and the head (the embedding when they are tied)."""
+    from safetensors import safe_open
+
+    with safe_open(str(hf_folder / "model.safetensors"), "pt") as f:
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    head = shapes.get("lm_head.weight", shapes["model.embed_tokens.weight"])
+    projections = [s for name, s in shapes.items() if name.endswith("proj.weight")]
+    return head[0] * head[1] + sum(a * b for a, b in projections)
+
+
 def test_quantized_gguf_loads_as_stored(tmp_path):
     original = make_tiny_model(tmp_path / "hf", "llama")
     path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_qtype)
@@ -51,7 +63,11 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert formats["qkv_proj"]["format"] == "q8_0"  # a fused layer takes its widest part
     assert formats["embed_tokens"]["stored"] == "Q8_0"
     assert runner.cpu_info()["dense_weights"]["mode"] == "on"  # (a tiny model keeps copies)
-    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    dense_runner, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    linear_params = _linear_params(original)
+    assert dense_runner.cpu_info()["decode_step_weight_bytes"] == 4 * linear_params
+    # 4-bit tiles with q8_0 for qkv and the head, the bf16 copies not counted: 0.5-1.1 B/weight
+    assert 0.5 < runner.cpu_info()["decode_step_weight_bytes"] / linear_params < 1.1
     # bf16 activations against float32: close, and the same top-1 at every position
     assert (ours - dense).abs().max() < 0.05 * dense.abs().max()
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
