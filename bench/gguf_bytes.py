@@ -1,5 +1,6 @@
 """The bytes one decode step of a GGUF model reads, as llama.cpp reads the file: every tensor in
-its own format, once per step, except the token embedding (one row per token) and a
+its own format, once per step, except the token embedding (one row per token, unless it is
+the head too: tied, with no `output.weight`) and a
 mixture-of-experts layer's stacked experts (`*_exps`: only the `expert_used_count` experts a
 token is routed to), plus the K/V of the context. Against the machine's copy bandwidth
 (bench/decode_step.py's), that bounds a single stream's time per token.
@@ -39,11 +40,14 @@ def bytes_per_token(path: Path) -> StepBytes:
     used, experts = _field(reader, f"{arch}.expert_used_count"), _field(reader,
                                                                         f"{arch}.expert_count")
     out = StepBytes()
+    tied = not any(t.name.startswith("output.") for t in reader.tensors)
     for t in reader.tensors:
         size = int(t.n_bytes)
         out.held += size
         name = t.name
-        if name.startswith("token_embd"):
+        if name.startswith("token_embd") and tied:  # the head too: read whole every step
+            part = "head (the embedding, tied)"
+        elif name.startswith("token_embd"):
             part, size = "embedding row", size // int(t.shape[-1])  # (shape: [hidden, vocab])
         elif "_exps" in name:
             part, size = "routed experts", size * int(used) // int(experts)
