@@ -50,6 +50,9 @@ What each function guarantees:
   scales NaN, or dmin inf times a zero min), which payload survives is the machine's choice
   (numpy keeps the first operand's, torch's CPU kernels the second's; CUDA gives its canonical
   NaN).
+- `symmetric_6bit_groups(raw, qtype, shape)` for Q6_K, Q3_K, Q5_0, Q4_0 -> (q int8 in
+  -32..31, scale float32 per 16 weights) with `scale * q` equal to `dequantize` bit for bit
+  (Q4_0: equal values, as in affine_groups).
 - `affine_groups(raw, qtype, shape)` for Q4_0, Q4_1, Q4_K -> (q uint8 [rows, cols] in 0..15,
   scale, low float32 [rows, cols/32]) with `scale * q + low` (float32: the product, then the sum)
   equal to `dequantize` bit for bit for Q4_1 (scale = d, low = m) and Q4_K (scale = d*sc, low =
@@ -450,6 +453,28 @@ def symmetric_int8_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
     return f.qs.reshape(rows, cols), f.d.reshape(rows, cols // GROUP)
 
 
-__all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "GGMLType",
-           "affine_groups", "dequantize", "ggml_type", "row_bytes", "symmetric_int8_groups",
-           "unpack"]
+SIX_BIT_GROUP = 16  # weights per scale of the 6-bit symmetric form
+
+
+def symmetric_6bit_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K / Q3_K / Q5_0 / Q4_0 -> (q int8 [rows, cols] in -32..31, scale float32
+    [rows, cols/16]) with scale * q == dequantize(raw, qtype, (rows, cols)): bit for bit for
+    Q6_K and Q3_K (scale ggml's d * sc, its (d * sc) * q) and Q5_0 (scale d: every d * (q - 16)
+    is exact); for Q4_0 (scale d, q - 8) equal values, up to the sign of an exact zero (as
+    affine_groups' Q4_0)."""
+    t = ggml_type(qtype)
+    if t not in (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0, GGMLType.Q4_0):
+        raise ValueError(f"symmetric_6bit_groups reads Q6_K, Q3_K, Q5_0 and Q4_0, not {t.name}")
+    f = unpack(raw, t)
+    if t in (GGMLType.Q5_0, GGMLType.Q4_0):
+        q = f.qs.to(torch.int8) - (16 if t == GGMLType.Q5_0 else 8)
+        scale = f.d.unsqueeze(1).expand(-1, GROUP // SIX_BIT_GROUP)
+    else:
+        q, scale = f.qs, f.d.unsqueeze(1) * f.scales.float()
+    rows, cols = _rows_cols(shape, q.numel(), t)
+    return q.reshape(rows, cols), scale.reshape(rows, cols // SIX_BIT_GROUP)
+
+
+__all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "SIX_BIT_GROUP",
+           "GGMLType", "affine_groups", "dequantize", "ggml_type", "row_bytes",
+           "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]

@@ -2,8 +2,9 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in three formats: GGUF's Q4_1 and Q8_0,
-exactly, and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax, and a
+side by side: see gemv_avx512.c's header comment) in four formats: GGUF's Q4_1 and Q8_0,
+exactly, q6 (6-bit symmetric values with an fp16 scale per 16: GGUF's Q6_K, Q3_K and Q5_0),
+and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax, and a
 request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
 a whole decode step of a Llama-family model (a batch of requests, one token each) over those
@@ -108,7 +109,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_1" | "q8_0" | "bf16"
+    format: str  # "q4_1" | "q6" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -169,6 +170,55 @@ def tile_q8_0(w: Q8_0Weight) -> TiledWeight:
     return TiledWeight("q8_0", data.contiguous(), n, k)
 
 
+SIX_BIT_GROUP = 16
+FP16_MAX = 65504.0
+
+
+class ScaleOverflow(ValueError):
+    """Scales over what the format holds them in (fp16)."""
+
+
+def tile_q6(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
+    """q [N, K] int8 in -32..31, scale [N, K / 16]: w = scale * q, the scales held as fp16
+    (a GGUF's Q6_K, Q3_K and Q5_0 as stored; `unpack` shows what was kept). Per 16-row tile
+    and group of 32: fp16 d[2][16] (the group's halves), then q + 32's low nibbles as q4_1
+    holds its nibbles (4 chunks of 64 bytes), then its two high bits: 2 chunks of 64 bytes,
+    byte 4r + i of chunk h holding q[r][16h + 4j + i]'s in bits 2j, 2j + 1."""
+    n, k = q.shape
+    _check_weight_shape(n, k, GROUP)
+    if scale.shape != (n, k // SIX_BIT_GROUP):
+        raise ValueError(f"expected scales of shape [{n}, {k // SIX_BIT_GROUP}], "
+                         f"got {tuple(scale.shape)}")
+    if int(q.min()) < -32 or int(q.max()) > 31:
+        raise ValueError("6-bit weights must be in -32..31")
+    if not bool((scale.abs() <= FP16_MAX).all()):
+        raise ScaleOverflow(f"6-bit scales must fit fp16 (|scale| <= {FP16_MAX:g})")
+    g = k // GROUP
+    u = _pad_rows((q.to(torch.int16) + 32).to(torch.uint8), n)
+    tiles = u.shape[0] // TILE
+    low, high = u & 15, u >> 4
+    # [tile, row, group, chunk, half, i] -> [tile, group, chunk, row, i, half], as tile_q4_1
+    low = low.view(tiles, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    nibbles = low[..., 0] | (low[..., 1] << 4)
+    # [tile, row, group, h, j, i] -> [tile, group, h, row, i, j]
+    high = high.view(tiles, TILE, g, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    twos = high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)
+    d = _pad_rows(scale.to(torch.float16), n).view(tiles, TILE, g, 2).permute(0, 2, 3, 1)
+    data = torch.cat([d.contiguous().view(torch.uint8).reshape(tiles, g, 64),
+                      nibbles.reshape(tiles, g, 256), twos.reshape(tiles, g, 128)], dim=-1)
+    return TiledWeight("q6", data.contiguous(), n, k)
+
+
+def _q6_values(d: torch.Tensor, nib: torch.Tensor, twos: torch.Tensor) -> torch.Tensor:
+    """A q6 block's weights [..., 32] in k order from its rows' fields: d [..., 2] fp16,
+    nib [..., 4 chunks, 4] and twos [..., 2 halves, 4] bytes."""
+    low = torch.stack([nib & 15, nib >> 4], dim=-2)  # [..., chunk, half, i]
+    high = torch.stack([(twos >> (2 * j)) & 3 for j in range(4)], dim=-2)  # [..., h, j, i]
+    q = (low.flatten(-3).to(torch.int16) | (high.flatten(-3).to(torch.int16) << 4)) - 32
+    scale = d.view(torch.float16).float().repeat_interleave(SIX_BIT_GROUP, dim=-1)
+    return q.float() * scale
+
+
 def tile_bf16(weight: torch.Tensor) -> TiledWeight:
     n, k = weight.shape
     _check_weight_shape(n, k, 2)
@@ -186,6 +236,12 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         return dense.reshape(tiles * TILE, k)[:n].float()
     g = k // GROUP
     blocks = w.data.view(tiles, g, -1)
+    if w.format == "q6":  # -> [tile, row, group, ...] fields of each row
+        d = blocks[..., :64].reshape(tiles, g, 2, TILE, 2).permute(0, 3, 1, 2, 4)
+        nib = blocks[..., 64:320].reshape(tiles, g, 4, TILE, 4).permute(0, 3, 1, 2, 4)
+        twos = blocks[..., 320:].reshape(tiles, g, 2, TILE, 4).permute(0, 3, 1, 2, 4)
+        dense = _q6_values(d.reshape(tiles, TILE, g, 4).contiguous(), nib, twos)
+        return dense.reshape(tiles * TILE, k)[:n]
     if w.format == "q8_0":
         scale = blocks[..., :64].contiguous().view(torch.float32)  # [tiles, g, 16]
         q = blocks[..., 64:].contiguous().view(torch.int8).view(tiles, g, 8, TILE, 4).float()
@@ -215,6 +271,14 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     blocks = w.data.view(tiles, g, -1)
     r = row[:, None, None]
     groups = torch.arange(g)[None, :, None]
+    if w.format == "q6":  # [d fp16: half, row][nibbles: chunk, row, 4][twos: half, row, 4]
+        d = blocks[tile[:, None, None], groups,
+                   (32 * torch.arange(2)[:, None] + torch.arange(2)).reshape(-1) + 2 * r]
+        nib_bytes = 64 + (torch.arange(4)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
+        two_bytes = 320 + (torch.arange(2)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
+        nib = blocks[tile[:, None, None], groups, nib_bytes].view(-1, g, 4, 4)
+        twos = blocks[tile[:, None, None], groups, two_bytes].view(-1, g, 2, 4)
+        return _q6_values(d.contiguous(), nib, twos).reshape(-1, k)
     if w.format == "q8_0":  # [scale f32 x 16 rows][quad 0..7][row][4 int8]
         scale_bytes = 4 * r + torch.arange(4)
         quant = 64 + (torch.arange(8)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
@@ -261,7 +325,8 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_1": "rf_q4_1_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
+_GEMM = {"q4_1": "rf_q4_1_gemm", "q6": "rf_q6_gemm", "q8_0": "rf_q8_0_gemm",
+         "bf16": "rf_bf16_gemm"}
 
 
 DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)

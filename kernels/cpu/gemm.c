@@ -6,8 +6,8 @@
 
 #include "gemv.h"
 
-/* q4_1 and q8_0 for M rows of fp32 x. */
-static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y, int y_bf16,
+/* q4_1, q8_0 and q6 for M rows of fp32 x. */
+static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, int y_bf16,
                            int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t G = K / GROUP, row_bytes = 2 * K + 2 * G * sizeof(float);
     split_x xs[MAX_ROWS];
@@ -18,15 +18,17 @@ static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y,
         uint8_t *base = mem + m * row_bytes;
         xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
                           (float *)(base + 2 * K) + G};
-        rf_split_x(x + m * K, K, is_q8, xs[m]);
+        rf_split_x(x + m * K, K, fmt != FORMAT_Q4_1, xs[m]);
     }
     const int64_t T = (N + TILE - 1) / TILE;
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t t0, t1;
         thread_range(T, &t0, &t1);
-        if (is_q8)
+        if (fmt == FORMAT_Q8_0)
             rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else if (fmt == FORMAT_Q6)
+            rf_q6_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else
             rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
     }
@@ -35,12 +37,17 @@ static void quantized_gemm(int is_q8, const uint8_t *w, const float *x, void *y,
 
 void rf_q4_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
                   int64_t K, int nthreads) {
-    quantized_gemm(0, w, x, y, y_bf16, M, N, K, nthreads);
+    quantized_gemm(FORMAT_Q4_1, w, x, y, y_bf16, M, N, K, nthreads);
 }
 
 void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
                   int64_t K, int nthreads) {
-    quantized_gemm(1, w, x, y, y_bf16, M, N, K, nthreads);
+    quantized_gemm(FORMAT_Q8_0, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q6_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                int64_t K, int nthreads) {
+    quantized_gemm(FORMAT_Q6, w, x, y, y_bf16, M, N, K, nthreads);
 }
 
 /* bf16 for M rows of bf16 x. */

@@ -14,6 +14,7 @@
 #define MAX_ROWS 8 /* rows of x per call */
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
+#define Q6_BLOCK (64 + 6 * 64) /* fp16 d[2][16], 256 B low nibbles, 128 B high bit pairs */
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
  * AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or scale[g] * (256 hi + lo - 32768)
@@ -26,7 +27,7 @@ typedef struct {
     float *scale, *sum;
 } split_x;
 
-enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2 };
+enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -73,6 +74,8 @@ void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                      int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 /* Output rows [n0, n1) of a tiled weight (n0 a multiple of TILE) as dense rows [n1 - n0, K] of

@@ -23,6 +23,8 @@
  * - q8_0: w = d q with q signed, so the sign moves onto q: |X| is the unsigned operand and
  *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
  *   too much to add two in int16: each is widened by vpmaddwd at once.
+ * - q6: each quad unpacked into q8_0's (int8 q in -32..31) and multiplied as q8_0's, one
+ *   half group (4 quads, one fp16 scale per row) at a time.
  * - bf16: each dword (w[2p], w[2p + 1]) of a row becomes two fp32 values (a bf16 is the top
  *   half of an fp32), multiplied by x's fp32-widened bf16 values with FMA: exact products,
  *   fp32 sums.
@@ -219,10 +221,64 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
     }
 }
 
-/* ---- the tile loop of both integer formats ---- */
+/* ---- q6 ---- */
+
+/* Quad p (0..7) of a q6 block, rows 8h .. 8h + 7, as q8_0 holds its quads (int8 q). */
+static inline __attribute__((always_inline)) __m256i q6_quad(const uint8_t *blk, int p, int h) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * (p >> 1) + 32 * h));
+    const __m256i t = _mm256_loadu_si256((const __m256i *)(blk + 320 + 64 * (p >> 2) + 32 * h));
+    const __m256i nib = _mm256_and_si256(p & 1 ? _mm256_srli_epi16(l, 4) : l, low4);
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (p & 3)), two);
+    return _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+}
+
+/* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
+static inline __attribute__((always_inline)) void q6_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t off = g * Q6_BLOCK;
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q6_BLOCK);
+        for (int half = 0; half < 2; half++) {
+            __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int32 sums */
+            for (int u = 0; u < S; u++)
+                for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* as q4_1's chunks */
+            for (int p = 4 * half; p < 4 * half + 4; p++) {
+                __m256i xq[ROW_BLOCK], xabs[ROW_BLOCK];
+                for (int m = 0; m < M; m++) {
+                    xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                    xabs[m] = _mm256_sign_epi8(xq[m], xq[m]);
+                }
+                for (int u = 0; u < S; u++)
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i w = q6_quad(blks[u] + off, p, h);
+                        for (int m = 0; m < M; m++) {
+                            __m256i pairs = _mm256_maddubs_epi16(xabs[m], _mm256_sign_epi8(w, xq[m]));
+                            acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+            }
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    __m256 d = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)(blks[u] + off + 32 * half + 16 * h)));
+                    for (int m = 0; m < M; m++) {
+                        __m256 *out = y + 2 * (u * M + m) + h;
+                        __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xs[m].scale[g]));
+                        *out = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(acc[u][m][h]), *out);
+                    }
+                }
+        }
+    }
+}
+
+/* ---- the tile loop of the integer formats ---- */
 
 static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
-    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : Q8_0_BLOCK;
+    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : fmt == FORMAT_Q6 ? Q6_BLOCK : Q8_0_BLOCK;
 }
 
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
@@ -237,6 +293,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q6)
+            q6_tiles_streams(blks, G, xs, out, streams, M);
         else
             q8_0_tiles_streams(blks, G, xs, out, streams, M);
         for (int u = 0; u < streams; u++)
@@ -262,6 +320,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             __m256 out[2 * ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             case 1: TILE_ROWS(1); break;
@@ -284,6 +343,11 @@ void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                      int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q6, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 /* ---- bf16 ---- */
@@ -382,7 +446,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     float ds[TILE], ms[TILE];
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *blk = tile + g * block_bytes(fmt);
-        if (fmt == FORMAT_Q4_1) {
+        if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: ms holds the second half's d */
             _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)));
             _mm256_storeu_ps(ds + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
             _mm256_storeu_ps(ms, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))));
@@ -401,6 +465,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                } else if (fmt == FORMAT_Q6) {
+                    a = q6_quad(blk, 2 * c, h);
+                    b = q6_quad(blk, 2 * c + 1, h);
                 } else {
                     a = _mm256_loadu_si256((const __m256i *)(blk + 64 + 128 * c + 32 * h));
                     b = _mm256_loadu_si256((const __m256i *)(blk + 128 + 128 * c + 32 * h));
@@ -412,7 +479,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             const int r = 8 * h;
 #define ROW(V, R)                                                                               \
     for (int c = 0; c < 4; c++)                                                                 \
-        dequant_row(fmt, V, ds, ms, r + (R), out, out_bf16, K, row0, rows, col + 8 * c)
+        dequant_row(fmt, V, fmt == FORMAT_Q6 && c >= 2 ? ms : ds, ms, r + (R), out, out_bf16, \
+                    K, row0, rows, col + 8 * c)
             ROW(l0[c], 0); ROW(_mm_unpackhi_epi64(l0[c], l0[c]), 1);
             ROW(h0[c], 2); ROW(_mm_unpackhi_epi64(h0[c], h0[c]), 3);
             ROW(l1[c], 4); ROW(_mm_unpackhi_epi64(l1[c], l1[c]), 5);
@@ -474,6 +542,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_1)
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q6)
+            dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

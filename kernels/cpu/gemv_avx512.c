@@ -18,6 +18,11 @@
  * - q8_0 (GGUF's Q8_0, the default model's tied embedding / head): per tile and group, 16
  *   fp32 scales d, then 8 quads of 64 bytes: byte 4r + i of quad p is q[r][4p + i] (int8).
  *   w = d q. Here x's bytes are the unsigned operand: X + 32768 = 256 hi + lo.
+ * - q6 (GGUF's Q6_K, Q3_K and Q5_0 as stored): per tile and group, fp16 d[2][16] (one scale
+ *   per row and half group of 16), then q + 32's low nibbles as q4_1 holds its nibbles (4
+ *   chunks of 64 bytes), then its high two bits in 2 chunks of 64 bytes (byte 4r + i of chunk
+ *   h: q[r][16h + 4j + i]'s in bits 2j, 2j + 1). Each quad is unpacked in registers into
+ *   q8_0's quad (int8 q in -32..31) and multiplied as q8_0's, one half group at a time.
  * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
  *   by bf16 x pairs: exact products, fp32 sums.
  *
@@ -176,10 +181,65 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
     }
 }
 
-/* ---- the tile loop of both integer formats ---- */
+/* ---- q6 ---- */
+
+/* Quad p (0..7) of a q6 block as q8_0 holds its quads: byte 4r + i is q[r][4p + i]. */
+static inline __attribute__((always_inline)) __m512i q6_quad(const uint8_t *blk, int p) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    const __m512i l = _mm512_loadu_si512(blk + 64 + 64 * (p >> 1));
+    const __m512i h = _mm512_loadu_si512(blk + 320 + 64 * (p >> 2));
+    const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
+    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
+    return _mm512_sub_epi8(_mm512_or_si512(nib, _mm512_slli_epi16(top, 4)), _mm512_set1_epi8(32));
+}
+
+/* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
+static inline __attribute__((always_inline)) void q6_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t off = g * Q6_BLOCK;
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q6_BLOCK);
+        for (int half = 0; half < 2; half++) {
+            __m512i qsum[8], hi[8][ROW_BLOCK], lo[8][ROW_BLOCK];
+            for (int u = 0; u < S; u++) {
+                qsum[u] = _mm512_setzero_si512();
+                for (int m = 0; m < M; m++) hi[u][m] = lo[u][m] = _mm512_setzero_si512();
+            }
+            for (int p = 4 * half; p < 4 * half + 4; p++) {
+                __m512i h[ROW_BLOCK], l[ROW_BLOCK];
+                for (int m = 0; m < M; m++) {
+                    h[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                    l[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].lo + g * GROUP))[p]);
+                }
+                for (int u = 0; u < S; u++) {
+                    const __m512i w = q6_quad(blks[u] + off, p);
+                    qsum[u] = _mm512_dpbusd_epi32(qsum[u], ones, w);
+                    for (int m = 0; m < M; m++) {
+                        hi[u][m] = _mm512_dpbusd_epi32(hi[u][m], h[m], w);
+                        lo[u][m] = _mm512_dpbusd_epi32(lo[u][m], l[m], w);
+                    }
+                }
+            }
+            for (int u = 0; u < S; u++) {
+                __m512 d = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(blks[u] + off + 32 * half)));
+                __m512i offset = _mm512_slli_epi32(qsum[u], 15); /* 32768 sum q */
+                for (int m = 0; m < M; m++) {
+                    __m512i qx = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[u][m], 8), lo[u][m]), offset);
+                    __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+                    y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+                }
+            }
+        }
+    }
+}
+
+/* ---- the tile loop of the integer formats ---- */
 
 static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
-    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : Q8_0_BLOCK;
+    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : fmt == FORMAT_Q6 ? Q6_BLOCK : Q8_0_BLOCK;
 }
 
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
@@ -194,6 +254,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q6)
+            q6_tiles_streams(blks, G, xs, out, streams, M);
         else
             q8_0_tiles_streams(blks, G, xs, out, streams, M);
         for (int u = 0; u < streams; u++)
@@ -218,6 +280,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             __m512 out[ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             case 1: TILE_ROWS(1); break;
@@ -239,6 +302,11 @@ void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                      int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q6, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 /* ---- bf16 ---- */
@@ -337,7 +405,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *blk = tile + g * block_bytes(fmt);
         __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
-        if (fmt == FORMAT_Q4_1) {
+        if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: m holds the second half's d */
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
         } else {
@@ -357,6 +425,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                 const __m512i w = _mm512_loadu_si512(blk + 64 + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            } else if (fmt == FORMAT_Q6) {
+                a = q6_quad(blk, 2 * c);
+                b = q6_quad(blk, 2 * c + 1);
             } else {
                 a = _mm512_loadu_si512(blk + 64 + 128 * c);
                 b = _mm512_loadu_si512(blk + 128 + 128 * c);
@@ -367,8 +438,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         const int64_t col = g * GROUP;
 #define PAIR(V, L, J)                                                                         \
     for (int c = 0; c < 4; c++)                                                               \
-        dequant_pair(fmt, _mm512_extracti32x4_epi32(V[c], L), dp, mp, J, out, out_bf16, K,    \
-                     row0, rows, col + 8 * c);
+        dequant_pair(fmt, _mm512_extracti32x4_epi32(V[c], L),                                 \
+                     fmt == FORMAT_Q6 && c >= 2 ? mp : dp, mp, J, out, out_bf16, K, row0,     \
+                     rows, col + 8 * c);
         PAIR(lo, 0, 0) PAIR(hi, 0, 1) PAIR(lo, 1, 2) PAIR(hi, 1, 3)
         PAIR(lo, 2, 4) PAIR(hi, 2, 5) PAIR(lo, 3, 6) PAIR(hi, 3, 7)
 #undef PAIR
@@ -427,6 +499,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_1)
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q6)
+            dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

@@ -29,15 +29,13 @@ from ..memory_pool import KVPool
 from .feed_forward import FeedForward
 from .llama import LlamaForCausalLM, RMSNorm
 from .moe import SparseMoe
-from .quant_linear import Int4Linear, Q8_0Linear, TiledBF16Linear
+from .quant_linear import QuantLinear
 
 logger = logging.getLogger(__name__)
 
 
 def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | None:
-    if isinstance(linear, (Int4Linear, Q8_0Linear, TiledBF16Linear)):
-        return linear.tiled
-    return None
+    return linear.tiled if isinstance(linear, QuantLinear) else None
 
 
 def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -233,10 +233,21 @@ class TiledBF16Linear(QuantLinear):
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
+class Q6Linear(QuantLinear):
+    """6-bit symmetric groups of 16 (a GGUF's Q6_K, Q3_K and Q5_0 as stored): made from tiles
+    only (QuantLinear.from_tiled)."""
+
+    max_rows = 2
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
+
+
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
+    kind = {"q4_1": Int4Linear, "q6": Q6Linear, "q8_0": Q8_0Linear,
+            "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 
 

@@ -2,16 +2,18 @@
 tiles: no float32 model, no dense weights (unless --cpu-dense-weights keeps bf16 copies).
 
 Each stored type goes to the nearest tiled format radixflow's kernels multiply (every CPU
-level has all three):
+level has all four):
 - Q4_0, Q4_1, Q4_K -> q4_1 (groups of 32 with a scale and a low value: Q4_K's sub-blocks of 32
   are such groups, scale d*sc and low -dmin*m; the scales are held as fp16);
+- Q6_K, Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q6_K's and Q3_K's
+  sub-blocks of 16 with scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16);
 - Q8_0 -> q8_0, exactly;
 - F32, F16, BF16 -> bf16 tiles;
-- every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS) -> q8_0: its blocks
-  dequantized and requantized to 8-bit groups of 32 (no kernel of its own yet; an 8-bit
-  grid keeps them within 1/254 of each group's largest weight).
+- every other type (Q5_1, Q5_K, Q2_K, IQ4_NL, IQ4_XS) -> q8_0: its blocks dequantized and
+  requantized to 8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them
+  within 1/254 of each group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q4_1). With --quantization int4 every layer but the
+format of its parts (bf16 > q8_0 > q6 > q4_1). With --quantization int4 every layer but the
 output head becomes q4_1 (its stored values requantized to 4-bit groups where they are not
 4-bit already). One log line says what became what, and why.
 
@@ -28,7 +30,12 @@ import torch
 from torch import nn
 
 from radixflow.kernels import cpu as cpu_kernels
-from radixflow.kernels.gguf_blocks import GGMLType, affine_groups, symmetric_int8_groups
+from radixflow.kernels.gguf_blocks import (
+    GGMLType,
+    affine_groups,
+    symmetric_6bit_groups,
+    symmetric_int8_groups,
+)
 
 from ..model_loader.gguf_tensors import CHUNK_ROWS, GGUFWeights, StoredTensor
 from .llama import _map_hf_name
@@ -37,9 +44,12 @@ from .quant_linear import QuantLinear, keep_dense_copies, quantize_groups, tiled
 logger = logging.getLogger(__name__)
 
 _AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)
+_SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
+_FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-_WIDTH = {"q4_1": 0, "q8_0": 1, "bf16": 2}
+_WIDTH = {"q4_1": 0, "q6": 1, "q8_0": 2, "bf16": 3}
 _WHY = {"q4_1": "groups of 32 as stored, fp16 scales",
+        "q6": "groups of 16 as stored, fp16 scales",
         "q8_0": "exact",
         "bf16": "exact"}
 
@@ -47,12 +57,16 @@ _WHY = {"q4_1": "groups of 32 as stored, fp16 scales",
 def nearest_format(qtype: GGMLType) -> str:
     if qtype in _AFFINE_4BIT:
         return "q4_1"
+    if qtype in _SYMMETRIC_6BIT:
+        return "q6"
     if qtype in _FLOATS:
         return "bf16"
     return "q8_0"
 
 
 def why(qtype: GGMLType, fmt: str) -> str:
+    if fmt == "q6" and qtype == GGMLType.Q4_0:
+        return "a fused layer's widest part: its values kept exactly"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
     if fmt == "q8_0" and qtype != GGMLType.Q8_0:
@@ -88,6 +102,10 @@ def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
                 pieces.append(affine_groups(chunk.raw, chunk.qtype, chunk.shape))
             elif fmt == "q4_1":
                 pieces.append(quantize_groups(chunk.dequantize()))
+            elif fmt == "q6" and chunk.qtype in _FITS_6BIT:
+                pieces.append(symmetric_6bit_groups(chunk.raw, chunk.qtype, chunk.shape))
+            elif fmt == "q6":
+                pieces.append(quantize_6bit(chunk.dequantize()))
             elif chunk.qtype == GGMLType.Q8_0:
                 pieces.append(symmetric_int8_groups(chunk.raw, chunk.qtype, chunk.shape))
             else:
@@ -96,7 +114,29 @@ def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     fields = [torch.cat(column) for column in zip(*pieces, strict=True)]
     if fmt == "q4_1":
         return cpu_kernels.tile_q4_1(*fields)
+    if fmt == "q6":
+        return cpu_kernels.tile_q6(*fields)
     return cpu_kernels.tile_q8_0(cpu_kernels.Q8_0Weight(*fields))
+
+
+def quantize_6bit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 6-bit groups of 16 (a fused layer's part of a narrower type): q in -31..31
+    (q int8 [n, k], scale float32 [n, k / 16]), the scale max|w| / 31 rounded to fp16 first
+    so the values are rounded on the grid the kernels use."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // 16, 16)
+    scale = (groups.abs().amax(-1) / 31).half().float()
+    q = (groups / scale.clamp(min=1e-30)[..., None]).round().clamp(-31, 31)
+    return q.to(torch.int8).view(n, k), scale
+
+
+def _tile_or_wider(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
+    """_tile, or q8_0 where q6's fp16 scales cannot hold a part's (|d * sc| over 65504)."""
+    try:
+        return _tile(parts, fmt)
+    except cpu_kernels.ScaleOverflow as exc:
+        logger.warning("%s: %s; q8_0 instead", "+".join(p.qtype.name for p in parts), exc)
+        return _tile(parts, "q8_0")
 
 
 def _linears(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
@@ -138,7 +178,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
     head_tiles = None
     for parent, child, path, names, fmt, bias_names in plan:  # one layer's bytes at a time
         stored = [weights.tensor(n) for n in names]
-        tiled = _tile(stored, fmt)
+        tiled = _tile_or_wider(stored, fmt)
+        fmt = tiled.format
         bias = (torch.cat([weights.tensor(n).dequantize().reshape(-1) for n in bias_names])
                 if bias_names else None)
         layer = tiled_linear(tiled, bias, dtype)
@@ -154,7 +195,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         tiles, stored_as = head_tiles
     else:
         stored = weights.tensor(embed_name)
-        tiles, stored_as = _tile([stored], nearest_format(stored.qtype)), stored.qtype.name
+        tiles = _tile_or_wider([stored], nearest_format(stored.qtype))
+        stored_as = stored.qtype.name
     model.embed_tokens = TiledEmbedding(tiles, dtype, stored_as)
     consumed.add(embed_name)
     logger.info("weights from the GGUF as stored: %s", "; ".join(

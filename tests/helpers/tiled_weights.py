@@ -1,4 +1,5 @@
-"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_1, tile_q8_0, tile_bf16)
+"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_1, tile_q6, tile_q8_0,
+tile_bf16)
 with the fp32 weights each must hold."""
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
         return cpu.tile_q4_1(q, scale, low), dense
     gen = torch.Generator().manual_seed(seed)
+    if fmt == "q6":  # Q6_K-like: q in -32..31, a scale per 16 (fp16, of either sign)
+        q = torch.randint(-32, 32, (n, k), generator=gen, dtype=torch.int8)
+        q[:, ::16] = -32  # the extremes of the grid
+        q[:, 1::16] = 31
+        scale = (torch.randn(n, k // 16, generator=gen) * 0.003).half().float()
+        return cpu.tile_q6(q, scale), q.float() * scale.repeat_interleave(16, 1)
     if fmt == "q8_0":
         w = cpu.quantize_q8_0(torch.randn(n, k, generator=gen) * 0.05)
         return cpu.tile_q8_0(w), cpu.unpack_q8_0(w)

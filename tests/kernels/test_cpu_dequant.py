@@ -24,7 +24,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dequantized_rows_are_unpack_bit_for_bit(level, fmt, n, k, dtype):
@@ -71,7 +71,7 @@ def test_bad_ranges_are_named(level):
         cpu.dequantize(tiled, 0, 16, out=torch.empty(16, 64))
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
 @pytest.mark.parametrize("m", [9, 64, 300])
 @pytest.mark.parametrize("block", [None, 64])
 def test_blockwise_product_is_x_times_the_unpacked_weights(level, fmt, m, block):

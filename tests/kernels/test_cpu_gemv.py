@@ -61,7 +61,7 @@ def _assert_within(out: torch.Tensor, ref: torch.Tensor, allowed: torch.Tensor) 
         f"{float(allowed.flatten()[worst]):.3g} at flat index {worst}")
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 def test_tiling_keeps_every_weight(fmt, n, k):
     tiled, dense = _weights(fmt, n, k, seed=n + k)
@@ -80,7 +80,7 @@ def test_q8_0_quantization_is_exact_on_8bit_groups():
     torch.testing.assert_close(cpu.unpack_q8_0(w), dense, atol=0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 11])
 def test_gemm_matches_reference(level, fmt, n, k, m):
@@ -95,7 +95,7 @@ def test_gemm_matches_reference(level, fmt, n, k, m):
     _assert_within(out.float(), ref, allowed + 1e-2 * ref.abs().double())
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0"])
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
@@ -118,7 +118,7 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
     assert kernel < bf16 / 20
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0"])
 @pytest.mark.parametrize(("n", "k"), [(64, 576), (200, 1536)])
 @pytest.mark.parametrize("m", [1, 2, 4, 5])
 def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
@@ -142,6 +142,16 @@ def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
     bound = _int8_bound(x, dense)
     assert ((emulated - exact).abs() <= bound).all()
     _assert_within(kernel, exact, bound + tol)
+
+
+def test_q6_refuses_what_it_cannot_hold():
+    q = torch.zeros(16, 32, dtype=torch.int8)
+    with pytest.raises(ValueError, match="-32..31"):
+        cpu.tile_q6(q + 32, torch.ones(16, 2))
+    with pytest.raises(cpu.ScaleOverflow, match="fp16"):
+        cpu.tile_q6(q, torch.full((16, 2), 1e5))
+    with pytest.raises(ValueError, match=r"scales of shape \[16, 2\]"):
+        cpu.tile_q6(q, torch.ones(16, 1))
 
 
 def test_without_the_library_the_reference_answers(monkeypatch):
@@ -172,7 +182,7 @@ def test_compile_failure_turns_the_kernels_off(monkeypatch, tmp_path):
         cpu._library_for.cache_clear()
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
 def test_gather_rows_is_unpack_indexed(fmt):
     """An embedding lookup in tiles (stored_linears.TiledEmbedding) reads the rows unpack has."""
     from radixflow.runtime.models.quant_linear import quantize_groups
@@ -181,6 +191,7 @@ def test_gather_rows_is_unpack_indexed(fmt):
     w = torch.randn(37, 96)
     tiled = {"q4_1": lambda: cpu.tile_q4_1(*quantize_groups(w)),
              "q8_0": lambda: cpu.tile_q8_0(cpu.quantize_q8_0(w)),
+             "q6": lambda: _weights("q6", 37, 96)[0],
              "bf16": lambda: cpu.tile_bf16(w)}[fmt]()
     ids = torch.tensor([0, 5, 36, 16, 17, 5])
     assert torch.equal(cpu.gather_rows(tiled, ids), cpu.unpack(tiled)[ids])

@@ -237,11 +237,29 @@ def test_symmetric_int8_groups_rebuild_dequantize():
     assert torch.equal(bits(rebuilt), bits(reference(raw, "Q8_0")))
 
 
+@pytest.mark.parametrize("name", ["Q6_K", "Q3_K", "Q5_0", "Q4_0"])
+def test_symmetric_6bit_groups_rebuild_dequantize(name):
+    raw = covering_blocks(name, seed=5)
+    rows, cols = 8, N_BLOCKS * gb.QUANT_SIZES[gb.GGMLType[name]][0] // 8
+    q, scale = gb.symmetric_6bit_groups(torch.from_numpy(raw), name, (rows, cols))
+    assert q.dtype == torch.int8 and q.shape == (rows, cols)
+    assert int(q.min()) >= -32 and int(q.max()) <= 31
+    assert scale.dtype == torch.float32 and scale.shape == (rows, cols // 16)
+    rebuilt = scale.repeat_interleave(16, 1) * q.float()
+    expected = torch.from_numpy(reference(raw, name)).reshape(rows, cols)
+    if name == "Q4_0":  # equal values; bits up to the sign of a zero (affine_groups' test)
+        assert torch.equal(rebuilt, expected)
+    else:
+        assert torch.equal(bits(rebuilt), bits(expected))
+
+
 def test_group_forms_refuse_other_types_and_shapes():
     with pytest.raises(ValueError):
         gb.affine_groups(covering_blocks("Q5_0", n=256), "Q5_0", (256, 32))
     with pytest.raises(ValueError):
         gb.symmetric_int8_groups(covering_blocks("Q4_0", n=256), "Q4_0", (256, 32))
+    with pytest.raises(ValueError):
+        gb.symmetric_6bit_groups(covering_blocks("Q4_K", n=256), "Q4_K", (256, 256))
     with pytest.raises(ValueError):  # Q4_K rows are whole 256-weight blocks
         gb.affine_groups(covering_blocks("Q4_K", n=256), "Q4_K", (512, 128))
     with pytest.raises(ValueError):

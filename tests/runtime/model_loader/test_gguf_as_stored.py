@@ -44,7 +44,7 @@ def _linear_params(hf_folder):
     from safetensors import safe_open
 
     with safe_open(str(hf_folder / "model.safetensors"), "pt") as f:
-        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118
     head = shapes.get("lm_head.weight", shapes["model.embed_tokens.weight"])
     projections = [s for name, s in shapes.items() if name.endswith("proj.weight")]
     return head[0] * head[1] + sum(a * b for a, b in projections)
@@ -73,3 +73,43 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
     forced, _ = _prefill_logits(folder, dtype="bfloat16", quantization="int4")
     assert forced.cpu_info()["weights"]["qkv_proj"]["format"] == "q4_1"
+
+
+def _six_bit_qtype(hf_name):
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "v_proj" in hf_name or "down_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q5_0  # (Q6_K's and Q3_K's form: the gguf package
+    return gguf.GGMLQuantizationType.Q4_0  # quantizes Q5_0, not them; test_gguf_blocks)
+
+
+def test_six_bit_types_load_as_q6(tmp_path):
+    original = make_tiny_model(tmp_path / "hf", "llama")
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_six_bit_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    assert formats["down_proj"] == {"stored": "Q5_0", "format": "q6",
+                                    "kernel": f"radixflow C {cpu_kernels.active_level()}"}
+    assert formats["qkv_proj"]["format"] == "q6"  # Q4_0 q/k beside a Q5_0 v
+    assert formats["gate_up_proj"]["format"] == "q4_1"
+    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    assert (ours - dense).abs().max() < 0.05 * dense.abs().max()
+    assert torch.equal(ours.argmax(-1), dense.argmax(-1))
+
+
+def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
+    """A fused layer's affine 4-bit part (Q4_K q/k beside a Q6_K v) becomes 6-bit groups of
+    16: each weight within half a step of the fp16 scale, and 6-bit values kept exactly."""
+    from radixflow.runtime.models.stored_linears import quantize_6bit
+
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    q, scale = quantize_6bit(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 31 and scale.shape == (48, 4)
+    assert torch.equal(scale, scale.half().float())
+    step = scale.repeat_interleave(16, 1)
+    assert ((q.float() * step - w).abs() <= step / 2 * (1 + 1e-3)).all()
+    again, same = quantize_6bit(q.float() * step)
+    assert torch.equal(again, q) and torch.equal(same, scale)
