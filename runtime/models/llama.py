@@ -162,11 +162,21 @@ class Block(nn.Module):
         return out if m == 1.0 else out * m
 
 
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, without its normal_ init where it is built on 'meta' (there normal_ goes
+    through torch._refs, whose first call imports torch._dynamo: ~1-1.5 s of a server's
+    start, for weights the loader replaces anyway)."""
+    weight = torch.empty(num, dim)
+    if weight.device.type != "meta":
+        return nn.Embedding(num, dim)
+    return nn.Embedding(num, dim, _weight=weight)
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = _embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)

@@ -169,11 +169,15 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq, self.attention_factor = rope_frequencies(
             self.head_dim, self.theta, self.scaling, seq_len=self.max_positions,
             context_len=self.context_len)
-        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq)
-        # [max_positions, head_dim]: cos and sin halves repeated, HF rotate-half convention
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = (emb.cos() * self.attention_factor).float().to(device)
-        self.sin = (emb.sin() * self.attention_factor).float().to(device)
+        # positions the server can reach only (a 131,072-position table of Llama 3 took
+        # ~0.6 s to make, twice, at each start, when a KV pool serves 32,768)
+        rows = min(self.context_len or self.max_positions, self.max_positions)
+        freqs = torch.outer(torch.arange(rows, dtype=torch.float64), inv_freq)
+        # [rows, head_dim]: cos and sin halves repeated, HF rotate-half convention
+        cos = (freqs.cos() * self.attention_factor).float()
+        sin = (freqs.sin() * self.attention_factor).float()
+        self.cos = torch.cat([cos, cos], dim=-1).to(device)
+        self.sin = torch.cat([sin, sin], dim=-1).to(device)
 
     def tables(self, positions: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
