@@ -13,6 +13,13 @@ at each CPU level this machine runs (kernels/cpu/features.py): avx512 (bf16 mode
 16-bit integers), avx2 (fp32 model, x quantized to 8-bit groups).
 
     python -m bench.quality                # a section of bench/results/quality.md
+
+Per GGUF file, beside llama.cpp on the same files (bench/quality_files.py: KL divergence, top-1
+agreement and ln PPL ratio, each engine against itself on the bf16 file):
+
+    python -m bench.quality --reference /tmp/scale/llama-1b-bf16.gguf \
+        --gguf /tmp/scale/llama-1b-Q4_K_M.gguf /tmp/scale/llama-1b-Q4_0.gguf \
+        --llama-perplexity /tmp/anchor-llamacpp/build/bin/llama-perplexity
 """
 
 from __future__ import annotations
@@ -80,7 +87,16 @@ def main() -> None:
     ap.add_argument("--chars", type=int, default=4000, help="score the first N characters")
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--gguf", nargs="+", help="quantized GGUF files to score against --reference")
+    ap.add_argument("--reference", help="the same model's bf16 GGUF")
+    ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (llama-perplexity -c)")
+    ap.add_argument("--cpu-isa", default=None, help="radixflow's CPU level (default: the best)")
+    ap.add_argument("--llama-perplexity", help="llama.cpp's llama-perplexity binary")
+    ap.add_argument("--llama-args", default="", help="extra llama-perplexity arguments")
     args = ap.parse_args()
+    if args.gguf:
+        files_main(args)
+        return
 
     from radixflow.kernels.cpu.features import detect, supported_levels
 
@@ -109,6 +125,40 @@ def main() -> None:
              "the bf16 model's own ops; quantized to 8-bit groups at avx2, as llama.cpp does).",
              "", *rows, ""]
     publish("\n".join(lines), None if args.no_write else Run("quality", date))
+
+
+def files_main(args: argparse.Namespace) -> None:
+    import os
+    import shlex
+
+    from radixflow.kernels.cpu.features import detect
+
+    from .quality_files import llama_cpp_costs, radixflow_costs, table
+
+    if not args.reference:
+        raise SystemExit("--gguf needs --reference, the same model's bf16 GGUF")
+    text = args.text.read_text()[:args.chars]
+    ours, n_tokens = radixflow_costs(args.gguf, args.reference, text, args.ctx, args.cpu_isa)
+    theirs = None
+    if args.llama_perplexity:
+        theirs = llama_cpp_costs(args.llama_perplexity, args.gguf, args.reference, text, args.ctx,
+                                 len(os.sched_getaffinity(0)), shlex.split(args.llama_args))
+    date = datetime.date.today().isoformat()
+    level = args.cpu_isa or "best"
+    command = " ".join(["python -m bench.quality", "--reference", args.reference, "--gguf",
+                        *args.gguf, "--chars", str(args.chars), "--ctx", str(args.ctx)]
+                       + (["--cpu-isa", args.cpu_isa] if args.cpu_isa else [])
+                       + (["--llama-perplexity", args.llama_perplexity]
+                          if args.llama_perplexity else []))
+    lines = [f"# GGUF files vs their bf16 file, radixflow and llama.cpp, {date} ({level})", "",
+             f"Command: `{command}`", "", f"CPU: {detect().describe()}.", "",
+             f"Text: the first {args.chars} characters of `{args.text.name}` ({n_tokens} tokens "
+             f"under the file's tokenizer), in chunks of {args.ctx}, the second half of each "
+             "scored, as `llama-perplexity --kl-divergence` does; each engine against itself on "
+             "the bf16 file. radixflow: its C decode step, one token at a time; llama.cpp: "
+             "llama-perplexity (its batch path).", "", *table(args.gguf, ours, theirs), ""]
+    key = f"{date}-files-{args.cpu_isa}" if args.cpu_isa else f"{date}-files"
+    publish("\n".join(lines), None if args.no_write else Run("quality", key))
 
 
 if __name__ == "__main__":
