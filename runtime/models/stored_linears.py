@@ -89,29 +89,44 @@ class TiledEmbedding(nn.Module):
 
 
 def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
-    """The parts' rows, one after another, tiled in `fmt`, converted CHUNK_ROWS at a time."""
-    if fmt == "bf16":
-        return cpu_kernels.tile_bf16(torch.cat([
-            p.dequantize(a, min(a + CHUNK_ROWS, p.rows)).to(torch.bfloat16)
-            for p in parts for a in range(0, p.rows, CHUNK_ROWS)]))
-    pieces = []
+    """The parts' rows, one after another, tiled in `fmt`, converted CHUNK_ROWS at a time
+    straight into the tiles (a tile holds 16 whole rows, so chunks of whole tiles tile
+    apart): a 128k-row head never exists as int8 values or float32 rows all at once."""
+    n, k = sum(p.rows for p in parts), parts[0].cols
+    if any(p.rows % cpu_kernels.TILE for p in parts[:-1]):  # parts that share a tile
+        return _tile_chunk(parts, fmt)
+    out, row = None, 0
     for p in parts:
         for a in range(0, p.rows, CHUNK_ROWS):
-            chunk = p.slice_rows(a, min(a + CHUNK_ROWS, p.rows))
-            if fmt == "q4_1" and chunk.qtype in _AFFINE_4BIT:
-                pieces.append(affine_groups(chunk.raw, chunk.qtype, chunk.shape))
-            elif fmt == "q4_1":
-                pieces.append(quantize_groups(chunk.dequantize()))
-            elif fmt == "q6" and chunk.qtype in _FITS_6BIT:
-                pieces.append(symmetric_6bit_groups(chunk.raw, chunk.qtype, chunk.shape))
-            elif fmt == "q6":
-                pieces.append(quantize_6bit(chunk.dequantize()))
-            elif chunk.qtype == GGMLType.Q8_0:
-                pieces.append(symmetric_int8_groups(chunk.raw, chunk.qtype, chunk.shape))
-            else:
-                w = cpu_kernels.quantize_q8_0(chunk.dequantize())
-                pieces.append((w.q, w.scale))
-    fields = [torch.cat(column) for column in zip(*pieces, strict=True)]
+            piece = _tile_chunk([p.slice_rows(a, min(a + CHUNK_ROWS, p.rows))], fmt).data
+            if out is None:
+                tiles = -(-n // cpu_kernels.TILE)
+                out = torch.empty((tiles, *piece.shape[1:]), dtype=piece.dtype)
+            out[row // cpu_kernels.TILE:][:len(piece)] = piece
+            row += min(CHUNK_ROWS, p.rows - a)
+    return cpu_kernels.TiledWeight(fmt, out, n, k)
+
+
+def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
+    if fmt == "bf16":
+        return cpu_kernels.tile_bf16(torch.cat([p.dequantize().to(torch.bfloat16) for p in parts]))
+    pieces = []
+    for chunk in parts:
+        if fmt == "q4_1" and chunk.qtype in _AFFINE_4BIT:
+            pieces.append(affine_groups(chunk.raw, chunk.qtype, chunk.shape))
+        elif fmt == "q4_1":
+            pieces.append(quantize_groups(chunk.dequantize()))
+        elif fmt == "q6" and chunk.qtype in _FITS_6BIT:
+            pieces.append(symmetric_6bit_groups(chunk.raw, chunk.qtype, chunk.shape))
+        elif fmt == "q6":
+            pieces.append(quantize_6bit(chunk.dequantize()))
+        elif chunk.qtype == GGMLType.Q8_0:
+            pieces.append(symmetric_int8_groups(chunk.raw, chunk.qtype, chunk.shape))
+        else:
+            w = cpu_kernels.quantize_q8_0(chunk.dequantize())
+            pieces.append((w.q, w.scale))
+    fields = [torch.cat(column) if len(column) > 1 else column[0]
+              for column in zip(*pieces, strict=True)]
     if fmt == "q4_1":
         return cpu_kernels.tile_q4_1(*fields)
     if fmt == "q6":

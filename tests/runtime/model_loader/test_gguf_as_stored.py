@@ -113,3 +113,30 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert ((q.float() * step - w).abs() <= step / 2 * (1 + 1e-3)).all()
     again, same = quantize_6bit(q.float() * step)
     assert torch.equal(again, q) and torch.equal(same, scale)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
+def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
+    """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
+    exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
+    end on a tile's edge and a last one that does not."""
+    import gguf
+    import numpy as np
+
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
+    from radixflow.runtime.models import stored_linears
+
+    def stored(rows, seed):
+        w = np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+        raw = gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+        return StoredTensor(GGMLType.Q4_0, rows, 64, torch.from_numpy(raw.copy()))
+
+    parts = [stored(96, 0), stored(64, 1), stored(40, 2)]  # whole tiles, then 2.5 tiles
+    whole = stored_linears._tile_chunk(parts, fmt)
+    monkeypatch.setattr(stored_linears, "CHUNK_ROWS", 32)
+    chunked = stored_linears._tile(parts, fmt)
+    assert (chunked.format, chunked.n, chunked.k) == (fmt, 200, 64)
+    assert torch.equal(chunked.data, whole.data)
+    uneven = stored_linears._tile([stored(40, 2), stored(16, 0)], fmt)  # shares a tile
+    assert torch.equal(cpu_kernels.unpack(uneven)[:40], cpu_kernels.unpack(whole)[160:])
