@@ -74,6 +74,9 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="an HF folder with the tokenizer (default: the default model's)")
     args = ap.parse_args()
+    if importlib.util.find_spec("sentencepiece") is None:  # (its Llama vocab tries it first)
+        raise SystemExit("llama.cpp's convert_hf_to_gguf.py needs sentencepiece: "
+                         "pip install sentencepiece")
     if args.tokenizer is None:
         from radixflow.runtime.model_loader import resolve_model
 

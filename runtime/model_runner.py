@@ -9,6 +9,7 @@ import torch
 from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.cpu.features import cpu_features, set_level
 
+from . import host_memory
 from .attention import check_backend_fits_device, create_attention_backend, warm_up_attention
 from .forward_batch import BatchRequest, ForwardBatch, ForwardMode
 from .memory_pool import HiddenSumPool, KVPool, ReqToTokenPool
@@ -90,6 +91,8 @@ class ModelRunner:
         if self.pooling is not None and self.pooling.pooling != "last":
             per_token += HiddenSumPool.bytes_per_token(ma.hidden_size)  # (scheduler/embedding)
         num_slots = args.max_total_tokens or self._default_num_slots(per_token)
+        if self.device.type == "cpu":
+            num_slots = self._within_memory(num_slots, per_token)
         if self.tp:  # every rank's pool has the same slots
             num_slots = self.tp.agree_min(num_slots)
         served = self._context_within(num_slots, per_token)
@@ -147,6 +150,27 @@ class ModelRunner:
         else:  # the node's ranks share its memory: --kv-cache-gb is theirs together
             budget = self.args.kv_cache_gb * 2**30 / (self.tp.layout.per_node if self.tp else 1)
         return max(int(budget // per_token), 2)
+
+    def _within_memory(self, num_slots: int, per_token: int) -> int:
+        """`num_slots`, or fewer when the pool would not fit the memory left after the weights
+        (with room for the server's other processes): the default pool shrinks, with a warning;
+        a size asked for is refused, naming what is free."""
+        room = host_memory.room_for_kv()
+        per_node = self.tp.layout.per_node if self.tp else 1  # ranks of a node share it
+        if room is None or num_slots * per_token * per_node <= room:
+            return num_slots
+        asked = num_slots * per_token * per_node / 2**30
+        free = f"{room / 2**30:.2f} GiB free for it after the weights"
+        fit = room // per_token // per_node
+        if self.args.max_total_tokens or self.args.kv_cache_gb != ServerArgs.kv_cache_gb:
+            raise ValueError(f"a KV pool of {num_slots} tokens ({asked:.2f} GiB) does not fit "
+                             f"this machine's memory: {free}, {fit} tokens; lower "
+                             "--kv-cache-gb or --max-total-tokens")
+        if fit < 2:
+            raise ValueError(f"no memory left for a KV pool after the weights ({free})")
+        logger.warning("the default KV pool of %.2f GiB does not fit the memory left (%s): "
+                       "%d tokens instead", asked, free, fit)
+        return fit
 
     def _context_within(self, num_slots: int, per_token: int) -> int:
         """The longest request the KV pool can hold (a slot per token; the padding slot is

@@ -76,3 +76,39 @@ def test_a_context_length_asked_for_must_fit_the_pool(long_context_llama):
     fits = ModelRunner(ServerArgs(model=str(long_context_llama), max_total_tokens=1024,
                                   context_length=512), long_context_llama, config)
     assert fits.context_len == 512
+
+
+def test_the_kv_pool_never_takes_more_than_the_memory_left(long_context_llama, monkeypatch,
+                                                          caplog):
+    """The default pool shrinks to what is free after the weights, with a warning; a size
+    asked for that does not fit is refused, naming what is free (never a swapping machine)."""
+    from radixflow.runtime import host_memory
+
+    config = json.loads((long_context_llama / "config.json").read_text())
+    monkeypatch.setattr(host_memory, "room_for_kv", lambda: 2**20)  # 1 MiB left
+    default = ModelRunner(ServerArgs(model=str(long_context_llama)), long_context_llama, config)
+    per_token = default.kv_pool.bytes_per_token(
+        config["num_hidden_layers"], config["num_key_value_heads"],
+        config["hidden_size"] // config["num_attention_heads"], default.kv_dtype)
+    assert default.kv_pool.num_slots == 2**20 // per_token
+    assert "the default KV pool of 1.00 GiB does not fit the memory left" in caplog.text
+    for asked in ({"max_total_tokens": 100_000}, {"kv_cache_gb": 4.0}):
+        with pytest.raises(ValueError, match=r"does not fit this machine's memory: 0.00 GiB "
+                                             r"free for it after the weights.*--kv-cache-gb"):
+            ModelRunner(ServerArgs(model=str(long_context_llama), **asked), long_context_llama,
+                        config)
+    fits = ModelRunner(ServerArgs(model=str(long_context_llama), max_total_tokens=64),
+                       long_context_llama, config)
+    assert fits.kv_pool.num_slots == 64
+
+
+def test_room_for_kv_leaves_headroom(monkeypatch):
+    from radixflow.runtime import host_memory
+
+    assert host_memory.available_bytes() > 0  # Linux: /proc/meminfo's MemAvailable
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 10 * 2**30)
+    assert host_memory.room_for_kv() == 8 * 2**30  # 10% and 1 GiB for the rest of the server
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**30)
+    assert host_memory.room_for_kv() == 0
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: None)
+    assert host_memory.room_for_kv() is None

@@ -1,0 +1,34 @@
+"""How much memory this machine can still give without swapping (the CPU KV pool's ceiling)."""
+
+from __future__ import annotations
+
+import os
+
+# what the server still needs beside the KV pool once the weights are in: the HTTP and
+# detokenizer processes, prefill activations, the radix tree, request buffers
+HEADROOM_BYTES = 2**30
+HEADROOM_SHARE = 0.1
+
+
+def available_bytes() -> int | None:
+    """MemAvailable (free memory plus the page cache the kernel can drop), or None where the
+    system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def room_for_kv() -> int | None:
+    """Bytes a KV pool can take now without pushing the machine into swap."""
+    available = available_bytes()
+    if available is None:
+        return None
+    return max(int(available * (1 - HEADROOM_SHARE)) - HEADROOM_BYTES, 0)
