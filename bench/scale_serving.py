@@ -64,8 +64,8 @@ def scenarios(seed: int) -> dict[str, wl.Workload]:
     return {"single stream": single, "8 at a time": batch, "ttft": ttft}
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and every process below it (from /proc)."""
+def tree_rss(pid: int, itself: bool = True) -> int:
+    """Resident bytes of `pid` (unless not `itself`) and every process below it (from /proc)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -79,6 +79,8 @@ def tree_rss(pid: int) -> int:
         children.setdefault(int(fields[1]), []).append(int(entry))
         rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
     total, todo = 0, [pid]
+    if not itself:
+        todo = children.get(pid, [])
     while todo:
         p = todo.pop()
         total += rss.get(p, 0)
@@ -87,13 +89,14 @@ def tree_rss(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def peak_rss(pid: int) -> Iterator[dict]:
-    """Samples tree_rss(pid) every 0.2 s while the block runs; yields {"peak": bytes}."""
+def peak_rss() -> Iterator[dict]:
+    """Samples the resident bytes of every process this one started (a server and whatever it
+    starts) every 0.2 s while the block runs, loading included; yields {"peak": bytes}."""
     got, stop = {"peak": 0}, threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            got["peak"] = max(got["peak"], tree_rss(pid))
+            got["peak"] = max(got["peak"], tree_rss(os.getpid(), itself=False))
             stop.wait(0.2)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -135,15 +138,13 @@ def run_radixflow(model: Path, args, seed: int) -> dict:
     from radixflow.runtime.server.process import ServerProcess
 
     started = time.perf_counter()
-    with torch_capped_to(args.cpu_isa), ServerProcess(
+    with peak_rss() as rss, torch_capped_to(args.cpu_isa), ServerProcess(
             str(model), port=30124, cpu_isa=args.cpu_isa, start_timeout=3600) as rt:
-        healthy = time.perf_counter() - started
-        assert rt.proc is not None
-        with peak_rss(rt.proc.pid) as rss:
-            got = measure(rt.url, seed)
+        healthy, load_peak = time.perf_counter() - started, rss["peak"]
+        got = measure(rt.url, seed)
         info = server_info(rt.url)
     cpu = (info.get("model_info") or {}).get("cpu") or {}
-    return {**got, "healthy_s": healthy, "peak_rss": rss["peak"],
+    return {**got, "healthy_s": healthy, "peak_rss": rss["peak"], "load_peak_rss": load_peak,
             "weight_bytes": cpu.get("decode_step_weight_bytes"), "weights": cpu.get("weights")}
 
 
@@ -154,23 +155,12 @@ def run_llama_cpp(model: Path, args, seed: int) -> dict:
                            concurrency=CONCURRENCY, llama_args=args.llama_args)
     cmd = llama_cpp_command(opts, model)
     started = time.perf_counter()
-    with serving(cmd, "http://127.0.0.1:18081") as url:
-        healthy = time.perf_counter() - started
-        pid = _listening_pid(args.llama_server)
-        with peak_rss(pid) as rss:
-            got = measure(url, seed)
+    with peak_rss() as rss, serving(cmd, "http://127.0.0.1:18081") as url:
+        healthy, load_peak = time.perf_counter() - started, rss["peak"]
+        got = measure(url, seed)
     step = bytes_per_token(model)
-    return {**got, "healthy_s": healthy, "peak_rss": rss["peak"],
+    return {**got, "healthy_s": healthy, "peak_rss": rss["peak"], "load_peak_rss": load_peak,
             "weight_bytes": sum(step.parts.values()), "command": " ".join(cmd)}
-
-
-def _listening_pid(binary: Path) -> int:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry}/exe") == str(binary.resolve()):
-                    return int(entry)
-    raise RuntimeError(f"no running {binary}")
 
 
 def kv_bytes_per_token(model: Path) -> int:
@@ -196,7 +186,8 @@ ROWS = [("single-stream TPOT (ms)", "tpot_ms", "lower"),
         ("TTFT, ~1,000-token prompt (ms)", "ttft_cold_ms", "lower"),
         ("TTFT, 30-token suffix after the cached prefix (ms)", "ttft_warm_ms", "lower"),
         ("healthy after (s)", "healthy_s", "lower"),
-        ("peak RSS, all processes (GB)", "peak_rss_gb", "lower"),
+        ("peak RSS while loading, all processes (GB)", "load_peak_rss_gb", "lower"),
+        ("peak RSS, loading and serving, all processes (GB)", "peak_rss_gb", "lower"),
         ("bytes a decode step reads (MB, weights)", "weight_mb", "lower"),
         ("TPOT vs the bandwidth bound (weights + K/V)", "of_bound", "higher")]
 
@@ -204,6 +195,7 @@ ROWS = [("single-stream TPOT (ms)", "tpot_ms", "lower"),
 def table(name: str, runs: dict[str, dict], bandwidth: float, kv_per_token: int) -> list[str]:
     for r in runs.values():
         r["peak_rss_gb"] = r["peak_rss"] / 1e9
+        r["load_peak_rss_gb"] = r["load_peak_rss"] / 1e9
         r["weight_mb"] = r["weight_bytes"] / 1e6 if r.get("weight_bytes") else None
         if r.get("weight_bytes") and r.get("tpot_ms"):
             step = r["weight_bytes"] + kv_per_token * r["single_context"]

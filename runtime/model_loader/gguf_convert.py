@@ -10,6 +10,7 @@ dequantized blocks).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -113,9 +114,10 @@ def _read_with_transformers(gguf_path: Path):
     from .gguf_tensors import gguf_reader
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    with _one_parse_of(gguf_path):
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     fix_family_config(config, gguf_path)  # what the reader drops of phi3 (gguf_families)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     with torch.device("meta"):  # only for the parameter names; costs no memory
         skeleton = AutoModelForCausalLM.from_config(config)
     reader = gguf_reader(gguf_path)
@@ -123,8 +125,34 @@ def _read_with_transformers(gguf_path: Path):
     if arch in AS_STORED:
         return config, tokenizer, skeleton, tensor_plan(reader, arch, config, skeleton), None
     # NOTE: from_pretrained(gguf_file=...) would do the same but insists on `accelerate`.
-    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
+    with _one_parse_of(gguf_path):
+        loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True,
+                                      model_to_load=skeleton)
     return config, tokenizer, skeleton, None, loaded["tensors"]
+
+
+@contextlib.contextmanager
+def _one_parse_of(gguf_path: Path):
+    """transformers opens a new GGUFReader for the config, another for the tokenizer: each
+    parses the header (2-3 s for a 128k vocabulary, its strings one by one). Within the block
+    `gguf.GGUFReader` of this file is the shared reader (gguf_tensors.gguf_reader)."""
+    import gguf
+
+    from .gguf_tensors import gguf_reader
+
+    reader_class = gguf.GGUFReader
+    target = gguf_path.resolve()
+
+    def shared(path, mode="r"):
+        if mode == "r" and Path(path).resolve() == target:
+            return gguf_reader(target)
+        return reader_class(path, mode)
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = reader_class
 
 
 def _save_tokenizer(tokenizer, gguf_path: Path, dest: Path) -> None:

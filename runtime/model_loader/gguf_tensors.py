@@ -174,9 +174,28 @@ def gguf_reader(gguf_path: Path):
 
 @functools.lru_cache(maxsize=1)
 def _reader(path: Path, size: int, mtime_ns: int):
+    return _fast_reader_class()(path)
+
+
+@functools.cache
+def _fast_reader_class():
+    import numpy as np
     from gguf import GGUFReader
 
-    return GGUFReader(path)
+    class FastReader(GGUFReader):
+        """GGUFReader whose header parse slices a plain ndarray view of the memory map: the
+        same fields, parts and tensors, 3x faster (slicing the np.memmap itself runs
+        memmap.__array_finalize__ for each of a vocabulary's ~300k strings and lengths)."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if self.__dict__.get("_mapped") is not self.data:  # (set by GGUFReader.__init__)
+                self._plain, self._mapped = self.data.view(np.ndarray), self.data
+            count, dtype = int(count), np.dtype(dtype)
+            arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+            order = self.byte_order if override_order is None else override_order
+            return arr.view(arr.dtype.newbyteorder(order))
+
+    return FastReader
 
 
 def forget_readers() -> None:
