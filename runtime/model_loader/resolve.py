@@ -22,7 +22,12 @@ def models_dir(cache_dir: Path) -> Path:
     return cache_dir / "models" / LAYOUT
 
 
-def resolve_model(model: str | None, *, cache_dir: Path | None = None) -> Path:
+class NotPrepared(Exception):
+    """resolve_model(prepare=False) of a model whose folder is not built yet."""
+
+
+def resolve_model(model: str | None, *, cache_dir: Path | None = None,
+                  prepare: bool = True) -> Path:
     """Return the HF folder to load for `model`.
 
     - None or "SmolLM2-135M-Instruct": the default model, downloaded and converted on first
@@ -33,17 +38,18 @@ def resolve_model(model: str | None, *, cache_dir: Path | None = None) -> Path:
       config, the tokenizer and gguf.json, which points at the file (gguf_convert).
 
     `cache_dir` defaults to `default_cache_dir()`. Raises ModelNotFound for anything else and
-    ModelDownloadError when the default model cannot be fetched.
+    ModelDownloadError when the default model cannot be fetched; with `prepare=False`,
+    NotPrepared where the folder would have to be built first.
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     model = None if model is None else str(model)
     if model is None or (model == default_model.DEFAULT_MODEL_NAME and not Path(model).exists()):
-        return _default_model_folder(cache_dir)
+        return _default_model_folder(cache_dir, prepare)
     path = Path(model).expanduser()
     if path.is_dir():
         return loadable(_hf_folder(path))
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return loadable(_gguf_folder(path.resolve(), cache_dir))
+        return loadable(_gguf_folder(path.resolve(), cache_dir, prepare))
     raise ModelNotFound(_not_found_message(model, path))
 
 
@@ -63,10 +69,12 @@ def loadable(folder: Path) -> Path:
     return folder
 
 
-def _default_model_folder(cache_dir: Path) -> Path:
+def _default_model_folder(cache_dir: Path, prepare: bool) -> Path:
     folder = models_dir(cache_dir) / default_model.DEFAULT_MODEL_NAME
     if is_complete(folder):
         return folder
+    if not prepare:
+        raise NotPrepared(folder)
 
     def build(tmp: Path) -> dict:
         from .gguf_convert import convert_gguf
@@ -97,12 +105,14 @@ def _hf_folder(path: Path) -> Path:
     return path.resolve()
 
 
-def _gguf_folder(path: Path, cache_dir: Path) -> Path:
+def _gguf_folder(path: Path, cache_dir: Path, prepare: bool) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     folder = models_dir(cache_dir) / "gguf" / f"{path.stem}-{key[:16]}"
     if is_complete(folder):
         return folder
+    if not prepare:
+        raise NotPrepared(folder)
 
     def build(tmp: Path) -> dict:
         from .gguf_convert import convert_gguf

@@ -48,3 +48,30 @@ def test_preparing_a_gguf_parses_its_header_once(tmp_path, monkeypatch):
     assert (folder / "gguf.json").is_file() and (folder / "tokenizer.json").is_file()
     assert len(parses) == 1
     assert gguf.GGUFReader.__name__ == "GGUFReader"  # put back after the preparation
+
+
+def test_the_server_prepares_a_new_gguf_in_a_child_process(tmp_path, monkeypatch):
+    """`radixflow serve` prepares a GGUF it has not seen in a child process (transformers'
+    GGUF reading never stays in the HTTP process); a prepared one resolves in place, and a
+    bad file's error comes back from the child as it is."""
+    import sys
+
+    import pytest
+
+    from radixflow.runtime.errors import ModelNotFound
+    from radixflow.runtime.model_loader.resolve import NotPrepared
+    from radixflow.runtime.server.launch import model_folder
+
+    monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path / "cache"))
+    path = write_tiny_gguf(make_tiny_model(tmp_path / "hf", "llama"), tmp_path / "m.gguf")
+    with pytest.raises(NotPrepared):
+        resolve_model(str(path), prepare=False)
+    before = set(sys.modules)
+    folder = model_folder(str(path))
+    assert (folder / "gguf.json").is_file()
+    assert not {m for m in set(sys.modules) - before if m.startswith("transformers.models.")}
+    assert resolve_model(str(path), prepare=False) == folder
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelNotFound, match="bad.gguf"):
+        model_folder(str(bad))
