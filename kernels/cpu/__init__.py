@@ -219,6 +219,40 @@ def _q6_values(d: torch.Tensor, nib: torch.Tensor, twos: torch.Tensor) -> torch.
     return q.float() * scale
 
 
+# GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
+REPACKS = {(2, "q4_1"), (12, "q4_1"), (14, "q6"), (8, "q8_0")}  # Q4_0, Q4_K, Q6_K, Q8_0
+_GROUP_BYTES = {"q4_1": 320, "q6": 448, "q8_0": 576}
+
+
+def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
+    """A GGUF tensor's rows of blocks (uint8 [rows, row bytes], type `ggml_type`) tiled in `fmt`
+    by the C kernels (repack.c): the bytes tile_* writes from gguf_blocks' group forms, without
+    them. None where no build is loaded or the pair is not one of REPACKS; raises ScaleOverflow
+    as tile_q6 does."""
+    lib = _library()
+    if lib is None or (ggml_type, fmt) not in REPACKS:
+        return None
+    from ..gguf_blocks import row_bytes
+
+    rows = raw.shape[0]
+    _check_weight_shape(rows, k, GROUP)
+    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != row_bytes(ggml_type, k):
+        raise ValueError(f"expected uint8 rows of {row_bytes(ggml_type, k)} bytes, got "
+                         f"{raw.dtype} {tuple(raw.shape)}")
+    raw = raw.contiguous()
+    out = torch.empty((-(-rows // TILE), k // GROUP, _GROUP_BYTES[fmt]), dtype=torch.uint8)
+    got = lib.rf_repack(ggml_type, abi.FORMATS[fmt], raw.data_ptr(), rows, k, out.data_ptr(),
+                        torch.get_num_threads())
+    if got == -1:
+        raise ValueError(f"rf_repack: {k} columns are not whole blocks of GGML type {ggml_type}")
+    if got == -2:
+        raise MemoryError("rf_repack: no memory for its scratch rows")
+    if got:
+        raise ScaleOverflow(f"6-bit scales must fit fp16 (|scale| <= {FP16_MAX:g}): "
+                            f"{got} do not")
+    return TiledWeight(fmt, out, rows, k)
+
+
 def tile_bf16(weight: torch.Tensor) -> TiledWeight:
     n, k = weight.shape
     _check_weight_shape(n, k, 2)

@@ -25,7 +25,7 @@ COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 def sources(level: str) -> list[Path]:
     """The C files of one level's build."""
     return [HERE / f"gemv_{level}.c", HERE / f"step_{level}.c", HERE / "gemm.c", HERE / "decode.c",
-            HERE / "rows.c"]
+            HERE / "rows.c", HERE / "repack.c"]
 
 
 def cache_dir() -> Path:
@@ -76,4 +76,6 @@ def load(level: str, tile: int, group: int) -> ctypes.CDLL | None:
     lib.rf_dequant_rows.argtypes = [i32, ptr, ptr, i32, i64, i64, i64, i32]
     lib.rf_dequant_rows.restype = None
     lib.rf_argmax_rows.restype = None
+    lib.rf_repack.argtypes = [i32, i32, ptr, i64, i64, ptr, i32]
+    lib.rf_repack.restype = i64
     return lib

@@ -108,6 +108,10 @@ def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
 
 
 def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
+    if len(parts) == 1:  # the C repack where it converts the pair (Q4_K, Q4_0, Q6_K, Q8_0)
+        repacked = cpu_kernels.repack(parts[0].raw, int(parts[0].qtype), fmt, parts[0].cols)
+        if repacked is not None:
+            return repacked
     if fmt == "bf16":
         return cpu_kernels.tile_bf16(torch.cat([p.dequantize().to(torch.bfloat16) for p in parts]))
     pieces = []

@@ -17,15 +17,11 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from helpers.gguf_test_blocks import HALVES, N_BLOCKS, covering_blocks, finite_halves
 
 from radixflow.kernels import gguf_blocks as gb
 
 TYPES = [t.name for t in gb.GGMLType]
-# Byte offsets of each type's fp16 fields (d, dmin / m) inside a block.
-HALVES = {"F16": [0], "BF16": [], "F32": [], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0],
-          "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2],
-          "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
-N_BLOCKS = 1024
 
 
 def bits(x) -> torch.Tensor:
@@ -36,28 +32,6 @@ def bits(x) -> torch.Tensor:
 def reference(raw: np.ndarray, name: str) -> np.ndarray:
     with np.errstate(all="ignore"):
         return gguf_dequantize(raw, GGMLQuantizationType[name])
-
-
-def finite_halves(rng: np.random.Generator, n: int) -> np.ndarray:
-    """n random finite fp16 bit patterns, led by the edge cases (zeros, subnormals, the max)."""
-    h = rng.integers(0, 1 << 16, n, dtype=np.uint16)
-    h = np.where((h & 0x7C00) == 0x7C00, h & ~np.uint16(0x4000), h).astype(np.uint16)
-    edges = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00],
-                     dtype=np.uint16)
-    h[:len(edges)] = edges
-    return h
-
-
-def covering_blocks(name: str, n: int = N_BLOCKS, seed: int = 0) -> np.ndarray:
-    """uint8 [n, type_size]: each byte column runs through all 256 values (n / 256 times, in a
-    random order of its own), then the fp16 fields are overwritten with finite values."""
-    rng = np.random.default_rng(seed)
-    size = gb.QUANT_SIZES[gb.GGMLType[name]][1]
-    raw = np.concatenate([np.argsort(rng.random((256, size)), axis=0).astype(np.uint8)
-                          for _ in range(n // 256)], axis=0)
-    for at in HALVES[name]:
-        raw[:, at:at + 2] = finite_halves(rng, n).view(np.uint8).reshape(n, 2)
-    return np.ascontiguousarray(raw)
 
 
 def test_type_table_mirrors_gguf():

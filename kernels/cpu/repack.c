@@ -1,0 +1,224 @@
+/* A GGUF tensor's blocks straight into a tiled format (the same source in every level's build):
+ * rf_repack writes the bytes kernels/cpu/__init__.py's tile_* functions write from the group
+ * forms of kernels/gguf_blocks.py (affine_groups, symmetric_6bit_groups, symmetric_int8_groups),
+ * bit for bit, without the torch detour (int8/float32 tensors of the whole chunk, permutes,
+ * concatenations): loading a 1B Q4_K_M spent ~4 s there.
+ *
+ *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
+ *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
+ *   Q8_0       -> q8_0   the int8 values, fp32 scale d
+ *
+ * Tiles are split over threads; each thread unpacks a tile's 16 rows into scratch, then writes
+ * the tile's groups. Rows past `rows` in the last tile are zeros (tile_*'s padding). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemv.h"
+
+/* scalar products and roundings must be torch's: no fused multiply-adds */
+#ifdef __clang__
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+enum { GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14 };
+
+static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
+
+/* IEEE fp16 <-> fp32, exact / round to nearest even, as torch converts (FP16 library's forms) */
+static inline float half_to_f32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    const float normalized = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    return bits_f32(sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized)));
+}
+
+static inline uint16_t f32_to_half(float f) {
+    float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_f32((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+static inline uint16_t load_half(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* One row of blocks -> q [K] (the format's stored values), scales and lows per group. */
+static void unpack_q4_k(const uint8_t *b, int64_t K, uint8_t *q, float *scale, float *low) {
+    for (int64_t blk = 0; blk < K / 256; blk++, b += 144) {
+        const float d = half_to_f32(load_half(b)), dmin = half_to_f32(load_half(b + 2));
+        const uint8_t *s = b + 4, *qs = b + 16;
+        for (int j = 0; j < 8; j++) {
+            const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            scale[blk * 8 + j] = d * (float)sc;
+            low[blk * 8 + j] = -(dmin * (float)m);
+        }
+        uint8_t *out = q + blk * 256;
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                out[64 * j + l] = qs[32 * j + l] & 0xF;
+                out[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+            }
+    }
+}
+
+static void unpack_q4_0(const uint8_t *b, int64_t K, uint8_t *q, float *scale, float *low) {
+    for (int64_t g = 0; g < K / 32; g++, b += 18) {
+        const float d = half_to_f32(load_half(b));
+        scale[g] = d, low[g] = d * -8.0f;
+        for (int j = 0; j < 16; j++) q[32 * g + j] = b[2 + j] & 0xF, q[32 * g + 16 + j] = b[2 + j] >> 4;
+    }
+}
+
+/* q: the unsigned 6-bit value (q + 32); scale per 16 */
+static void unpack_q6_k(const uint8_t *b, int64_t K, uint8_t *q, float *scale) {
+    for (int64_t blk = 0; blk < K / 256; blk++, b += 210) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = half_to_f32(load_half(b + 208));
+        for (int s = 0; s < 16; s++) scale[blk * 16 + s] = d * (float)sc[s];
+        uint8_t *out = q + blk * 256;
+        for (int n = 0; n < 2; n++, ql += 64, qh += 32, out += 128)
+            for (int l = 0; l < 32; l++) {
+                out[l] = (uint8_t)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+                out[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                out[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                out[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+    }
+}
+
+static void unpack_q8_0(const uint8_t *b, int64_t K, uint8_t *q, float *scale) {
+    for (int64_t g = 0; g < K / 32; g++, b += 34) {
+        scale[g] = half_to_f32(load_half(b));
+        memcpy(q + 32 * g, b + 2, 32);
+    }
+}
+
+/* One (tile, group)'s bytes from the tile's unpacked rows (q [TILE][K], s/lo [TILE][per row]). */
+static void write_q4_1(uint8_t *o, const uint8_t *q, const float *s, const float *lo, int64_t K,
+                       int64_t g) {
+    const int64_t G = K / GROUP;
+    uint16_t *hs = (uint16_t *)o, *hl = (uint16_t *)(o + 32);
+    for (int r = 0; r < TILE; r++) hs[r] = f32_to_half(s[r * G + g]), hl[r] = f32_to_half(lo[r * G + g]);
+    uint8_t *nib = o + 64;
+    for (int c = 0; c < 4; c++)
+        for (int r = 0; r < TILE; r++) {
+            const uint8_t *row = q + r * K + g * GROUP + 8 * c;
+            for (int i = 0; i < 4; i++) nib[(c * TILE + r) * 4 + i] = (uint8_t)(row[i] | (row[4 + i] << 4));
+        }
+}
+
+static int64_t write_q6(uint8_t *o, const uint8_t *q, const float *s, int64_t K, int64_t g) {
+    const int64_t S = K / 16;
+    int64_t over = 0;
+    uint16_t *d = (uint16_t *)o;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < TILE; r++) {
+            const float v = s[r * S + 2 * g + h];
+            over += !(__builtin_fabsf(v) <= 65504.0f);
+            d[h * TILE + r] = f32_to_half(v);
+        }
+    uint8_t *nib = o + 64, *twos = o + 320;
+    for (int c = 0; c < 4; c++)
+        for (int r = 0; r < TILE; r++) {
+            const uint8_t *row = q + r * K + g * GROUP + 8 * c;
+            for (int i = 0; i < 4; i++)
+                nib[(c * TILE + r) * 4 + i] = (uint8_t)((row[i] & 15) | ((row[4 + i] & 15) << 4));
+        }
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < TILE; r++) {
+            const uint8_t *row = q + r * K + g * GROUP + 16 * h;
+            for (int i = 0; i < 4; i++) {
+                uint8_t v = 0;
+                for (int j = 0; j < 4; j++) v |= (uint8_t)((row[4 * j + i] >> 4) << (2 * j));
+                twos[(h * TILE + r) * 4 + i] = v;
+            }
+        }
+    return over;
+}
+
+static void write_q8_0(uint8_t *o, const uint8_t *q, const float *s, int64_t K, int64_t g) {
+    const int64_t G = K / GROUP;
+    float *scale = (float *)o;
+    for (int r = 0; r < TILE; r++) scale[r] = s[r * G + g];
+    uint8_t *qo = o + 64;
+    for (int quad = 0; quad < 8; quad++)
+        for (int r = 0; r < TILE; r++) memcpy(qo + (quad * TILE + r) * 4, q + r * K + g * GROUP + 4 * quad, 4);
+}
+
+static int64_t block_bytes(int src) {
+    switch (src) {
+    case GGML_Q4_0: return 18;
+    case GGML_Q8_0: return 34;
+    case GGML_Q4_K: return 144;
+    case GGML_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static int64_t group_bytes(int fmt) {
+    return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576 : 0;
+}
+
+static int pair_ok(int src, int fmt) {
+    return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
+           (src == GGML_Q6_K && fmt == FORMAT_Q6) || (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
+}
+
+/* raw: `rows` rows of K / (values per block) blocks of GGML type `src`; out: ceil(rows / TILE)
+ * tiles of format `fmt`. Returns the number of q6 scales over fp16's range (the caller refuses
+ * the layer then), -1 for a pair of types it does not convert / K not whole blocks, -2 when
+ * scratch memory could not be had. */
+int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
+                  int nthreads) {
+    const int64_t per_block = (src == GGML_Q4_K || src == GGML_Q6_K) ? 256 : 32;
+    if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
+    const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
+    const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
+    const int64_t per_row = fmt == FORMAT_Q6 ? K / 16 : G;
+    int64_t over = 0, failed = 0;
+    if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
+#pragma omp parallel num_threads(nthreads) reduction(+ : over, failed)
+    {
+        uint8_t *q = malloc((size_t)(TILE * K));
+        float *s = malloc(sizeof(float) * (size_t)(TILE * per_row));
+        float *lo = malloc(sizeof(float) * (size_t)(TILE * per_row));
+        int64_t t0, t1;
+        thread_range(tiles, &t0, &t1);
+        failed += t0 < t1 && !(q && s && lo);
+        for (int64_t t = t0; t < t1 && q && s && lo; t++) {
+            for (int r = 0; r < TILE; r++) {
+                const int64_t row = t * TILE + r;
+                uint8_t *qr = q + r * K;
+                float *sr = s + r * per_row, *lr = lo + r * per_row;
+                if (row >= rows) {
+                    memset(qr, 0, (size_t)K);
+                    memset(sr, 0, sizeof(float) * (size_t)per_row);
+                    memset(lr, 0, sizeof(float) * (size_t)per_row);
+                    continue;
+                }
+                const uint8_t *b = raw + row * row_bytes;
+                if (src == GGML_Q4_K) unpack_q4_k(b, K, qr, sr, lr);
+                else if (src == GGML_Q4_0) unpack_q4_0(b, K, qr, sr, lr);
+                else if (src == GGML_Q6_K) unpack_q6_k(b, K, qr, sr);
+                else unpack_q8_0(b, K, qr, sr);
+            }
+            uint8_t *o = out + t * tile_bytes;
+            for (int64_t g = 0; g < G; g++, o += group_bytes(fmt)) {
+                if (fmt == FORMAT_Q4_1) write_q4_1(o, q, s, lo, K, g);
+                else if (fmt == FORMAT_Q6) over += write_q6(o, q, s, K, g);
+                else write_q8_0(o, q, s, K, g);
+            }
+        }
+        free(q), free(s), free(lo);
+    }
+    return failed ? -2 : over;
+}

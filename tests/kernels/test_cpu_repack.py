@@ -1,0 +1,71 @@
+"""rf_repack (kernels/cpu/repack.c): a GGUF tensor's blocks straight into the tiles, at each
+instruction-set level this machine runs (the cpu_level fixture): bit for bit the tiles that
+tile_* writes from gguf_blocks' group forms (the torch path), on blocks whose every byte takes
+all 256 values and whose fp16 scales run through zeros, subnormals and the largest finite."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.gguf_test_blocks import covering_blocks
+
+from radixflow.kernels import cpu
+from radixflow.kernels import gguf_blocks as gb
+
+
+@pytest.fixture
+def level(cpu_level):
+    if not cpu.available():
+        pytest.skip(f"no CPU kernels at {cpu_level} here (no C compiler?)")
+    return cpu_level
+
+
+def _rows(name: str, k: int, drop: int, small_scales: bool = False) -> torch.Tensor:
+    raw = covering_blocks(name, n=2048, seed=k)
+    if small_scales:  # |d| < 2: Q6_K's d * sc within fp16
+        at = 208
+        h = raw[:, at:at + 2].copy().view(np.uint16) & np.uint16(0xBFFF)
+        raw[:, at:at + 2] = h.view(np.uint8)
+    block, size = gb.QUANT_SIZES[gb.GGMLType[name]]
+    per_row = k // block
+    rows = len(raw) // per_row - drop  # the last tile partly padding
+    return torch.from_numpy(raw[:rows * per_row].reshape(rows, per_row * size).copy())
+
+
+def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWeight:
+    t, shape = gb.GGMLType[name], (raw.shape[0], k)
+    if fmt == "q4_1":
+        return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
+    if fmt == "q6":
+        return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
+    return cpu.tile_q8_0(cpu.Q8_0Weight(*gb.symmetric_int8_groups(raw, t, shape)))
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_1"), ("Q4_0", "q4_1"), ("Q6_K", "q6"),
+                                           ("Q8_0", "q8_0")])
+@pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
+def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
+    raw = _rows(name, k, drop, small_scales=name == "Q6_K")
+    got = cpu.repack(raw, int(gb.GGMLType[name]), fmt, k)
+    want = _torch_tiles(raw, name, fmt, k)
+    assert (got.format, got.n, got.k, got.level) == (fmt, raw.shape[0], k, level)
+    assert torch.equal(got.data.reshape(-1), want.data.reshape(-1))
+
+
+def test_q6_scales_over_fp16_are_refused_as_tile_q6_refuses(level):
+    raw = _rows("Q6_K", 256, 0)  # d up to 65504, sc up to 127
+    with pytest.raises(cpu.ScaleOverflow, match="fit fp16"):
+        _torch_tiles(raw, "Q6_K", "q6", 256)
+    with pytest.raises(cpu.ScaleOverflow, match="fit fp16.*do not"):
+        cpu.repack(raw, int(gb.GGMLType.Q6_K), "q6", 256)
+
+
+def test_pairs_it_does_not_convert_and_bad_rows(level):
+    raw = _rows("Q4_K", 256, 0)
+    assert cpu.repack(raw, int(gb.GGMLType.Q4_K), "q6", 256) is None  # the torch path's
+    assert cpu.repack(raw, int(gb.GGMLType.Q5_K), "q8_0", 256) is None
+    with pytest.raises(ValueError, match="rows of 288 bytes"):
+        cpu.repack(raw, int(gb.GGMLType.Q4_K), "q4_1", 512)
+    with pytest.raises(ValueError, match="multiples of 256 weights, not 96"):
+        cpu.repack(raw[:, :100], int(gb.GGMLType.Q4_K), "q4_1", 96)
