@@ -144,19 +144,22 @@ def files_main(args: argparse.Namespace) -> None:
         theirs = llama_cpp_costs(args.llama_perplexity, args.gguf, args.reference, text, args.ctx,
                                  len(os.sched_getaffinity(0)), shlex.split(args.llama_args))
     date = datetime.date.today().isoformat()
-    level = args.cpu_isa or "best"
+    level = f" ({args.cpu_isa})" if args.cpu_isa else ""
     command = " ".join(["python -m bench.quality", "--reference", args.reference, "--gguf",
                         *args.gguf, "--chars", str(args.chars), "--ctx", str(args.ctx)]
                        + (["--cpu-isa", args.cpu_isa] if args.cpu_isa else [])
                        + (["--llama-perplexity", args.llama_perplexity]
                           if args.llama_perplexity else []))
-    lines = [f"# GGUF files vs their bf16 file, radixflow and llama.cpp, {date} ({level})", "",
+    lines = [f"# GGUF files vs their bf16 file, radixflow and llama.cpp, {date}{level}", "",
              f"Command: `{command}`", "", f"CPU: {detect().describe()}.", "",
              f"Text: the first {args.chars} characters of `{args.text.name}` ({n_tokens} tokens "
              f"under the file's tokenizer), in chunks of {args.ctx}, the second half of each "
              "scored, as `llama-perplexity --kl-divergence` does; each engine against itself on "
              "the bf16 file. radixflow: its C decode step, one token at a time; llama.cpp: "
-             "llama-perplexity (its batch path).", "", *table(args.gguf, ours, theirs), ""]
+             "llama-perplexity (its batch path). Random-weight models (bench/scale_models.py) "
+             "have near-flat next-token distributions, so top-1 agreement is low for both "
+             "engines; what to read is the two engines side by side.", "",
+             *table(args.gguf, ours, theirs), ""]
     key = f"{date}-files-{args.cpu_isa}" if args.cpu_isa else f"{date}-files"
     publish("\n".join(lines), None if args.no_write else Run("quality", key))
 
