@@ -145,7 +145,30 @@ def run_radixflow(model: Path, args, seed: int) -> dict:
         info = server_info(rt.url)
     cpu = (info.get("model_info") or {}).get("cpu") or {}
     return {**got, "healthy_s": healthy, "peak_rss": rss["peak"], "load_peak_rss": load_peak,
+            "kv_pool_tokens": (info.get("model_info") or {}).get("max_total_tokens"),
             "weight_bytes": cpu.get("decode_step_weight_bytes"), "weights": cpu.get("weights")}
+
+
+def server_own_bytes(args) -> dict:
+    """What radixflow holds for itself (issue #26's memory budget): its peak resident memory,
+    all processes, serving the default model (start-up and a few requests), less the model's
+    file and its KV pool."""
+    from radixflow.runtime.model_loader import resolve_model
+    from radixflow.runtime.server.process import ServerProcess
+
+    folder = resolve_model(None)
+    gguf = next(folder.glob("*.gguf"))
+    with peak_rss() as rss, torch_capped_to(args.cpu_isa), ServerProcess(
+            None, port=30124, cpu_isa=args.cpu_isa, start_timeout=600) as rt:
+        import httpx
+
+        for _ in range(3):
+            httpx.post(f"{rt.url}/generate", json={"text": "Hello", "sampling_params": {
+                "max_new_tokens": 16, "temperature": 0}}, timeout=120).raise_for_status()
+        tokens = server_info(rt.url)["model_info"]["max_total_tokens"]
+    kv = tokens * kv_bytes_per_token(gguf)
+    return {"peak": rss["peak"], "file": gguf.stat().st_size, "kv": kv,
+            "own": rss["peak"] - gguf.stat().st_size - kv}
 
 
 def run_llama_cpp(model: Path, args, seed: int) -> dict:
@@ -264,6 +287,7 @@ def main() -> None:
 
     cpu = check_level(args.cpu_isa)
     bandwidth = copy_bandwidth()
+    own = server_own_bytes(args)
     date = datetime.date.today().isoformat()
     results: dict[str, dict] = {}
     for model in args.models:
@@ -300,6 +324,13 @@ def main() -> None:
     for name, r in results.items():
         lines += table(f"{name} ({r['file_gb']:.2f} GB file, {r['params_b']:.2f} B "
                        "parameters)", r["runs"], bandwidth, r["kv_per_token"])
+        ours = [r["runs"][k] for k in ("radixflow #1", "radixflow #2")]
+        budget = (1.15 * r["file_gb"] * 1e9 + ours[0]["kv_pool_tokens"] * r["kv_per_token"]
+                  + own["own"])
+        lines += ["", f"Memory budget (issue #26: 1.15 x the file + the KV pool "
+                  f"({ours[0]['kv_pool_tokens']} tokens) + what the server holds for itself, "
+                  f"{own['own'] / 1e9:.2f} GB on the default model): {budget / 1e9:.2f} GB; "
+                  f"radixflow's peaks {max(o['peak_rss'] for o in ours) / 1e9:.2f} GB."]
         weights = r["runs"]["radixflow #1"].get("weights") or {}
         lines += ["", "radixflow's layers: " + "; ".join(
             f"{role} {w['stored']} as {w['format']}" for role, w in weights.items()), ""]
@@ -307,7 +338,7 @@ def main() -> None:
     if errors:
         lines += [f"**{errors} requests failed** (raw JSON).", ""]
     (raw / f"{key}.json").write_text(json.dumps(
-        {k: {**r, "runs": {n: {kk: vv for kk, vv in v.items() if kk != "raw"}
+        {"server_own": own} | {k: {**r, "runs": {n: {kk: vv for kk, vv in v.items() if kk != "raw"}
                            for n, v in r["runs"].items()}} for k, r in results.items()},
         indent=1, default=str))
     publish("\n".join(lines), None if args.no_write else Run("scale-serving", key))
