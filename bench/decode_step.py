@@ -348,10 +348,10 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
     peaks = peak_gops(level)
     if level == "avx512":
         base = {"q4_1": ("vpdpbusd zmm", 0.5), "q8_0": ("vpdpbusd zmm", 0.5),
-                "bf16": ("vdpbf16ps zmm", 1.0)}
+                "q6": ("vpdpbusd zmm", 0.5), "bf16": ("vdpbf16ps zmm", 1.0)}
     else:
         base = {"q4_1": ("vpmaddubsw ymm", 1.0), "q8_0": ("vpmaddubsw ymm", 1.0),
-                "bf16": ("vfmadd231ps ymm", 1.0)}
+                "q6": ("vpmaddubsw ymm", 1.0), "bf16": ("vfmadd231ps ymm", 1.0)}
     lines = [f"Weight products at batch {batch} (level {level}; active level "
              f"{active_level()}): ops = 2 x rows x n x k per product, time = thread 0's phase "
              "(barrier waits included). Peak: bench/cpu_peak.py, the instruction each format "
@@ -366,8 +366,8 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
     for phase, name in _PRODUCTS.items():
         weights = [head] if name is None else [getattr(lw, name) for lw in layers]
         ops = sum(2 * batch * w.n * w.k for w in weights)
-        fmt = weights[0].format
-        instr, share = base[fmt]
+        fmt = "+".join(sorted({w.format for w in weights}))
+        instr, share = base[max({w.format for w in weights}, key=list(base).index)]
         ceiling = peaks[instr] * share
         ms = phases[phase]
         gops = ops / (ms * 1e-3) / 1e9
