@@ -443,14 +443,20 @@ def affine_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def symmetric_int8_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 -> (q int8 [rows, cols], scale float32 [rows, cols/32]) with scale * q ==
-    dequantize(raw, "Q8_0", (rows, cols)) bit for bit."""
+    """Q8_0 / IQ4_NL / IQ4_XS -> (q int8 [rows, cols], scale float32 [rows, cols/32]) with
+    scale * q == dequantize(raw, qtype, (rows, cols)) bit for bit: IQ4's 4-bit codes become
+    their int8 values (KVALUES_IQ4NL), the scale d (IQ4_XS: d * sc per 32)."""
     t = ggml_type(qtype)
-    if t != GGMLType.Q8_0:
-        raise ValueError(f"symmetric_int8_groups reads Q8_0, not {t.name}")
+    if t not in (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS):
+        raise ValueError(f"symmetric_int8_groups reads Q8_0, IQ4_NL and IQ4_XS, not {t.name}")
     f = unpack(raw, t)
-    rows, cols = _rows_cols(shape, f.qs.numel(), t)
-    return f.qs.reshape(rows, cols), f.d.reshape(rows, cols // GROUP)
+    if t == GGMLType.Q8_0:
+        q, scale = f.qs, f.d
+    else:
+        q = torch.tensor(KVALUES_IQ4NL, dtype=torch.int8)[f.qs.long()]
+        scale = f.d if t == GGMLType.IQ4_NL else f.d.unsqueeze(1) * f.scales.float()
+    rows, cols = _rows_cols(shape, q.numel(), t)
+    return q.reshape(rows, cols), scale.reshape(rows, cols // GROUP)
 
 
 SIX_BIT_GROUP = 16  # weights per scale of the 6-bit symmetric form

@@ -7,11 +7,12 @@ level has all four):
   are such groups, scale d*sc and low -dmin*m; the scales are held as fp16);
 - Q6_K, Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q6_K's and Q3_K's
   sub-blocks of 16 with scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16);
-- Q8_0 -> q8_0, exactly;
+- Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
+  the scale d or d * sc per 32);
 - F32, F16, BF16 -> bf16 tiles;
-- every other type (Q5_1, Q5_K, Q2_K, IQ4_NL, IQ4_XS) -> q8_0: its blocks dequantized and
-  requantized to 8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them
-  within 1/254 of each group's largest weight).
+- every other type (Q5_1, Q5_K, Q2_K) -> q8_0: its blocks dequantized and requantized to
+  8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
+  group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
 format of its parts (bf16 > q8_0 > q6 > q4_1). With --quantization int4 every layer but the
 output head becomes q4_1 (its stored values requantized to 4-bit groups where they are not
@@ -47,6 +48,7 @@ _AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)
 _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
 _WIDTH = {"q4_1": 0, "q6": 1, "q8_0": 2, "bf16": 3}
 _WHY = {"q4_1": "groups of 32 as stored, fp16 scales",
         "q6": "groups of 16 as stored, fp16 scales",
@@ -69,6 +71,8 @@ def why(qtype: GGMLType, fmt: str) -> str:
         return "a fused layer's widest part: its values kept exactly"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
+    if fmt == "q8_0" and qtype in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
+        return "exact: its codes' int8 values, a scale per 32"
     if fmt == "q8_0" and qtype != GGMLType.Q8_0:
         return f"no {qtype.name} kernel yet: requantized to 8-bit groups of 32"
     return _WHY[fmt]
@@ -124,7 +128,7 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
             pieces.append(symmetric_6bit_groups(chunk.raw, chunk.qtype, chunk.shape))
         elif fmt == "q6":
             pieces.append(quantize_6bit(chunk.dequantize()))
-        elif chunk.qtype == GGMLType.Q8_0:
+        elif chunk.qtype in _INT8_VALUES:
             pieces.append(symmetric_int8_groups(chunk.raw, chunk.qtype, chunk.shape))
         else:
             w = cpu_kernels.quantize_q8_0(chunk.dequantize())

@@ -202,13 +202,15 @@ def test_affine_groups_rebuild_dequantize(name):
     assert (rebuilt.reshape(-1)[differ].view(torch.int32) == 0).all()  # +0.0
 
 
-def test_symmetric_int8_groups_rebuild_dequantize():
-    raw = covering_blocks("Q8_0", seed=4)
-    q, scale = gb.symmetric_int8_groups(raw, "Q8_0", (16, N_BLOCKS * 2))
-    assert q.dtype == torch.int8 and q.shape == (16, N_BLOCKS * 2)
-    assert scale.dtype == torch.float32 and scale.shape == (16, N_BLOCKS * 2 // 32)
+@pytest.mark.parametrize("name", ["Q8_0", "IQ4_NL", "IQ4_XS"])
+def test_symmetric_int8_groups_rebuild_dequantize(name):
+    raw = covering_blocks(name, seed=4)
+    cols = N_BLOCKS * gb.QUANT_SIZES[gb.GGMLType[name]][0] // 16
+    q, scale = gb.symmetric_int8_groups(raw, name, (16, cols))
+    assert q.dtype == torch.int8 and q.shape == (16, cols)
+    assert scale.dtype == torch.float32 and scale.shape == (16, cols // 32)
     rebuilt = scale.repeat_interleave(32, 1) * q.float()
-    assert torch.equal(bits(rebuilt), bits(reference(raw, "Q8_0")))
+    assert torch.equal(bits(rebuilt), bits(reference(raw, name)))
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q3_K", "Q5_0", "Q4_0"])

@@ -140,3 +140,23 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     assert torch.equal(chunked.data, whole.data)
     uneven = stored_linears._tile([stored(40, 2), stored(16, 0)], fmt)  # shares a tile
     assert torch.equal(cpu_kernels.unpack(uneven)[:40], cpu_kernels.unpack(whole)[160:])
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_layers_load_into_q8_0_exactly(name):
+    """IQ4's 4-bit codes index int8 values: q8_0 holds them and their scales as they are."""
+    from helpers.gguf_test_blocks import covering_blocks
+
+    from radixflow.kernels.gguf_blocks import QUANT_SIZES, GGMLType, dequantize
+    from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
+    from radixflow.runtime.models import stored_linears
+
+    kind = GGMLType[name]
+    block, size = QUANT_SIZES[kind]
+    raw = torch.from_numpy(covering_blocks(name, n=512)).reshape(32, -1)  # 32 rows
+    stored = StoredTensor(kind, 32, raw.shape[1] // size * block, raw)
+    assert stored_linears.nearest_format(kind) == "q8_0"
+    assert stored_linears.why(kind, "q8_0").startswith("exact")
+    tiled = stored_linears._tile([stored], "q8_0")
+    expected = dequantize(raw, kind, stored.shape)
+    assert torch.equal(cpu_kernels.unpack(tiled).view(torch.int32), expected.view(torch.int32))
