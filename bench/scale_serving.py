@@ -152,7 +152,7 @@ def run_radixflow(model: Path, args, seed: int) -> dict:
 def server_own_bytes(args) -> dict:
     """What radixflow holds for itself (issue #26's memory budget): its peak resident memory,
     all processes, serving the default model (start-up and a few requests), less the model's
-    file and its KV pool."""
+    file, its KV pool and the bf16 copies of its weights a small model keeps."""
     from radixflow.runtime.model_loader import resolve_model
     from radixflow.runtime.server.process import ServerProcess
 
@@ -165,10 +165,11 @@ def server_own_bytes(args) -> dict:
         for _ in range(3):
             httpx.post(f"{rt.url}/generate", json={"text": "Hello", "sampling_params": {
                 "max_new_tokens": 16, "temperature": 0}}, timeout=120).raise_for_status()
-        tokens = server_info(rt.url)["model_info"]["max_total_tokens"]
-    kv = tokens * kv_bytes_per_token(gguf)
-    return {"peak": rss["peak"], "file": gguf.stat().st_size, "kv": kv,
-            "own": rss["peak"] - gguf.stat().st_size - kv}
+        info = server_info(rt.url)["model_info"]
+    kv = info["max_total_tokens"] * kv_bytes_per_token(gguf)
+    copies = (((info.get("cpu") or {}).get("dense_weights") or {}).get("held_bytes")) or 0
+    return {"peak": rss["peak"], "file": gguf.stat().st_size, "kv": kv, "dense_copies": copies,
+            "own": rss["peak"] - gguf.stat().st_size - kv - copies}
 
 
 def run_llama_cpp(model: Path, args, seed: int) -> dict:

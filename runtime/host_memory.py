@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 
 # what the server still needs beside the KV pool once the weights are in: the HTTP and
@@ -32,3 +35,21 @@ def room_for_kv() -> int | None:
     if available is None:
         return None
     return max(int(available * (1 - HEADROOM_SHARE)) - HEADROOM_BYTES, 0)
+
+
+def release_freed() -> None:
+    """Give the memory the allocator holds free back to the system (glibc's malloc_trim):
+    loading frees many mid-sized buffers (a tensor's blocks, its unpacked chunks) that glibc
+    otherwise keeps in its arenas for the server's lifetime. A no-op elsewhere."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None

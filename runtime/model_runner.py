@@ -113,6 +113,7 @@ class ModelRunner:
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None
                                 and not args.is_embedding else None)
+        host_memory.release_freed()  # what loading freed (~0.15 GB at 1B) back to the system
         if self.tp and self.tp.is_driver:
             from .distributed.plan import PlanSender
 
