@@ -113,9 +113,3 @@ def test_room_for_kv_leaves_headroom(monkeypatch):
     monkeypatch.setattr(host_memory, "available_bytes", lambda: None)
     assert host_memory.room_for_kv() is None
 
-
-def test_release_freed_is_safe_to_call():
-    from radixflow.runtime import host_memory
-
-    host_memory.release_freed()
-    host_memory.release_freed()  # (glibc's malloc_trim; a no-op where there is none)
