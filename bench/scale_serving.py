@@ -277,6 +277,8 @@ def main() -> None:
     ap.add_argument("--cpu-isa", default="auto", choices=["auto", "avx512", "avx2", "generic"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default="", help="added to the results' section key (a second "
+                    "run the same day keeps the first's section)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     if args.llama_args is None:
@@ -302,7 +304,7 @@ def main() -> None:
                                "file_gb": model.stat().st_size / 1e9,
                                "kv_per_token": kv_bytes_per_token(model), "runs": runs}
 
-    key = run_key(date, args.cpu_isa if args.cpu_isa != "auto" else "")
+    key = run_key(date, args.cpu_isa if args.cpu_isa != "auto" else "", args.label)
     raw = raw_dir("scale-serving")
     raw.mkdir(parents=True, exist_ok=True)
     png = Path(__file__).parent / "results" / f"scale-serving-{key}.png"
@@ -312,6 +314,7 @@ def main() -> None:
     lines = [f"# radixflow vs llama.cpp at model scale, {date}", "",
              "Command: `python -m bench.scale_serving --llama-server "
              f"{args.llama_server}{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
+             f"{f' --label {args.label}' if args.label else ''}"
              f" {' '.join(str(m) for m in args.models)}`", "",
              f"CPU: {cpu.describe()}, {args.threads} threads{caps}. Copy bandwidth measured "
              f"before the servers started: {bandwidth / 1e9:.1f} GB/s.", "",
