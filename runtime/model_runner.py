@@ -84,7 +84,7 @@ class ModelRunner:
                                ma.max_position_embeddings)
         self.model, self.quantization = load_model(args, self.model_args, model_folder,
                                                    self.device, self.dtype, self.tp,
-                                                   self.context_len)
+                                                   self._most_servable(local))
         self.kv_dtype = self._kv_dtype()
         per_token = KVPool.bytes_per_token(ma.num_layers, local.num_kv_heads, ma.head_dim,
                                            self.kv_dtype)
@@ -151,6 +151,18 @@ class ModelRunner:
         else:  # the node's ranks share its memory: --kv-cache-gb is theirs together
             budget = self.args.kv_cache_gb * 2**30 / (self.tp.layout.per_node if self.tp else 1)
         return max(int(budget // per_token), 2)
+
+    def _most_servable(self, local: ModelArgs) -> int:
+        """The most positions the KV pool could serve, known before the weights load (their
+        rope tables are built then: Llama 3's 131,072 positions are ~0.2 GB at 8B, for a
+        1 GiB pool that serves 8,192): the pool's tokens at bf16 K/V, the least a token can
+        take, or the model's context if that is less. The tables shrink again once the pool
+        is sized."""
+        if self.device.type != "cpu":
+            return self.context_len
+        least = KVPool.bytes_per_token(self.model_args.num_layers, local.num_kv_heads,
+                                       self.model_args.head_dim, torch.bfloat16)
+        return min(self.context_len, self.args.max_total_tokens or self._default_num_slots(least))
 
     def _within_memory(self, num_slots: int, per_token: int) -> int:
         """`num_slots`, or fewer when the pool would not fit the memory left after the weights
