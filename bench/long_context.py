@@ -29,17 +29,20 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args()
 
+    from tokenizers import Tokenizer  # (not transformers': run from the repo root, its
+
     from radixflow.runtime.model_loader import resolve_model
-    from radixflow.runtime.model_loader.hf_folder import load_tokenizer
     from radixflow.runtime.server.process import ServerProcess
+    #   hub-kernels import finds the repo's kernels/ folder before the `kernels` package)
 
     text = "".join(p.read_text() for p in sorted(DOCS.glob("*.md")))
     started = time.perf_counter()
     with peak_rss() as rss, ServerProcess(args.model, port=30126, start_timeout=1800) as rt:
         healthy, load_peak = time.perf_counter() - started, rss["peak"]
         info = server_info(rt.url)["model_info"]
-        tokenizer = load_tokenizer(resolve_model(args.model, prepare=False))
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        folder = resolve_model(args.model, prepare=False)
+        ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+            text, add_special_tokens=False).ids
         prompt = ids[:info["context_length"] - args.margin]
         sent = time.perf_counter()
         reply = httpx.post(f"{rt.url}/generate", json={"input_ids": prompt, "sampling_params": {
