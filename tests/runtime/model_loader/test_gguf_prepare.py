@@ -54,8 +54,7 @@ def test_the_server_prepares_a_new_gguf_in_a_child_process(tmp_path, monkeypatch
     """`radixflow serve` prepares a GGUF it has not seen in a child process (transformers'
     GGUF reading never stays in the HTTP process); a prepared one resolves in place, and a
     bad file's error comes back from the child as it is."""
-    import sys
-
+    import gguf
     import pytest
 
     from radixflow.runtime.errors import ModelNotFound
@@ -66,10 +65,17 @@ def test_the_server_prepares_a_new_gguf_in_a_child_process(tmp_path, monkeypatch
     path = write_tiny_gguf(make_tiny_model(tmp_path / "hf", "llama"), tmp_path / "m.gguf")
     with pytest.raises(NotPrepared):
         resolve_model(str(path), prepare=False)
-    before = set(sys.modules)
+    parses_here = []
+    init = gguf.GGUFReader.__init__
+
+    def counted(self, *args, **kwargs):
+        parses_here.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)  # (this process only)
     folder = model_folder(str(path))
     assert (folder / "gguf.json").is_file()
-    assert not {m for m in set(sys.modules) - before if m.startswith("transformers.models.")}
+    assert parses_here == []  # the header was read in the child, not here
     assert resolve_model(str(path), prepare=False) == folder
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
