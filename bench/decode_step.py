@@ -347,10 +347,12 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
     level = step.level
     peaks = peak_gops(level)
     if level == "avx512":
-        base = {"q4_1": ("vpdpbusd zmm", 0.5), "q8_0": ("vpdpbusd zmm", 0.5),
+        base = {"q4_k": ("vpdpbusd zmm", 0.5), "q4_1": ("vpdpbusd zmm", 0.5),
+                "q8_0": ("vpdpbusd zmm", 0.5),
                 "q6": ("vpdpbusd zmm", 0.5), "bf16": ("vdpbf16ps zmm", 1.0)}
     else:
-        base = {"q4_1": ("vpmaddubsw ymm", 1.0), "q8_0": ("vpmaddubsw ymm", 1.0),
+        base = {"q4_k": ("vpmaddubsw ymm", 1.0), "q4_1": ("vpmaddubsw ymm", 1.0),
+                "q8_0": ("vpmaddubsw ymm", 1.0),
                 "q6": ("vpmaddubsw ymm", 1.0), "bf16": ("vfmadd231ps ymm", 1.0)}
     lines = [f"Weight products at batch {batch} (level {level}; active level "
              f"{active_level()}): ops = 2 x rows x n x k per product, time = thread 0's phase "

@@ -53,6 +53,7 @@ What each function guarantees:
 - `symmetric_6bit_groups(raw, qtype, shape)` for Q6_K, Q3_K, Q5_0, Q4_0 -> (q int8 in
   -32..31, scale float32 per 16 weights) with `scale * q` equal to `dequantize` bit for bit
   (Q4_0: equal values, as in affine_groups).
+- `q4_k_fields(raw, shape)`: Q4_K's fields per row as stored (the tiled q4_k format's input).
 - `affine_groups(raw, qtype, shape)` for Q4_0, Q4_1, Q4_K -> (q uint8 [rows, cols] in 0..15,
   scale, low float32 [rows, cols/32]) with `scale * q + low` (float32: the product, then the sum)
   equal to `dequantize` bit for bit for Q4_1 (scale = d, low = m) and Q4_K (scale = d*sc, low =
@@ -459,6 +460,17 @@ def symmetric_int8_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
     return q.reshape(rows, cols), scale.reshape(rows, cols // GROUP)
 
 
+def q4_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
+    """Q4_K's fields per row as stored (kernels.cpu.tile_q4_k's arguments): q uint8 [rows,
+    cols] in 0..15, scales and mins uint8 [rows, cols/32] in 0..63, d and dmin float32 [rows,
+    cols/256]; (d * scales) * q - (dmin * mins) == dequantize(raw, Q4_K, (rows, cols))."""
+    f = unpack(raw, GGMLType.Q4_K)
+    rows, cols = _rows_cols(shape, f.qs.numel(), GGMLType.Q4_K)
+    return (f.qs.reshape(rows, cols), f.scales.reshape(rows, cols // GROUP),
+            f.mins.reshape(rows, cols // GROUP), f.d.reshape(rows, cols // QK_K),
+            f.dmin.reshape(rows, cols // QK_K))
+
+
 SIX_BIT_GROUP = 16  # weights per scale of the 6-bit symmetric form
 
 
@@ -482,5 +494,5 @@ def symmetric_6bit_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
 
 
 __all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "SIX_BIT_GROUP",
-           "GGMLType", "affine_groups", "dequantize", "ggml_type", "row_bytes",
+           "GGMLType", "affine_groups", "dequantize", "ggml_type", "q4_k_fields", "row_bytes",
            "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]

@@ -109,7 +109,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_1" | "q6" | "q8_0" | "bf16"
+    format: str  # "q4_1" | "q4_k" | "q6" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -219,9 +219,76 @@ def _q6_values(d: torch.Tensor, nib: torch.Tensor, twos: torch.Tensor) -> torch.
     return q.float() * scale
 
 
+SUPER_BLOCK = 256  # q4_k's weights per fp16 d/dmin pair along k (GGUF's Q4_K super-block)
+Q4_K_BLOCK_BYTES = 2304  # one tile x super-block: 4.5 bits a weight, as Q4_K
+
+
+def tile_q4_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torch.Tensor,
+              dmin: torch.Tensor) -> TiledWeight:
+    """GGUF's Q4_K as stored: q [N, K] in 0..15, scales and mins [N, K / 32] six-bit (0..63),
+    d and dmin [N, K / 256] fp16 values; w = (d * sc) * q - (dmin * mn) in float32, as ggml
+    computes it. Per 16-row tile and super-block of 256 (Q4_K_BLOCK_BYTES): fp16 d[16], fp16
+    dmin[16]; the sub-blocks' scales' low nibbles (64 bytes: byte 16 p + r holds row r's
+    sub-blocks 2p and 2p + 1, low nibble first), the mins' likewise; the scales' two high
+    bits (32 bytes: byte 16 h + r holds row r's sub-blocks 4h + i at bits 2i), the mins'
+    likewise; then the 8 sub-blocks' nibbles, each as q4_1 holds a group's (256 bytes)."""
+    n, k = q.shape
+    _check_weight_shape(n, k, SUPER_BLOCK)
+    g, s = k // GROUP, k // SUPER_BLOCK
+    for name, t, cols in (("scales", scales, g), ("mins", mins, g), ("d", d, s), ("dmin", dmin, s)):
+        if t.shape != (n, cols):
+            raise ValueError(f"expected {name} of shape [{n}, {cols}], got {tuple(t.shape)}")
+    if int(q.min()) < 0 or int(q.max()) > 15:
+        raise ValueError("4-bit weights must be in 0..15")
+    if min(int(scales.min()), int(mins.min())) < 0 or max(int(scales.max()), int(mins.max())) > 63:
+        raise ValueError("Q4_K's scales and mins must be six-bit (0..63)")
+    u = _pad_rows(q.to(torch.uint8), n)
+    tiles = u.shape[0] // TILE
+    # [tile, row, super-block, sub-block, chunk, half, i] -> [tile, super, sub, chunk, row, i, half]
+    u = u.view(tiles, TILE, s, 8, 4, 2, 4).permute(0, 2, 3, 4, 1, 6, 5)
+    nibbles = (u[..., 0] | (u[..., 1] << 4)).reshape(tiles, s, 2048)
+
+    def per_super(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [tile, super, .., row]
+        t = _pad_rows(t.to(dtype), n)
+        return t.view(tiles, TILE, s, -1).permute(0, 2, 3, 1)
+
+    def halves(t: torch.Tensor) -> torch.Tensor:  # fp16 [tile, super, 1, row] -> 32 bytes
+        return per_super(t, torch.float16).contiguous().view(torch.uint8).reshape(tiles, s, 32)
+
+    def six_bit(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        v = per_super(t, torch.uint8)  # [tile, super, sub-block, row]
+        low = (v[:, :, 0::2] & 15) | ((v[:, :, 1::2] & 15) << 4)
+        top = (v >> 4).view(tiles, s, 2, 4, TILE)
+        high = top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) \
+            | (top[:, :, :, 3] << 6)
+        return low.reshape(tiles, s, 64), high.reshape(tiles, s, 32)
+
+    sc_low, sc_high = six_bit(scales)
+    mn_low, mn_high = six_bit(mins)
+    data = torch.cat([halves(d), halves(dmin), sc_low, mn_low, sc_high, mn_high, nibbles], -1)
+    return TiledWeight("q4_k", data.contiguous(), n, k)
+
+
+def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_low: torch.Tensor,
+                 sc_high: torch.Tensor, mn_high: torch.Tensor, nib: torch.Tensor) -> torch.Tensor:
+    """A row's q4_k weights [..., S * 256] from its fields per super-block: d, dmin float32
+    [..., S]; sc_low, mn_low [..., S, 4], sc_high, mn_high [..., S, 2] and nib [..., S, 8
+    sub-blocks, 4 chunks, 4] bytes."""
+    def six_bit(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:  # -> [..., S, 8]
+        lo = torch.stack([low & 15, low >> 4], dim=-1).flatten(-2)
+        hi = torch.stack([(high >> (2 * i)) & 3 for i in range(4)], dim=-1).flatten(-2)
+        return (lo | (hi << 4)).float()
+
+    scale = d[..., None] * six_bit(sc_low, sc_high)
+    low = dmin[..., None] * six_bit(mn_low, mn_high)
+    q = torch.stack([nib & 15, nib >> 4], dim=-2).flatten(-3).float()  # [..., S, 8, 32]
+    return (q * scale[..., None] - low[..., None]).flatten(-3)
+
+
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-REPACKS = {(2, "q4_1"), (12, "q4_1"), (14, "q6"), (8, "q8_0")}  # Q4_0, Q4_K, Q6_K, Q8_0
-_GROUP_BYTES = {"q4_1": 320, "q6": 448, "q8_0": 576}
+# (Q4_0, Q4_K, Q6_K, Q8_0)
+REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (14, "q6"), (8, "q8_0")}
+_GROUP_BYTES = {"q4_1": 320, "q4_k": Q4_K_BLOCK_BYTES // 8, "q6": 448, "q8_0": 576}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -240,7 +307,9 @@ def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight |
         raise ValueError(f"expected uint8 rows of {row_bytes(ggml_type, k)} bytes, got "
                          f"{raw.dtype} {tuple(raw.shape)}")
     raw = raw.contiguous()
-    out = torch.empty((-(-rows // TILE), k // GROUP, _GROUP_BYTES[fmt]), dtype=torch.uint8)
+    per_tile = ((k // SUPER_BLOCK, Q4_K_BLOCK_BYTES) if fmt == "q4_k"
+                else (k // GROUP, _GROUP_BYTES[fmt]))
+    out = torch.empty((-(-rows // TILE), *per_tile), dtype=torch.uint8)
     got = lib.rf_repack(ggml_type, abi.FORMATS[fmt], raw.data_ptr(), rows, k, out.data_ptr(),
                         torch.get_num_threads())
     if got == -1:
@@ -268,6 +337,20 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format == "bf16":
         dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2).transpose(1, 2)
         return dense.reshape(tiles * TILE, k)[:n].float()
+    if w.format == "q4_k":  # -> [tile, row, super-block, ...] fields of each row
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+
+        def rows_of(lo: int, hi: int, *shape: int) -> torch.Tensor:
+            return b[..., lo:hi].reshape(tiles, s, *shape, TILE).movedim(-1, 1)
+
+        def halves(lo: int) -> torch.Tensor:
+            return b[..., lo:lo + 32].contiguous().view(torch.float16).float().transpose(1, 2)
+
+        nib = b[..., 256:].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        dense = _q4_k_values(halves(0), halves(32), rows_of(64, 128, 4), rows_of(128, 192, 4),
+                             rows_of(192, 224, 2), rows_of(224, 256, 2), nib)
+        return dense.reshape(tiles * TILE, k)[:n]
     g = k // GROUP
     blocks = w.data.view(tiles, g, -1)
     if w.format == "q6":  # -> [tile, row, group, ...] fields of each row
@@ -302,6 +385,26 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format == "bf16":
         dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2)
         return dense[tile, :, row, :].reshape(-1, k).float()
+    if w.format == "q4_k":  # fields of each id's row, per super-block
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+        r = row[:, None, None]
+
+        def field(offsets: torch.Tensor) -> torch.Tensor:  # [n, 1, count] -> bytes [n, s, count]
+            return b[tile[:, None, None], torch.arange(s)[None, :, None], offsets]
+
+        def halves(lo: int) -> torch.Tensor:
+            pair = field(lo + 2 * r + torch.arange(2)).contiguous()
+            return pair.view(torch.float16)[..., 0].float()
+
+        def per_row(lo: int, count: int) -> torch.Tensor:
+            return field(lo + 16 * torch.arange(count) + r)
+
+        sub_chunk_i = (256 * torch.arange(8)[:, None, None] + 64 * torch.arange(4)[:, None]
+                       + torch.arange(4)).reshape(-1)
+        nib = field(256 + sub_chunk_i + 4 * r).view(-1, s, 8, 4, 4)
+        return _q4_k_values(halves(0), halves(32), per_row(64, 4), per_row(128, 4),
+                            per_row(192, 2), per_row(224, 2), nib).reshape(-1, k)
     blocks = w.data.view(tiles, g, -1)
     r = row[:, None, None]
     groups = torch.arange(g)[None, :, None]
@@ -359,7 +462,7 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_1": "rf_q4_1_gemm", "q6": "rf_q6_gemm", "q8_0": "rf_q8_0_gemm",
+_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q6": "rf_q6_gemm", "q8_0": "rf_q8_0_gemm",
          "bf16": "rf_bf16_gemm"}
 
 

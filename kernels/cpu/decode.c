@@ -211,7 +211,7 @@ static void prepare_input(const rf_model *m, int64_t format, int64_t k, float *x
     for (int64_t i = 0; i < k; i++) xb[i] = f32_to_bf16(xf[i]);
     if (m->bf16_inputs)
         for (int64_t i = 0; i < k; i++) xf[i] = bf16_to_f32_1(xb[i]);
-    if (format != FORMAT_BF16) rf_split_x(xf, k, format != FORMAT_Q4_1, xs);
+    if (format != FORMAT_BF16) rf_split_x(xf, k, x_unsigned((int)format), xs);
 }
 
 static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
@@ -237,6 +237,8 @@ static void product_tiles(const rf_weight *w, const split_x *xs, const uint16_t 
         rf_q8_0_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
     else if (w->format == FORMAT_Q6)
         rf_q6_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
+    else if (w->format == FORMAT_Q4_K)
+        rf_q4_k_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
     else
         rf_bf16_gemm_tiles(w->data, xb, y, 0, M, w->n, w->k, t0, t1);
 }
@@ -745,7 +747,7 @@ int64_t rf_abi(int64_t *out) {
     const int64_t values[] = {sizeof(rf_weight), sizeof(rf_layer), sizeof(rf_model), TILE, GROUP,
                               FORMAT_BF16, FORMAT_Q4_1, FORMAT_Q8_0, PROFILE_PHASES, MAX_ROWS,
                               MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM, sizeof(rf_prefill),
-                              sizeof(rf_moe), FORMAT_Q6};
+                              sizeof(rf_moe), FORMAT_Q6, FORMAT_Q4_K};
     const int64_t n = sizeof(values) / sizeof(values[0]);
     memcpy(out, values, sizeof(values));
     return n;

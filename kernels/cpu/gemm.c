@@ -6,7 +6,7 @@
 
 #include "gemv.h"
 
-/* q4_1, q8_0 and q6 for M rows of fp32 x. */
+/* The integer formats for M rows of fp32 x. */
 static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, int y_bf16,
                            int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t G = K / GROUP, row_bytes = 2 * K + 2 * G * sizeof(float);
@@ -18,7 +18,7 @@ static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, i
         uint8_t *base = mem + m * row_bytes;
         xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
                           (float *)(base + 2 * K) + G};
-        rf_split_x(x + m * K, K, fmt != FORMAT_Q4_1, xs[m]);
+        rf_split_x(x + m * K, K, x_unsigned(fmt), xs[m]);
     }
     const int64_t T = (N + TILE - 1) / TILE;
 #pragma omp parallel num_threads(nthreads)
@@ -29,6 +29,8 @@ static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, i
             rf_q8_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else if (fmt == FORMAT_Q6)
             rf_q6_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else if (fmt == FORMAT_Q4_K)
+            rf_q4_k_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else
             rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
     }
@@ -48,6 +50,11 @@ void rf_q8_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t
 void rf_q6_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
                 int64_t K, int nthreads) {
     quantized_gemm(FORMAT_Q6, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q4_k_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(FORMAT_Q4_K, w, x, y, y_bf16, M, N, K, nthreads);
 }
 
 /* bf16 for M rows of bf16 x. */

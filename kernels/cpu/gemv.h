@@ -15,6 +15,10 @@
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 #define Q6_BLOCK (64 + 6 * 64) /* fp16 d[2][16], 256 B low nibbles, 128 B high bit pairs */
+#define SUPER_BLOCK 256 /* q4_k's weights along k per d/dmin (GGUF's Q4_K super-block) */
+#define Q4_K_BLOCK (256 + 8 * 256) /* one tile x super-block: fp16 d[16], dmin[16], six-bit
+                                      scales and mins (192 B), 8 sub-blocks of q4_1 nibbles */
+#define Q4_K_GROUP (Q4_K_BLOCK / 8) /* a tile's bytes per group of 32, as the others' blocks */
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
  * AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or scale[g] * (256 hi + lo - 32768)
@@ -27,7 +31,7 @@ typedef struct {
     float *scale, *sum;
 } split_x;
 
-enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3 };
+enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -36,6 +40,17 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     const uint16_t quiet_nan = (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
     return (u & 0x7fffffff) > 0x7f800000 ? quiet_nan : rounded; /* (a select: vectorizes) */
 }
+
+/* Bytes of a tiled integer weight's tile (K / GROUP groups; q4_k's per group on average). */
+static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fmt) {
+    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK
+         : fmt == FORMAT_Q6   ? Q6_BLOCK
+         : fmt == FORMAT_Q4_K ? Q4_K_GROUP
+                              : Q8_0_BLOCK;
+}
+
+/* Whether rf_split_x makes x the unsigned operand (the formats whose weights are signed bytes). */
+static inline int x_unsigned(int fmt) { return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6; }
 
 static inline float bf16_to_f32_1(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -76,6 +91,8 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 /* Output rows [n0, n1) of a tiled weight (n0 a multiple of TILE) as dense rows [n1 - n0, K] of

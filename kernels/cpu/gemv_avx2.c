@@ -138,46 +138,113 @@ void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
 
 /* M rows of x times S tiles from S places in the weights at once (M <= 4). y[2 (u M + m) + h]:
  * stream u, row m, half h. */
+/* The int16 sums of one group's products for M rows of x (group g) and S streams' nibbles
+ * (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them): acc[u][m][half]. */
+static inline __attribute__((always_inline)) void nibble_sums(
+    const uint8_t *const *nib, int64_t g, const split_x *xs, __m256i acc[8][ROW_BLOCK][2],
+    const int S, const int M) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int u = 0; u < S; u++)
+        for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+    /* a loop, not unrolled: unrolled, GCC regroups the group's int16 sums into a tree
+     * of all its products and spills them (M = 4 ran at 0.8 of the speed) */
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; c++) {
+        __m256i x0[ROW_BLOCK], x1[ROW_BLOCK]; /* X[8c .. 8c+3], X[8c+4 .. 8c+7] */
+        for (int m = 0; m < M; m++) {
+            const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+            x0[m] = _mm256_set1_epi32(xq[0]), x1[m] = _mm256_set1_epi32(xq[1]);
+        }
+        for (int u = 0; u < S; u++)
+            for (int h = 0; h < 2; h++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(nib[u] + 64 * c + 32 * h));
+                __m256i w_lo = _mm256_and_si256(w, low4);
+                __m256i w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                for (int m = 0; m < M; m++)
+                    acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w_lo, x0[m]), _mm256_maddubs_epi16(w_hi, x1[m])));
+            }
+    }
+}
+
+/* y += d s qx + mn sum for a group's sums (one stream u, half h of its rows). */
+static inline __attribute__((always_inline)) void scale_group(
+    __m256i acc[8][ROW_BLOCK][2], int u, int h, __m256 d, __m256 mn, const split_x *xs,
+    int64_t g, __m256 *y, const int M) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int m = 0; m < M; m++) {
+        __m256 *out = y + 2 * (u * M + m) + h;
+        __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+        *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
+        *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
+    }
+}
+
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q4_1_BLOCK;
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK);
+        const uint8_t *nib[8];
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
-        for (int u = 0; u < S; u++)
-            for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
-        /* a loop, not unrolled: unrolled, GCC regroups the group's int16 sums into a tree
-         * of all its products and spills them (M = 4 ran at 0.8 of the speed) */
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-            __m256i x0[ROW_BLOCK], x1[ROW_BLOCK]; /* X[8c .. 8c+3], X[8c+4 .. 8c+7] */
-            for (int m = 0; m < M; m++) {
-                const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
-                x0[m] = _mm256_set1_epi32(xq[0]), x1[m] = _mm256_set1_epi32(xq[1]);
-            }
-            for (int u = 0; u < S; u++)
-                for (int h = 0; h < 2; h++) {
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(blks[u] + off + 64 + 64 * c + 32 * h));
-                    __m256i w_lo = _mm256_and_si256(w, low4);
-                    __m256i w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                    for (int m = 0; m < M; m++)
-                        acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_add_epi16(
-                            _mm256_maddubs_epi16(w_lo, x0[m]), _mm256_maddubs_epi16(w_hi, x1[m])));
-                }
-        }
+        nibble_sums(nib, g, xs, acc, S, M);
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 16 * h)));
                 __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 32 + 16 * h)));
-                for (int m = 0; m < M; m++) {
-                    __m256 *out = y + 2 * (u * M + m) + h;
-                    __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
-                    *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
-                    *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
-                }
+                scale_group(acc, u, h, d, mn, xs, g, y, M);
             }
+    }
+}
+
+/* ---- q4_k ---- */
+
+/* Sub-block j's six-bit fields of rows 8h .. 8h + 7 (low nibbles at `low`, high bit pairs at
+ * `high`: the scales' or the mins') as fp32. */
+static inline __attribute__((always_inline)) __m256 six_bit8(const uint8_t *low,
+                                                             const uint8_t *high, int j, int h) {
+    __m256i l = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(low + 16 * (j >> 1) + 8 * h)));
+    __m256i t = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(high + 16 * (j >> 2) + 8 * h)));
+    l = _mm256_and_si256(_mm256_srli_epi32(l, 4 * (j & 1)), _mm256_set1_epi32(15));
+    t = _mm256_and_si256(_mm256_srli_epi32(t, 2 * (j & 3)), _mm256_set1_epi32(3));
+    return _mm256_cvtepi32_ps(_mm256_or_si256(l, _mm256_slli_epi32(t, 4)));
+}
+
+/* A group's scale d sc and low -(dmin mn) for rows 8h .. 8h + 7 of a q4_k super-block (its
+ * header hd), both exact in fp32. */
+static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *hd, int j, int h,
+                                                              __m256 *d, __m256 *mn) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    *d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
+                       six_bit8(hd + 64, hd + 192, j, h));
+    *mn = _mm256_xor_ps(sign, _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h))),
+        six_bit8(hd + 128, hd + 224, j, h)));
+}
+
+/* As q4_1's, a super-block's 8 groups under one header. */
+static inline __attribute__((always_inline)) void q4_k_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < G / 8; sb++) {
+        const int64_t base = sb * Q4_K_BLOCK;
+        for (int j = 0; j < 8; j++) {
+            const int64_t g = 8 * sb + j, off = base + 256 + 256 * j;
+            const uint8_t *nib[8];
+            for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
+                prefetch(blks[u] + (j ? off : base), j ? 256 : 512);
+                nib[u] = blks[u] + off;
+            }
+            __m256i acc[8][ROW_BLOCK][2];
+            nibble_sums(nib, g, xs, acc, S, M);
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    __m256 d, mn;
+                    q4_k_scales(blks[u] + base, j, h, &d, &mn);
+                    scale_group(acc, u, h, d, mn, xs, g, y, M);
+                }
+        }
     }
 }
 
@@ -277,10 +344,6 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
 
 /* ---- the tile loop of the integer formats ---- */
 
-static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
-    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : fmt == FORMAT_Q6 ? Q6_BLOCK : Q8_0_BLOCK;
-}
-
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
  * tile left (fewer than `streams` of them). */
 static inline __attribute__((always_inline)) int64_t streamed_tiles(
@@ -290,9 +353,11 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
     for (int64_t i = 0; i < part; i++) { /* tiles t0 + i + u part, u < streams */
         const uint8_t *blks[8];
         __m256 out[16];
-        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q4_K)
+            q4_k_tiles_streams(blks, G, xs, out, streams, M);
         else if (fmt == FORMAT_Q6)
             q6_tiles_streams(blks, G, xs, out, streams, M);
         else
@@ -315,11 +380,12 @@ static inline __attribute__((always_inline)) void quantized_tiles(
     else if (M == 2)
         t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS_2ROWS, 2);
     for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *blk = w + t * G * block_bytes(fmt);
+        const uint8_t *blk = w + t * G * group_bytes_of(fmt);
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m256 out[2 * ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
                       : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
@@ -338,6 +404,11 @@ static inline __attribute__((always_inline)) void quantized_tiles(
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -430,9 +501,10 @@ static inline void put_row(void *out, int out_bf16, int64_t K, int64_t a, int64_
 static inline __attribute__((always_inline)) void dequant_row(
     const int fmt, __m128i bytes, const float *ds, const float *ms, int r, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const __m256i q = fmt == FORMAT_Q4_1 ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+    const int nibbles = fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K;
+    const __m256i q = nibbles ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ds[r]));
-    if (fmt == FORMAT_Q4_1) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
+    if (nibbles) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
     put_row(out, out_bf16, K, row0 + r, rows, col, v);
 }
 
@@ -445,8 +517,16 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     float ds[TILE], ms[TILE];
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *blk = tile + g * block_bytes(fmt);
-        if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: ms holds the second half's d */
+        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
+        if (fmt == FORMAT_Q4_K) {
+            const uint8_t *hd = tile + (g / 8) * Q4_K_BLOCK;
+            nib = hd + 256 + 256 * (g % 8);
+            for (int h = 0; h < 2; h++) {
+                __m256 d, mn;
+                q4_k_scales(hd, (int)(g % 8), h, &d, &mn);
+                _mm256_storeu_ps(ds + 8 * h, d), _mm256_storeu_ps(ms + 8 * h, mn);
+            }
+        } else if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: ms holds the second half's d */
             _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)));
             _mm256_storeu_ps(ds + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
             _mm256_storeu_ps(ms, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))));
@@ -461,8 +541,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             __m128i l0[4], l1[4], h0[4], h1[4];
             for (int c = 0; c < 4; c++) {
                 __m256i a, b;
-                if (fmt == FORMAT_Q4_1) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * c + 32 * h));
+                if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(nib + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
                 } else if (fmt == FORMAT_Q6) {
@@ -544,6 +624,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_K)
+            dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

@@ -94,47 +94,103 @@ void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
  * model's decode step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4
  * with 6, 4.8 with 8, where registers run out: bench/results/single-stream.md). y[u * M + m]:
  * stream u, row m. */
+/* The integer sums q X of one group of 32 for M rows of x (rows of group g) and S streams'
+ * nibbles (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them): qx[u * M + m]. */
+static inline __attribute__((always_inline)) void nibble_sums(
+    const uint8_t *const *nib, int64_t g, const split_x *xs, __m512i *qx, const int S, const int M) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i hi[8][ROW_BLOCK][2], lo[8][ROW_BLOCK][2]; /* [stream][row][nibble half] */
+    for (int u = 0; u < S; u++)
+        for (int m = 0; m < M; m++)
+            hi[u][m][0] = hi[u][m][1] = lo[u][m][0] = lo[u][m][1] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        __m512i h0[ROW_BLOCK], h1[ROW_BLOCK], l0[ROW_BLOCK], l1[ROW_BLOCK];
+        for (int m = 0; m < M; m++) {
+            const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+            const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
+            h0[m] = _mm512_set1_epi32(h[0]), h1[m] = _mm512_set1_epi32(h[1]);
+            l0[m] = _mm512_set1_epi32(l[0]), l1[m] = _mm512_set1_epi32(l[1]);
+        }
+        for (int u = 0; u < S; u++) {
+            __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
+            __m512i w_lo = _mm512_and_si512(w, low4);
+            __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            for (int m = 0; m < M; m++) {
+                hi[u][m][0] = _mm512_dpbusd_epi32(hi[u][m][0], w_lo, h0[m]);
+                lo[u][m][0] = _mm512_dpbusd_epi32(lo[u][m][0], w_lo, l0[m]);
+                hi[u][m][1] = _mm512_dpbusd_epi32(hi[u][m][1], w_hi, h1[m]);
+                lo[u][m][1] = _mm512_dpbusd_epi32(lo[u][m][1], w_hi, l1[m]);
+            }
+        }
+    }
+    for (int u = 0; u < S; u++)
+        for (int m = 0; m < M; m++)
+            qx[u * M + m] = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_add_epi32(hi[u][m][0], hi[u][m][1]), 8),
+                _mm512_add_epi32(lo[u][m][0], lo[u][m][1]));
+}
+
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const int64_t off = g * Q4_1_BLOCK;
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK);
-        __m512i hi[8][ROW_BLOCK][2], lo[8][ROW_BLOCK][2]; /* [stream][row][nibble half] */
-        for (int u = 0; u < S; u++)
-            for (int m = 0; m < M; m++)
-                hi[u][m][0] = hi[u][m][1] = lo[u][m][0] = lo[u][m][1] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            __m512i h0[ROW_BLOCK], h1[ROW_BLOCK], l0[ROW_BLOCK], l1[ROW_BLOCK];
-            for (int m = 0; m < M; m++) {
-                const int32_t *h = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
-                const int32_t *l = (const int32_t *)(xs[m].lo + g * GROUP + 8 * c);
-                h0[m] = _mm512_set1_epi32(h[0]), h1[m] = _mm512_set1_epi32(h[1]);
-                l0[m] = _mm512_set1_epi32(l[0]), l1[m] = _mm512_set1_epi32(l[1]);
-            }
-            for (int u = 0; u < S; u++) {
-                __m512i w = _mm512_loadu_si512(blks[u] + off + 64 + 64 * c);
-                __m512i w_lo = _mm512_and_si512(w, low4);
-                __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                for (int m = 0; m < M; m++) {
-                    hi[u][m][0] = _mm512_dpbusd_epi32(hi[u][m][0], w_lo, h0[m]);
-                    lo[u][m][0] = _mm512_dpbusd_epi32(lo[u][m][0], w_lo, l0[m]);
-                    hi[u][m][1] = _mm512_dpbusd_epi32(hi[u][m][1], w_hi, h1[m]);
-                    lo[u][m][1] = _mm512_dpbusd_epi32(lo[u][m][1], w_hi, l1[m]);
-                }
-            }
-        }
+        const uint8_t *nib[8];
+        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
+        __m512i qx[8 * ROW_BLOCK];
+        nibble_sums(nib, g, xs, qx, S, M);
         for (int u = 0; u < S; u++) {
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off)));
             __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off + 32)));
             for (int m = 0; m < M; m++) {
-                __m512i qx = _mm512_add_epi32(
-                    _mm512_slli_epi32(_mm512_add_epi32(hi[u][m][0], hi[u][m][1]), 8),
-                    _mm512_add_epi32(lo[u][m][0], lo[u][m][1]));
-                __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+                __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
                 y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
                 y[u * M + m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
+            }
+        }
+    }
+}
+
+/* ---- q4_k ---- */
+
+/* Sub-block j's six-bit fields of a tile's 16 rows (low nibbles at `low`, high bit pairs at
+ * `high`: the scales' or the mins') as fp32. */
+static inline __attribute__((always_inline)) __m512 six_bit16(const uint8_t *low,
+                                                              const uint8_t *high, int j) {
+    __m512i l = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(low + 16 * (j >> 1))));
+    __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(high + 16 * (j >> 2))));
+    l = _mm512_and_si512(_mm512_srli_epi32(l, 4 * (j & 1)), _mm512_set1_epi32(15));
+    h = _mm512_and_si512(_mm512_srli_epi32(h, 2 * (j & 3)), _mm512_set1_epi32(3));
+    return _mm512_cvtepi32_ps(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)));
+}
+
+/* As q4_1's, a super-block's 8 groups under one header: a group's scale is d sc and its low
+ * -(dmin mn), both exact in fp32 (fp16 times a six-bit integer). */
+static inline __attribute__((always_inline)) void q4_k_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < G / 8; sb++) {
+        const int64_t base = sb * Q4_K_BLOCK;
+        for (int j = 0; j < 8; j++) {
+            const int64_t g = 8 * sb + j, off = base + 256 + 256 * j;
+            const uint8_t *nib[8];
+            for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
+                prefetch(blks[u] + (j ? off : base), j ? 256 : 512);
+                nib[u] = blks[u] + off;
+            }
+            __m512i qx[8 * ROW_BLOCK];
+            nibble_sums(nib, g, xs, qx, S, M);
+            for (int u = 0; u < S; u++) {
+                const uint8_t *h = blks[u] + base;
+                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+                __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
+                d = _mm512_mul_ps(d, six_bit16(h + 64, h + 192, j));
+                dmin = _mm512_mul_ps(dmin, six_bit16(h + 128, h + 224, j));
+                for (int m = 0; m < M; m++) {
+                    __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
+                    y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+                    y[u * M + m] = _mm512_fnmadd_ps(dmin, _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
+                }
             }
         }
     }
@@ -238,10 +294,6 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
 
 /* ---- the tile loop of the integer formats ---- */
 
-static inline __attribute__((always_inline)) int64_t block_bytes(const int fmt) {
-    return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK : fmt == FORMAT_Q6 ? Q6_BLOCK : Q8_0_BLOCK;
-}
-
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
  * tile left (fewer than `streams` of them). */
 static inline __attribute__((always_inline)) int64_t streamed_tiles(
@@ -251,9 +303,11 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
     for (int64_t i = 0; i < part; i++) {  /* tiles t0 + i + u part, u < streams */
         const uint8_t *blks[8];
         __m512 out[8];
-        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * block_bytes(fmt);
+        for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q4_K)
+            q4_k_tiles_streams(blks, G, xs, out, streams, M);
         else if (fmt == FORMAT_Q6)
             q6_tiles_streams(blks, G, xs, out, streams, M);
         else
@@ -275,11 +329,12 @@ static inline __attribute__((always_inline)) void quantized_tiles(
     else if (M == 2)
         t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS / 2, 2);
     for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *blk = w + t * G * block_bytes(fmt);
+        const uint8_t *blk = w + t * G * group_bytes_of(fmt);
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m512 out[ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
                       : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
@@ -297,6 +352,11 @@ static inline __attribute__((always_inline)) void quantized_tiles(
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -384,10 +444,11 @@ static inline void put_pair(void *out, int out_bf16, int64_t K, int64_t a, int64
 static inline __attribute__((always_inline)) void dequant_pair(
     const int fmt, __m128i bytes, const __m512 *dp, const __m512 *mp, int j, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    __m512i q = fmt == FORMAT_Q4_1 ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
+    const int nibbles = fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K;
+    __m512i q = nibbles ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
     /* q4_1: d q is exact in fp32 (4-bit q, fp16 d), so the fused m + d q rounds once, as
-     * unpack's sum of the product does */
-    const __m512 v = fmt == FORMAT_Q4_1 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), dp[j], mp[j])
+     * unpack's sum of the product does (q4_k: (d sc) q with a six-bit sc, exact too) */
+    const __m512 v = nibbles ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), dp[j], mp[j])
                                         : _mm512_mul_ps(_mm512_cvtepi32_ps(q), dp[j]);
     put_pair(out, out_bf16, K, row0 + 2 * j, rows, col, v);
 }
@@ -403,9 +464,19 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *blk = tile + g * block_bytes(fmt);
+        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
         __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
-        if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: m holds the second half's d */
+        if (fmt == FORMAT_Q4_K) { /* d sc and -(dmin mn): exact products, as unpack's */
+            const uint8_t *h = tile + (g / 8) * Q4_K_BLOCK;
+            const int j = (int)(g % 8);
+            nib = h + 256 + 256 * j;
+            d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
+                              six_bit16(h + 64, h + 192, j));
+            m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
+                              six_bit16(h + 128, h + 224, j));
+            m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m),
+                                                     _mm512_set1_epi32((int)0x80000000)));
+        } else if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: m holds the second half's d */
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
         } else {
@@ -421,8 +492,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; c++) {
             __m512i a, b; /* dword r: row r's columns 8c..8c+3 (a) and 8c+4..8c+7 (b) */
-            if (fmt == FORMAT_Q4_1) {
-                const __m512i w = _mm512_loadu_si512(blk + 64 + 64 * c);
+            if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K) {
+                const __m512i w = _mm512_loadu_si512(nib + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
             } else if (fmt == FORMAT_Q6) {
@@ -501,6 +572,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_K)
+            dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

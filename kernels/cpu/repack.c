@@ -4,6 +4,7 @@
  * bit for bit, without the torch detour (int8/float32 tensors of the whole chunk, permutes,
  * concatenations): loading a 1B Q4_K_M spent ~4 s there.
  *
+ *   Q4_K       -> q4_k   as stored: d, dmin, the six-bit scales and mins, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
  *   Q8_0       -> q8_0   the int8 values, fp32 scale d
@@ -154,6 +155,42 @@ static void write_q8_0(uint8_t *o, const uint8_t *q, const float *s, int64_t K, 
         for (int r = 0; r < TILE; r++) memcpy(qo + (quad * TILE + r) * 4, q + r * K + g * GROUP + 4 * quad, 4);
 }
 
+/* One tile of Q4_K rows [16 t, 16 t + 16) (those at or past `rows` zeros) as q4_k: per
+ * super-block the header's fields moved row by row and the nibbles regrouped, no arithmetic. */
+static void write_q4_k_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
+    const int64_t row_bytes = K / 256 * 144;
+    memset(o, 0, (size_t)(K / 256 * Q4_K_BLOCK));
+    for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
+        const uint8_t *b = raw + (t * TILE + r) * row_bytes;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += 144) {
+            uint8_t *h = o + sb * Q4_K_BLOCK;
+            const uint8_t *s = b + 4, *qs = b + 16;
+            memcpy(h + 2 * r, b, 2), memcpy(h + 32 + 2 * r, b + 2, 2);
+            for (int j = 0; j < 8; j++) {
+                const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                const int nib_shift = 4 * (j & 1), two_shift = 2 * (j & 3);
+                h[64 + 16 * (j >> 1) + r] |= (uint8_t)((sc & 15) << nib_shift);
+                h[128 + 16 * (j >> 1) + r] |= (uint8_t)((m & 15) << nib_shift);
+                h[192 + 16 * (j >> 2) + r] |= (uint8_t)((sc >> 4) << two_shift);
+                h[224 + 16 * (j >> 2) + r] |= (uint8_t)((m >> 4) << two_shift);
+            }
+            /* sub-block j = 2c + n holds qs[32c + l] >> 4n, l < 32; its chunk cc, byte 4r + i:
+             * columns 8cc + i (low nibble) and 8cc + 4 + i (high) */
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *src = qs + 32 * (j >> 1);
+                const int shift = 4 * (j & 1);
+                uint8_t *nib = h + 256 + 256 * j;
+                for (int cc = 0; cc < 4; cc++)
+                    for (int i = 0; i < 4; i++)
+                        nib[(cc * TILE + r) * 4 + i] =
+                            (uint8_t)(((src[8 * cc + i] >> shift) & 15) |
+                                      (((src[8 * cc + 4 + i] >> shift) & 15) << 4));
+            }
+        }
+    }
+}
+
 static int64_t block_bytes(int src) {
     switch (src) {
     case GGML_Q4_0: return 18;
@@ -165,11 +202,13 @@ static int64_t block_bytes(int src) {
 }
 
 static int64_t group_bytes(int fmt) {
-    return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576 : 0;
+    return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
+         : fmt == FORMAT_Q4_K ? Q4_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
+           (src == GGML_Q4_K && fmt == FORMAT_Q4_K) ||
            (src == GGML_Q6_K && fmt == FORMAT_Q6) || (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
 }
 
@@ -186,6 +225,15 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
     const int64_t per_row = fmt == FORMAT_Q6 ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
+    if (fmt == FORMAT_Q4_K) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            int64_t t0, t1;
+            thread_range(tiles, &t0, &t1);
+            for (int64_t t = t0; t < t1; t++) write_q4_k_tile(out + t * tile_bytes, raw, rows, K, t);
+        }
+        return 0;
+    }
 #pragma omp parallel num_threads(nthreads) reduction(+ : over, failed)
     {
         uint8_t *q = malloc((size_t)(TILE * K));

@@ -243,10 +243,18 @@ class Q6Linear(QuantLinear):
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
+class Q4KLinear(QuantLinear):
+    """GGUF's Q4_K as stored (4-bit values, six-bit scales and mins per 32 under an fp16 d and
+    dmin per 256): made from tiles only (QuantLinear.from_tiled)."""
+
+    def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
+
+
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q6": Q6Linear, "q8_0": Q8_0Linear,
+    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q6": Q6Linear, "q8_0": Q8_0Linear,
             "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 

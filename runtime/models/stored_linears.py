@@ -3,8 +3,11 @@ tiles: no float32 model, no dense weights (unless --cpu-dense-weights keeps bf16
 
 Each stored type goes to the nearest tiled format radixflow's kernels multiply (every CPU
 level has all four):
-- Q4_0, Q4_1, Q4_K -> q4_1 (groups of 32 with a scale and a low value: Q4_K's sub-blocks of 32
-  are such groups, scale d*sc and low -dmin*m; the scales are held as fp16);
+- Q4_K -> q4_k, as stored (4-bit values, six-bit scales and mins per 32, an fp16 d and dmin
+  per 256: 4.5 bits a weight);
+- Q4_0, Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_K part of a fused
+  layer whose other part is Q4_0/Q4_1 too (its sub-blocks of 32 are such groups, scale d*sc and
+  low -dmin*m, held as fp16);
 - Q6_K, Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q6_K's and Q3_K's
   sub-blocks of 16 with scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16);
 - Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
@@ -14,9 +17,9 @@ level has all four):
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q6 > q4_1). With --quantization int4 every layer but the
-output head becomes q4_1 (its stored values requantized to 4-bit groups where they are not
-4-bit already). One log line says what became what, and why.
+format of its parts (bf16 > q8_0 > q6 > q4_1 > q4_k). With --quantization int4 every layer
+but the output head becomes q4_1, or q4_k where it is all Q4_K (its stored values requantized
+to 4-bit groups where they are not 4-bit already). One log line says what became what, and why.
 
 The embedding becomes a TiledEmbedding over the same kind of tiles (the output head's, shared,
 when the model ties them), dequantizing the rows a batch looks up.
@@ -34,6 +37,7 @@ from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.gguf_blocks import (
     GGMLType,
     affine_groups,
+    q4_k_fields,
     symmetric_6bit_groups,
     symmetric_int8_groups,
 )
@@ -45,19 +49,22 @@ from .quant_linear import QuantLinear, keep_dense_copies, quantize_groups, tiled
 
 logger = logging.getLogger(__name__)
 
-_AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)
+_AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)  # q4_1 holds each
 _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_1": 0, "q6": 1, "q8_0": 2, "bf16": 3}
-_WHY = {"q4_1": "groups of 32 as stored, fp16 scales",
+_WIDTH = {"q4_k": 0, "q4_1": 1, "q6": 2, "q8_0": 3, "bf16": 4}
+_WHY = {"q4_k": "as stored",
+        "q4_1": "groups of 32 as stored, fp16 scales",
         "q6": "groups of 16 as stored, fp16 scales",
         "q8_0": "exact",
         "bf16": "exact"}
 
 
 def nearest_format(qtype: GGMLType) -> str:
+    if qtype == GGMLType.Q4_K:
+        return "q4_k"
     if qtype in _AFFINE_4BIT:
         return "q4_1"
     if qtype in _SYMMETRIC_6BIT:
@@ -70,6 +77,8 @@ def nearest_format(qtype: GGMLType) -> str:
 def why(qtype: GGMLType, fmt: str) -> str:
     if fmt == "q6" and qtype == GGMLType.Q4_0:
         return "a fused layer's widest part: its values kept exactly"
+    if fmt == "q4_1" and qtype == GGMLType.Q4_K:
+        return "a fused layer's widest part: groups of 32, fp16 scales"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
     if fmt == "q8_0" and qtype in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
@@ -119,6 +128,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
             return repacked
     if fmt == "bf16":
         return cpu_kernels.tile_bf16(torch.cat([p.dequantize().to(torch.bfloat16) for p in parts]))
+    if fmt == "q4_k":  # (every part Q4_K: the narrowest format)
+        fields = zip(*(q4_k_fields(p.raw, p.shape) for p in parts), strict=True)
+        return cpu_kernels.tile_q4_k(*(torch.cat(column) for column in fields))
     pieces = []
     for chunk in parts:
         if fmt == "q4_1" and chunk.qtype in _AFFINE_4BIT:
@@ -189,8 +201,11 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         if not parts:
             raise ValueError(f"the GGUF has no weights for {path}")
         names = [parts[s] for s in sorted(parts, key=_SHARD_ORDER.get)]
-        fmt = "q4_1" if int4 and path != "lm_head" else max(
-            (nearest_format(weights.stored_type(n)) for n in names), key=_WIDTH.get)
+        types = {weights.stored_type(n) for n in names}
+        if int4 and path != "lm_head":
+            fmt = "q4_k" if types == {GGMLType.Q4_K} else "q4_1"
+        else:
+            fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
         biases = by_param.get(f"{path}.bias", {})
         bias_names = [biases[s] for s in sorted(biases, key=_SHARD_ORDER.get)]
         plan.append((parent, child, path, names, fmt, bias_names))

@@ -247,7 +247,11 @@ def write_tiny_gguf(hf_folder: Path, dest: Path, qtype_of=None) -> Path:
             tensor = _llama_cpp_permute(tensor, num_kv_heads)
         qtype = qtype_of(hf_name) if qtype_of is not None else None
         data = np.ascontiguousarray(tensor)
-        if qtype is not None:
+        if qtype == gguf.GGMLQuantizationType.Q4_K:  # (the gguf package quantizes no K-quant)
+            from helpers.gguf_test_blocks import quantize_q4_k
+
+            data = quantize_q4_k(data.reshape(-1, data.shape[-1]))
+        elif qtype is not None:
             data = gguf.quants.quantize(data, qtype)
         writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), data,
                           raw_dtype=qtype)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiled_weights import FORMATS, cases
 from helpers.tiled_weights import tiled_weights as _weights
 
 from radixflow.kernels import cpu
 
-SHAPES = [(16, 32), (37, 64), (200, 576), (48, 1536), (50, 96)]
+SHAPES = [(16, 32), (37, 64), (200, 576), (48, 1536), (50, 96), (16, 256), (37, 768)]
 
 
 @pytest.fixture
@@ -24,8 +25,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
-@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize(("fmt", "n", "k"), cases(FORMATS, SHAPES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dequantized_rows_are_unpack_bit_for_bit(level, fmt, n, k, dtype):
     tiled, _ = _weights(fmt, n, k, seed=n * k)
@@ -71,12 +71,13 @@ def test_bad_ranges_are_named(level):
         cpu.dequantize(tiled, 0, 16, out=torch.empty(16, 64))
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m", [9, 64, 300])
 @pytest.mark.parametrize("block", [None, 64])
 def test_blockwise_product_is_x_times_the_unpacked_weights(level, fmt, m, block):
-    """n = 200 and k = 160 are no multiples of a block of 64 rows (nor of the default's)."""
-    n, k = 200, 160
+    """n = 200 and k = 160 (q4_k: 256) are no multiples of a block of 64 rows (nor of the
+    default's)."""
+    n, k = 200, 256 if fmt == "q4_k" else 160
     tiled, _ = _weights(fmt, n, k, seed=m)
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=gen).bfloat16()

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from helpers.tiled_weights import FORMATS, INTEGER_FORMATS, cases
 from helpers.tiled_weights import tiled_weights as _weights
 
 from radixflow.kernels import cpu
@@ -61,8 +62,10 @@ def _assert_within(out: torch.Tensor, ref: torch.Tensor, allowed: torch.Tensor) 
         f"{float(allowed.flatten()[worst]):.3g} at flat index {worst}")
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
-@pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
+SHAPES = [(16, 32), (37, 64), (200, 576), (48, 1536), (16, 256), (37, 768)]
+
+
+@pytest.mark.parametrize(("fmt", "n", "k"), cases(FORMATS, SHAPES))
 def test_tiling_keeps_every_weight(fmt, n, k):
     tiled, dense = _weights(fmt, n, k, seed=n + k)
     assert tiled.shape == (n, k)
@@ -80,8 +83,7 @@ def test_q8_0_quantization_is_exact_on_8bit_groups():
     torch.testing.assert_close(cpu.unpack_q8_0(w), dense, atol=0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
-@pytest.mark.parametrize(("n", "k"), [(16, 32), (37, 64), (200, 576), (48, 1536)])
+@pytest.mark.parametrize(("fmt", "n", "k"), cases(FORMATS, SHAPES))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 11])
 def test_gemm_matches_reference(level, fmt, n, k, m):
     tiled, dense = _weights(fmt, n, k, seed=3 * n + k)
@@ -95,12 +97,13 @@ def test_gemm_matches_reference(level, fmt, n, k, m):
     _assert_within(out.float(), ref, allowed + 1e-2 * ref.abs().double())
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0"])
+@pytest.mark.parametrize("fmt", INTEGER_FORMATS)
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
-    tiled, dense = _weights(fmt, n, 96, seed=n)
-    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(n))
+    k = 512 if fmt == "q4_k" else 96
+    tiled, dense = _weights(fmt, n, k, seed=n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
     _assert_within(cpu.gemm(x, tiled), cpu.reference(x, tiled),
                    _allowed_error(level, fmt, x, dense))
 
@@ -118,8 +121,7 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
     assert kernel < bf16 / 20
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0"])
-@pytest.mark.parametrize(("n", "k"), [(64, 576), (200, 1536)])
+@pytest.mark.parametrize(("fmt", "n", "k"), cases(INTEGER_FORMATS, [(64, 576), (200, 1536)]))
 @pytest.mark.parametrize("m", [1, 2, 4, 5])
 def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
     """The AVX2 kernels compute exactly x quantized to int8 per group (_int8_x) times the
@@ -154,6 +156,19 @@ def test_q6_refuses_what_it_cannot_hold():
         cpu.tile_q6(q, torch.ones(16, 1))
 
 
+def test_q4_k_refuses_what_it_cannot_hold():
+    q, six = torch.zeros(16, 256, dtype=torch.uint8), torch.zeros(16, 8, dtype=torch.uint8)
+    half = torch.ones(16, 1)
+    with pytest.raises(ValueError, match="0..15"):
+        cpu.tile_q4_k(q + 16, six, six, half, half)
+    with pytest.raises(ValueError, match="six-bit"):
+        cpu.tile_q4_k(q, six + 64, six, half, half)
+    with pytest.raises(ValueError, match=r"dmin of shape \[16, 1\]"):
+        cpu.tile_q4_k(q, six, six, half, torch.ones(16, 2))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        cpu.tile_q4_k(q[:, :128], six[:, :4], six[:, :4], half, half)
+
+
 def test_without_the_library_the_reference_answers(monkeypatch):
     monkeypatch.setattr(cpu, "_library", lambda: None)
     tiled, _ = _weights("q8_0", 6, 64)
@@ -182,7 +197,7 @@ def test_compile_failure_turns_the_kernels_off(monkeypatch, tmp_path):
         cpu._library_for.cache_clear()
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_gather_rows_is_unpack_indexed(fmt):
     """An embedding lookup in tiles (stored_linears.TiledEmbedding) reads the rows unpack has."""
     from radixflow.runtime.models.quant_linear import quantize_groups
@@ -192,8 +207,10 @@ def test_gather_rows_is_unpack_indexed(fmt):
     tiled = {"q4_1": lambda: cpu.tile_q4_1(*quantize_groups(w)),
              "q8_0": lambda: cpu.tile_q8_0(cpu.quantize_q8_0(w)),
              "q6": lambda: _weights("q6", 37, 96)[0],
+             "q4_k": lambda: _weights("q4_k", 37, 256)[0],
              "bf16": lambda: cpu.tile_bf16(w)}[fmt]()
     ids = torch.tensor([0, 5, 36, 16, 17, 5])
-    assert torch.equal(cpu.gather_rows(tiled, ids), cpu.unpack(tiled)[ids])
+    assert torch.equal(cpu.gather_rows(tiled, ids).view(torch.int32),
+                       cpu.unpack(tiled)[ids].view(torch.int32))
     with pytest.raises(IndexError):
         cpu.gather_rows(tiled, torch.tensor([37]))

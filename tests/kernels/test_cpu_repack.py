@@ -37,13 +37,15 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
     t, shape = gb.GGMLType[name], (raw.shape[0], k)
     if fmt == "q4_1":
         return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
+    if fmt == "q4_k":
+        return cpu.tile_q4_k(*gb.q4_k_fields(raw, shape))
     if fmt == "q6":
         return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
     return cpu.tile_q8_0(cpu.Q8_0Weight(*gb.symmetric_int8_groups(raw, t, shape)))
 
 
-@pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_1"), ("Q4_0", "q4_1"), ("Q6_K", "q6"),
-                                           ("Q8_0", "q8_0")])
+@pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
+                                           ("Q6_K", "q6"), ("Q8_0", "q8_0")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     raw = _rows(name, k, drop, small_scales=name == "Q6_K")
@@ -51,6 +53,14 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     want = _torch_tiles(raw, name, fmt, k)
     assert (got.format, got.n, got.k, got.level) == (fmt, raw.shape[0], k, level)
     assert torch.equal(got.data.reshape(-1), want.data.reshape(-1))
+
+
+def test_q4_k_tiles_hold_what_gguf_dequantizes(level):
+    raw = _rows("Q4_K", 512, 3)
+    got = cpu.repack(raw, int(gb.GGMLType.Q4_K), "q4_k", 512)
+    want = gb.dequantize(raw, gb.GGMLType.Q4_K, (raw.shape[0], 512))
+    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
+    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 9 // 16  # 4.5 bits, as Q4_K
 
 
 def test_q6_scales_over_fp16_are_refused_as_tile_q6_refuses(level):

@@ -100,6 +100,41 @@ def test_six_bit_types_load_as_q6(tmp_path):
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
 
 
+def _k_quant_qtype(hf_name):
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "v_proj" in hf_name or "embed" in hf_name:
+        return gguf.GGMLQuantizationType.Q8_0
+    return gguf.GGMLQuantizationType.Q4_K
+
+
+def test_q4_k_layers_load_as_stored(tmp_path):
+    """Q4_K (a Q4_K_M file's most layers) stays Q4_K: 4.5 bits a weight in the tiles, the
+    same logits as the file dequantized and run dense."""
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_k_quant_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    for role in ("gate_up_proj", "down_proj", "o_proj"):
+        assert formats[role] == {"stored": "Q4_K", "format": "q4_k",
+                                 "kernel": f"radixflow C {cpu_kernels.active_level()}"}, role
+    assert formats["qkv_proj"] == {"stored": "Q4_K+Q8_0", "format": "q8_0",
+                                   "kernel": f"radixflow C {cpu_kernels.active_level()}"}
+    layer = next(m for name, m in runner.model.named_modules() if name.endswith("gate_up_proj"))
+    assert layer.tiled.nbytes * 8 == layer.in_features * layer.out_features * 4.5
+    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
+    # the file's weights in both: the tiles' products differ from dense bf16 ones by bf16 noise
+    assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
+    forced, _ = _prefill_logits(folder, dtype="bfloat16", quantization="int4")
+    assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == "q4_k"  # 4-bit already
+    assert forced.cpu_info()["weights"]["qkv_proj"]["format"] == "q4_1"
+
+
 def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     """A fused layer's affine 4-bit part (Q4_K q/k beside a Q6_K v) becomes 6-bit groups of
     16: each weight within half a step of the fp16 scale, and 6-bit values kept exactly."""
@@ -115,28 +150,33 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q6", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q6", "q8_0", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
     end on a tile's edge and a last one that does not."""
     import gguf
     import numpy as np
+    from helpers.gguf_test_blocks import quantize_q4_k
 
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
+    k = 256 if fmt == "q4_k" else 64
+
     def stored(rows, seed):
-        w = np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+        w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
+        if fmt == "q4_k":
+            return StoredTensor(GGMLType.Q4_K, rows, k, torch.from_numpy(quantize_q4_k(w)))
         raw = gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
-        return StoredTensor(GGMLType.Q4_0, rows, 64, torch.from_numpy(raw.copy()))
+        return StoredTensor(GGMLType.Q4_0, rows, k, torch.from_numpy(raw.copy()))
 
     parts = [stored(96, 0), stored(64, 1), stored(40, 2)]  # whole tiles, then 2.5 tiles
     whole = stored_linears._tile_chunk(parts, fmt)
     monkeypatch.setattr(stored_linears, "CHUNK_ROWS", 32)
     chunked = stored_linears._tile(parts, fmt)
-    assert (chunked.format, chunked.n, chunked.k) == (fmt, 200, 64)
+    assert (chunked.format, chunked.n, chunked.k) == (fmt, 200, k)
     assert torch.equal(chunked.data, whole.data)
     uneven = stored_linears._tile([stored(40, 2), stored(16, 0)], fmt)  # shares a tile
     assert torch.equal(cpu_kernels.unpack(uneven)[:40], cpu_kernels.unpack(whole)[160:])
