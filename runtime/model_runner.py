@@ -72,6 +72,7 @@ class ModelRunner:
         check_backend_fits_device(args.attention_backend, self.device)  # before the weights load
         if self.device.type == "cpu":
             self.cpu = set_level(args.cpu_isa)
+            cpu_kernels.set_batch_int8_rows(args.cpu_batch_int8_rows)
             self.kernel_level = cpu_kernels.active_level()
             logger.info("CPU: %s; kernels: %s", self.cpu.describe(),
                         f"radixflow C ({self.kernel_level})" if self.kernel_level else "torch's")
@@ -139,6 +140,7 @@ class ModelRunner:
             return None
         return {**self.cpu.as_dict(), "kernels": self.kernel_level or "torch",
                 "decode_step": "C" if self.cpu_decode is not None else "torch ops",
+                "batch_int8_rows": cpu_kernels.batch_int8_rows(),
                 "weights": weight_formats(self.model),
                 "decode_step_weight_bytes": decode_step_bytes(self.model),
                 "dense_weights": dense_weights_of(self.model,

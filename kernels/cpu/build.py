@@ -72,6 +72,8 @@ def load(level: str, tile: int, group: int) -> ctypes.CDLL | None:
     for name in ("rf_q4_1_gemm", "rf_q4_k_gemm", "rf_q8_0_gemm", "rf_q6_gemm", "rf_bf16_gemm"):
         getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
         getattr(lib, name).restype = None
+    lib.rf_set_batch_int8_rows.argtypes = [i32]
+    lib.rf_set_batch_int8_rows.restype = None
     lib.rf_argmax_rows.argtypes = [ptr, i64, i64, ptr]
     lib.rf_dequant_rows.argtypes = [i32, ptr, ptr, i32, i64, i64, i64, i32]
     lib.rf_dequant_rows.restype = None

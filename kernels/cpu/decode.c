@@ -62,6 +62,7 @@ typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial, *shared;
     uint16_t *xb, *qb;
     split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
+    int64_t rows;          /* the step's batch: how its products' inputs are split */
     /* mixture of experts (all NULL for a dense model) */
     float *logits, *route_w, *gate_w, *pair_w; /* [row][logit], [row][choice], [row], [slot] */
     int32_t *route_id, *row_slot, *pair_row, *expert_count; /* [row][choice] x 2, [slot], [e] */
@@ -206,16 +207,16 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
  * them as bf16 (what the bf16 weight format multiplies). A bf16 model rounds every product's
  * input to bf16 (m->bf16_inputs), so xf takes the rounded values too, as the torch model would
  * have them; an fp32 model's stay exact. The integer formats then split xf (rf_split_x). */
-static void prepare_input(const rf_model *m, int64_t format, int64_t k, float *xf, uint16_t *xb,
-                          split_x xs) {
+static void prepare_input(const rf_model *m, int64_t format, int64_t rows, int64_t k, float *xf,
+                          uint16_t *xb, split_x *xs) {
     for (int64_t i = 0; i < k; i++) xb[i] = f32_to_bf16(xf[i]);
     if (m->bf16_inputs)
         for (int64_t i = 0; i < k; i++) xf[i] = bf16_to_f32_1(xb[i]);
-    if (format != FORMAT_BF16) rf_split_x(xf, k, x_unsigned((int)format), xs);
+    if (format != FORMAT_BF16) rf_split_x(xf, k, split_mode((int)format, rows), xs);
 }
 
 static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
-    prepare_input(m, w->format, w->k, b->xf + r * w->k, b->xb + r * w->k, b->xs[r]);
+    prepare_input(m, w->format, b->rows, w->k, b->xf + r * w->k, b->xb + r * w->k, b->xs + r);
 }
 
 /* Row r's residual stream through an RMSNorm into the input of a product with w. */
@@ -408,8 +409,8 @@ static void moe_act(const rf_model *m, const buffers *b) {
         for (int64_t i = lo; i < hi; i++) {
             float *act = job->act + i * n;
             silu_mul(job->gu + i * 2 * n, n, act);
-            prepare_input(m, job->down->format, n, act, job->act_b + i * n,
-                          b->act_xs[job->first + i]);
+            prepare_input(m, job->down->format, job->count, n, act, job->act_b + i * n,
+                          b->act_xs + job->first + i);
         }
     }
 }
@@ -570,6 +571,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
                      int64_t logit_rows, float *logits) {
     buffers b;
     layout(m, m->scratch, &b);
+    b.rows = B;
     const int64_t H = m->hidden, D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size, qs = q_stride(m), part = m->heads * (D + 2);
     spin_barrier bar = {0, 0};

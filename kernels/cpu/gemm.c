@@ -6,6 +6,10 @@
 
 #include "gemv.h"
 
+int rf_batch_int8_rows = 3; /* gemv.h's split_mode */
+
+void rf_set_batch_int8_rows(int rows) { rf_batch_int8_rows = rows; }
+
 /* The integer formats for M rows of fp32 x. */
 static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, int y_bf16,
                            int64_t M, int64_t N, int64_t K, int nthreads) {
@@ -18,7 +22,7 @@ static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, i
         uint8_t *base = mem + m * row_bytes;
         xs[m] = (split_x){(int8_t *)base, (int8_t *)(base + K), (float *)(base + 2 * K),
                           (float *)(base + 2 * K) + G};
-        rf_split_x(x + m * K, K, x_unsigned(fmt), xs[m]);
+        rf_split_x(x + m * K, K, split_mode(fmt, M), xs + m);
     }
     const int64_t T = (N + TILE - 1) / TILE;
 #pragma omp parallel num_threads(nthreads)

@@ -21,15 +21,20 @@
 #define Q4_K_GROUP (Q4_K_BLOCK / 8) /* a tile's bytes per group of 32, as the others' blocks */
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
- * AVX-512: x ~= scale[g] * (256 hi + lo) (signed), or scale[g] * (256 hi + lo - 32768)
- * (unsigned, hi and lo read as uint8); sum[g] is the exact fp32 sum of the group.
+ * AVX-512: x ~= scale[g] * (256 hi + lo) (X_SIGNED16), or scale[g] * (256 hi + lo - 32768)
+ * (X_UNSIGNED16, hi and lo read as uint8); sum[g] is the exact fp32 sum of the group. Or, for
+ * a batch's products (split_mode), as AVX2 splits it (X_INT8, int8 set; lo then holds int16
+ * sums of X per half group).
  * AVX2: x ~= scale[g] * hi, int8 in -127..127 (lo unused); sum[g] = scale[g] * sum of hi, the
  * sum of the values the products see (llama.cpp's Q8_1: with Q4_1's minimums near -max|w|,
  * the exact sum would add their product with the rounding error, 2-3x the error). */
 typedef struct {
     int8_t *hi, *lo;
     float *scale, *sum;
+    int int8; /* x held as int8 in hi (X_INT8; always at AVX2), else as 16-bit integers */
 } split_x;
+
+enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4 };
 
@@ -51,6 +56,20 @@ static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fm
 
 /* Whether rf_split_x makes x the unsigned operand (the formats whose weights are signed bytes). */
 static inline int x_unsigned(int fmt) { return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6; }
+
+/* How to split x for a product of `rows` rows with a weight of format fmt. The AVX-512 build
+ * splits x into exact 16-bit integers: two vpdpbusd per weight byte, which costs nothing while
+ * the weights' reading bounds a product (one or two rows) but makes a batch's products
+ * compute-bound (a 1B model's batch-8 step: 62 ms against a 16 ms bandwidth bound). From
+ * rf_batch_int8_rows rows on (default 3; 0: never), q4_1, q4_k and q6 (a Q4 model's bytes) take
+ * x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2) precision: one
+ * vpdpbusd a weight byte; a batch's outputs then differ from each request's alone by that
+ * rounding. (The AVX2 build splits every x as int8.) */
+extern int rf_batch_int8_rows; /* gemm.c's, set by rf_set_batch_int8_rows */
+static inline int split_mode(int fmt, int64_t rows) {
+    if (rf_batch_int8_rows > 0 && rows >= rf_batch_int8_rows && fmt != FORMAT_Q8_0) return X_INT8;
+    return x_unsigned(fmt) ? X_UNSIGNED16 : X_SIGNED16;
+}
 
 static inline float bf16_to_f32_1(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -84,7 +103,7 @@ static inline void thread_range(int64_t n, int64_t *t0, int64_t *t1) {
     *t1 = n * (id + 1) / threads;
 }
 
-void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out);
+void rf_split_x(const float *x, int64_t K, int mode, split_x *out);
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,

@@ -109,8 +109,10 @@ static inline void store_tile(void *y, int y_bf16, int64_t row_stride, int64_t n
 
 /* ---- quantizing x to int8 ---- */
 
-void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
-    (void)is_unsigned; /* both formats take signed X */
+void rf_split_x(const float *x, int64_t K, int mode, split_x *xs) {
+    (void)mode; /* every format takes signed int8 X */
+    const split_x out = *xs;
+    xs->int8 = 1;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t g = 0; g < K / GROUP; g++) {

@@ -49,6 +49,7 @@ static inline void prefetch(const uint8_t *p, int64_t bytes) {
         _mm_prefetch((const char *)p + PREFETCH + line, _MM_HINT_T0);
 }
 
+
 static inline void store_tile(void *y, int y_bf16, int64_t row_stride, int64_t n0, int64_t N,
                               __m512 v) {
     __mmask16 mask = N - n0 >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
@@ -61,7 +62,34 @@ static inline void store_tile(void *y, int y_bf16, int64_t row_stride, int64_t n
 
 /* ---- splitting x into 16-bit integers ---- */
 
-void rf_split_x(const float *x, int64_t K, int is_unsigned, split_x out) {
+/* x as int8 per group (X_INT8), as the AVX2 build splits it: scale = max|x| / 127, X in
+ * -127..127 to nearest, sum = scale * sum X (the sum of the values the products see); lo, unused
+ * by int8 X, holds each half group's sum of X as int16 (q6's products: half_sums). */
+static void split_x_int8(const float *x, int64_t K, split_x out) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        out.scale[g] = amax / 127.0f;
+        const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        const __m512i A = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)); /* nearest even */
+        const __m512i B = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+        const int32_t sa = _mm512_reduce_add_epi32(A), sb = _mm512_reduce_add_epi32(B);
+        out.sum[g] = out.scale[g] * (float)(sa + sb);
+        ((int16_t *)out.lo)[2 * g] = (int16_t)sa, ((int16_t *)out.lo)[2 * g + 1] = (int16_t)sb;
+        _mm_storeu_si128((__m128i *)(out.hi + g * GROUP), _mm512_cvtepi32_epi8(A));
+        _mm_storeu_si128((__m128i *)(out.hi + g * GROUP + 16), _mm512_cvtepi32_epi8(B));
+    }
+}
+
+void rf_split_x(const float *x, int64_t K, int mode, split_x *xs) {
+    xs->int8 = mode == X_INT8;
+    if (mode == X_INT8) {
+        split_x_int8(x, K, *xs);
+        return;
+    }
+    const split_x out = *xs;
+    const int is_unsigned = mode == X_UNSIGNED16;
     const float limit = is_unsigned ? 32767.0f : 32639.0f; /* keeps hi within a byte */
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
@@ -292,6 +320,136 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
     }
 }
 
+/* ---- q4_1, q4_k and q6 for x split as int8 (a batch: split_mode) ---- */
+
+#define INT8_ROWS 4 /* rows of x a pass (two streams of 4: 16 accumulators and 8 sums) */
+
+
+/* M rows of x (X_INT8) times S tiles of q4_1 or q4_k read side by side (S x M <= 8): per
+ * group, one vpdpbusd a row per 4 weights (nibbles unsigned, X signed), then y += d s sum qX
+ * + m sum x' as the 16-bit path's (q4_k's d sc and -(dmin mn) likewise). y[u * M + m]. */
+static inline __attribute__((always_inline)) void nibble_int8_streams(
+    const int fmt, const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y,
+    const int S, const int M) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *nib[8];
+        __m512 d[8], mn[8];
+        for (int u = 0; u < S; u++) {
+            if (fmt == FORMAT_Q4_K) {
+                const uint8_t *h = tiles[u] + (g / 8) * Q4_K_BLOCK;
+                const int j = (int)(g % 8);
+                nib[u] = h + 256 + 256 * j;
+                prefetch(j ? nib[u] : h, j ? 256 : 512);
+                d[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
+                                     six_bit16(h + 64, h + 192, j));
+                mn[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
+                                      six_bit16(h + 128, h + 224, j));
+                mn[u] = _mm512_sub_ps(_mm512_setzero_ps(), mn[u]);
+            } else {
+                const uint8_t *blk = tiles[u] + g * Q4_1_BLOCK;
+                prefetch(blk, Q4_1_BLOCK);
+                nib[u] = blk + 64;
+                d[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+                mn[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            }
+        }
+        __m512i acc[8];
+        for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++)
+            for (int u = 0; u < S; u++) {
+                const __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
+                const __m512i w_lo = _mm512_and_si512(w, low4);
+                const __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                for (int m = 0; m < M; m++) {
+                    const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
+                    acc[u * M + m] = _mm512_dpbusd_epi32(acc[u * M + m], w_lo, _mm512_set1_epi32(xq[0]));
+                    acc[u * M + m] = _mm512_dpbusd_epi32(acc[u * M + m], w_hi, _mm512_set1_epi32(xq[1]));
+                }
+            }
+        for (int u = 0; u < S; u++)
+            for (int m = 0; m < M; m++) {
+                const __m512 qx = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u * M + m]),
+                                                _mm512_set1_ps(xs[m].scale[g]));
+                y[u * M + m] = _mm512_fmadd_ps(d[u], qx, y[u * M + m]);
+                y[u * M + m] = _mm512_fmadd_ps(mn[u], _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
+            }
+    }
+}
+
+/* q6 for x split as int8: each quad unpacked as q + 32 (0..63, the unsigned operand), one
+ * vpdpbusd a row per 4 weights; per half group (one scale) y += d s (sum (q + 32) X - 32 sum X),
+ * sum X from the split (half_sums). As nibble_int8_streams otherwise. */
+static inline __attribute__((always_inline)) void q6_int8_streams(
+    const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y, const int S,
+    const int M) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        for (int u = 0; u < S; u++) prefetch(tiles[u] + g * Q6_BLOCK, Q6_BLOCK);
+        for (int half = 0; half < 2; half++) {
+            __m512i acc[8];
+            for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
+            for (int p = 4 * half; p < 4 * half + 4; p++)
+                for (int u = 0; u < S; u++) {
+                    const uint8_t *blk = tiles[u] + g * Q6_BLOCK;
+                    const __m512i l = _mm512_loadu_si512(blk + 64 + 64 * (p >> 1));
+                    const __m512i h = _mm512_loadu_si512(blk + 320 + 64 * (p >> 2));
+                    const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
+                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
+                    const __m512i q = _mm512_or_si512(nib, _mm512_slli_epi16(top, 4));
+                    for (int m = 0; m < M; m++)
+                        acc[u * M + m] = _mm512_dpbusd_epi32(
+                            acc[u * M + m], q, _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]));
+                }
+            for (int u = 0; u < S; u++) {
+                const __m512 d = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(tiles[u] + g * Q6_BLOCK + 32 * half)));
+                for (int m = 0; m < M; m++) {
+                    const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
+                    const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
+                    const __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
+                    y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+                }
+            }
+        }
+    }
+}
+
+/* Tiles [t0, t1) for M rows of x split as int8: pairs of tiles read side by side (two streams
+ * of the weights in flight a thread, as the one-row path keeps six: read one tile at a time,
+ * a batch's compute-heavy products drew memory at ~17 GB/s), INT8_ROWS rows a pass over a
+ * pair (a later pass finds the pair in L1/L2). */
+static inline __attribute__((always_inline)) void nibble_int8_tiles(
+    const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+    int64_t N, int64_t G, int64_t t0, int64_t t1) {
+    const int64_t tile_bytes = G * group_bytes_of(fmt), part = (t1 - t0) / 2;
+    for (int64_t i = 0; i < part + (t1 - t0) % 2; i++) {
+        const int S = i < part ? 2 : 1;
+        const int64_t at[2] = {i < part ? t0 + i : t1 - 1, t0 + part + i};
+        const uint8_t *tiles[2] = {w + at[0] * tile_bytes, w + at[1] * tile_bytes};
+        for (int64_t m0 = 0; m0 < M; m0 += INT8_ROWS) {
+            __m512 out[8];
+            const int rows = M - m0 < INT8_ROWS ? (int)(M - m0) : INT8_ROWS;
+#define ROWS(R)                                                                      \
+    case R:                                                                          \
+        if (fmt == FORMAT_Q6 && S == 2) q6_int8_streams(tiles, G, xs + m0, out, 2, R); \
+        else if (fmt == FORMAT_Q6) q6_int8_streams(tiles, G, xs + m0, out, 1, R);     \
+        else if (S == 2) nibble_int8_streams(fmt, tiles, G, xs + m0, out, 2, R);      \
+        else nibble_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);                 \
+        break;
+            switch (rows) { /* a constant row count per call keeps the accumulators in registers */
+            ROWS(1) ROWS(2) ROWS(3) default: ROWS(4)
+            }
+#undef ROWS
+            for (int u = 0; u < S; u++)
+                for (int m = 0; m < rows; m++)
+                    store_tile(y, y_bf16, (m0 + m) * N, at[u] * TILE, N, out[u * rows + m]);
+        }
+    }
+}
+
 /* ---- the tile loop of the integer formats ---- */
 
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
@@ -324,6 +482,10 @@ static inline __attribute__((always_inline)) void quantized_tiles(
     const int fmt, const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
     int64_t N, int64_t K, int64_t t0, int64_t t1) {
     const int64_t G = K / GROUP;
+    if (xs[0].int8 && fmt != FORMAT_Q8_0) {
+        nibble_int8_tiles(fmt, w, xs, y, y_bf16, M, N, G, t0, t1);
+        return;
+    }
     if (M == 1) /* then the rest of the tiles, fewer than the streams, one at a time */
         t0 = streamed_tiles(fmt, w, xs, y, y_bf16, N, G, t0, t1, STREAMS, 1);
     else if (M == 2)

@@ -42,15 +42,23 @@ def _int8_bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return (amax.double() / 254) @ dense.abs().double().T
 
 
+BATCH_INT8_ROWS = 3  # gemv.h's: from this many rows the AVX-512 nibble products take int8 x
+
+
+def _int8_x_at(level: str, fmt: str, m: int) -> bool:
+    """Whether the kernels quantize x to int8 per group (_int8_x) for m rows of fmt."""
+    return level == "avx2" or (fmt != "q8_0" and fmt != "bf16" and m >= BATCH_INT8_ROWS)
+
+
 def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """The most each output may differ from cpu.reference (fp32 x times the weights)."""
     scale = x.abs().max() * dense.abs().sum(1).max()  # bound on any output's magnitude
     if fmt == "bf16":  # exact products of bf16 values, fp32 sums, at every level
         return torch.full((x.shape[0], dense.shape[0]), 1e-6 * float(scale), dtype=torch.float64)
-    if level == "avx512":
+    if not _int8_x_at(level, fmt, x.shape[0]):
         # x split into 16-bit steps of max|x_group| / 32639: ~3e-5 of the scale
         return torch.full((x.shape[0], dense.shape[0]), 1e-4 * float(scale), dtype=torch.float64)
-    # avx2: x quantized to int8 per group (_int8_bound), plus fp32 sums' rounding
+    # x quantized to int8 per group (_int8_bound), plus fp32 sums' rounding
     return _int8_bound(x, dense) + 1e-5 * float(scale)
 
 
@@ -114,7 +122,7 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
     if level != "avx512":
         pytest.skip("the AVX-512 split of x; avx2 quantizes x to int8 (next test)")
     tiled, dense = _weights("q4_1", 64, 576, seed=9)
-    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(9))  # (a batch's: int8)
     exact = x.double() @ dense.double().T
     kernel = (cpu.gemm(x, tiled).double() - exact).abs().max()
     bf16 = (x.bfloat16().double() @ dense.double().T - exact).abs().max()
@@ -122,13 +130,13 @@ def test_gemm_is_closer_to_exact_than_bf16_activations(level):
 
 
 @pytest.mark.parametrize(("fmt", "n", "k"), cases(INTEGER_FORMATS, [(64, 576), (200, 1536)]))
-@pytest.mark.parametrize("m", [1, 2, 4, 5])
-def test_avx2_gemm_is_int8_x_exactly(level, fmt, n, k, m):
-    """The AVX2 kernels compute exactly x quantized to int8 per group (_int8_x) times the
-    weights (q4_1's minimums included), up to fp32 sums' rounding, and so stay within the int8
-    bound of exact."""
-    if level != "avx2":
-        pytest.skip("the AVX2 quantization of x")
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8])
+def test_int8_x_products_are_int8_x_exactly(level, fmt, n, k, m):
+    """Where the kernels quantize x to int8 per group (every product at avx2, a batch's nibble
+    products at avx512) they compute exactly that x (_int8_x) times the weights (q4_1's
+    minimums included), up to fp32 sums' rounding, and so stay within the int8 bound of exact."""
+    if not _int8_x_at(level, fmt, m):
+        pytest.skip("x split into 16-bit integers here")
     tiled, dense = _weights(fmt, n, k, seed=n + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k + m)) * 3
     x[:, 32:64] *= 1e-3  # groups of very different magnitudes

@@ -177,8 +177,9 @@ def test_experts_in_the_other_tiled_formats(folders, fmt):
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
 def test_the_largest_batch_equals_each_row_alone(folders, family):
     """max_batch rows in one step (max_batch x top_k pairs: the scratch's worst case) against
-    each row through the step alone."""
-    runner = _runner(folders(family))
+    each row through the step alone (the products batch-invariant: a batch's int8 x would move
+    near-tied routers to other experts)."""
+    runner = _runner(folders(family), cpu_batch_int8_rows=0)
     step = runner.cpu_decode.step
     g = torch.Generator().manual_seed(1)
     for k, v in zip(runner.kv_pool.k, runner.kv_pool.v):
@@ -224,7 +225,7 @@ def test_engine_decodes_moe_through_it(folders, family):
     # tokens (the bf16 step's closeness is test_one_request's); a bf16 KV cache for both (what
     # the C step's engine picks by itself)
     common = dict(quantization="int4", max_total_tokens=512, cpu_isa=LEVEL["cpu_isa"],
-                  dtype="float32", kv_cache_dtype="bfloat16")
+                  dtype="float32", kv_cache_dtype="bfloat16", cpu_batch_int8_rows=0)
     with Engine(str(folder), **common) as eng:
         step = eng.scheduler.runner.cpu_decode
         assert step is not None
