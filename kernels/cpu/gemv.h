@@ -11,7 +11,7 @@
 
 #define TILE 16  /* output rows side by side in one register */
 #define GROUP 32 /* quantization group along k */
-#define MAX_ROWS 8 /* rows of x per call */
+#define MAX_ROWS 64 /* rows of x per product call (gemm.c; a 32-row one reads the weights once) */
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 #define Q6_BLOCK (64 + 6 * 64) /* fp16 d[2][16], 256 B low nibbles, 128 B high bit pairs */

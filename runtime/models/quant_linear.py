@@ -90,6 +90,10 @@ class QuantLinear(nn.Module):
     # above: one Llama-3.2-1B layer, 1 thread, tiled vs blocks: 14 vs 23 ms at 16 rows, 24 vs
     # 27 at 32, 44 vs 34 at 64 (bench/results/dense-weights.md#2026-12-05)
     blockwise_above = 32
+    # ... and where the tiled kernels take those rows' x as int8 (avx512 from
+    # cpu_kernels.batch_int8_rows() rows: one vpdpbusd a weight byte), the formats that allow
+    # it stay tiled longer (their classes say how long)
+    int8_blockwise_above = 32
     tiled: cpu_kernels.TiledWeight | None = None  # (set by the subclasses that tile)
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16,
@@ -140,13 +144,17 @@ class QuantLinear(nn.Module):
         if self.dense is not None and rows.shape[0] > self.max_rows:
             out = self.dense(rows.to(torch.bfloat16))
         elif (self.bf16_gemm and self.tiled is not None
-              and rows.shape[0] > max(self.max_rows, self.blockwise_above)):
+              and rows.shape[0] > max(self.max_rows, self._blockwise_above(rows.shape[0]))):
             out = cpu_kernels.gemm_dequant(rows, self.tiled, torch.bfloat16, self.bias)
         else:
             out = self._quantized(rows)
             if self.bias is not None:
                 out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _blockwise_above(self, rows: int) -> int:
+        int8 = 0 < cpu_kernels.batch_int8_rows() <= rows and self.tiled.format != "q8_0"
+        return self.int8_blockwise_above if int8 else self.blockwise_above
 
     @staticmethod
     def _out_dtype(rows: torch.Tensor) -> torch.dtype:
@@ -156,10 +164,18 @@ class QuantLinear(nn.Module):
         raise NotImplementedError
 
 
+# tiled with x as int8 against blocks of bf16 rows (oneDNN), 12 weights of a 1B's gate/up
+# shape, 2 threads, avx512: q4_k 27 vs 92 ms at 32 rows, 104 vs 172 at 128, 206 vs 275 at 256;
+# q4_1 328 vs 561 at 512; q6 176 vs 181 at 128, 264 vs 211 at 192
+NIBBLES_INT8_BLOCKWISE_ABOVE = 512
+
+
 class Int4Linear(QuantLinear):
     """Q4_1-style groups: radixflow's tiled kernel (kernels/cpu) where it runs and the scales
     survive fp16 (as they do for a GGUF's, stored as fp16), else torch's int4 kernel (bf16
     scales)."""
+
+    int8_blockwise_above = NIBBLES_INT8_BLOCKWISE_ABOVE
 
     def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE,
                  groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -238,6 +254,7 @@ class Q6Linear(QuantLinear):
     only (QuantLinear.from_tiled)."""
 
     max_rows = 2
+    int8_blockwise_above = 128
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
@@ -246,6 +263,8 @@ class Q6Linear(QuantLinear):
 class Q4KLinear(QuantLinear):
     """GGUF's Q4_K as stored (4-bit values, six-bit scales and mins per 32 under an fp16 d and
     dmin per 256): made from tiles only (QuantLinear.from_tiled)."""
+
+    int8_blockwise_above = NIBBLES_INT8_BLOCKWISE_ABOVE
 
     def _quantized(self, rows: torch.Tensor) -> torch.Tensor:
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))

@@ -315,8 +315,11 @@ def test_a_model_without_copies_serves_the_same_greedy_output(tmp_path, monkeypa
     monkeypatch.setattr(cpu_kernels, "gemm_dequant",
                         lambda x, *a, **k: blocks.append(x.shape[0]) or product(x, *a, **k))
     for choice in ("on", "off"):
+        # (x exact at every row count: with int8 x from 3 rows, the prefill's products would
+        # stay tiled instead of taking blocks; test_int8_x_keeps_prefill_tiled)
         with Engine(str(folder), quantization="auto", dtype="bfloat16", cpu_isa="avx512",
-                    cpu_dense_weights=choice, max_total_tokens=2048) as engine:
+                    cpu_dense_weights=choice, max_total_tokens=2048,
+                    cpu_batch_int8_rows=0) as engine:
             runner = engine.scheduler.runner
             assert runner.quantization == "int4"
             reports[choice] = dense_weights_of(runner.model)
@@ -325,3 +328,29 @@ def test_a_model_without_copies_serves_the_same_greedy_output(tmp_path, monkeypa
             assert bool(blocks) == (choice == "off")  # the prefills' products
     assert reports["off"].held == 0 and reports["off"].saved == reports["on"].held > 0
     assert outputs["off"] == outputs["on"]
+
+
+@pytest.mark.skipif(not cpu_kernels.available(),
+                    reason="radixflow's CPU kernels do not run at this level (generic)")
+def test_int8_x_keeps_prefill_tiled(monkeypatch):
+    """Where the tiled kernels take x as int8 (from cpu_kernels.batch_int8_rows() rows) they
+    beat blocks of bf16 rows up to hundreds of rows for the 4-bit formats: a layer without a
+    copy stays tiled up to its int8_blockwise_above, and takes blocks above it or with exact x."""
+    from radixflow.runtime.models.quant_linear import NIBBLES_INT8_BLOCKWISE_ABOVE, Int4Linear
+
+    linear = torch.nn.Linear(64, 48, bias=False)
+    layer = Int4Linear(linear, dtype=torch.bfloat16, dense_copy=False)
+    blocks = []
+    product = cpu_kernels.gemm_dequant
+    monkeypatch.setattr(cpu_kernels, "gemm_dequant",
+                        lambda x, *a, **k: blocks.append(x.shape[0]) or product(x, *a, **k))
+    try:
+        for setting, rows, takes_blocks in [(3, 100, False),
+                                            (3, NIBBLES_INT8_BLOCKWISE_ABOVE + 1, True),
+                                            (0, 100, True)]:
+            cpu_kernels.set_batch_int8_rows(setting)
+            blocks.clear()
+            layer(torch.randn(rows, 64, dtype=torch.bfloat16))
+            assert bool(blocks) == takes_blocks, (setting, rows)
+    finally:
+        cpu_kernels.set_batch_int8_rows(3)
