@@ -4,7 +4,8 @@ tiles: no float32 model, no dense weights (unless --cpu-dense-weights keeps bf16
 Each stored type goes to the nearest tiled format radixflow's kernels multiply (every CPU
 level has all four):
 - Q4_K -> q4_k, as stored (4-bit values, six-bit scales and mins per 32, an fp16 d and dmin
-  per 256: 4.5 bits a weight);
+  per 256: 4.5 bits a weight); at avx2 -> q4_1 (its batch products are ~10-40% faster there:
+  bench/results/scale-serving.md#2026-12-06-avx2-avx2-q4k);
 - Q4_0, Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_K part of a fused
   layer whose other part is Q4_0/Q4_1 too (its sub-blocks of 32 are such groups, scale d*sc and
   low -dmin*m, held as fp16);
@@ -63,7 +64,7 @@ _WHY = {"q4_k": "as stored",
 
 
 def nearest_format(qtype: GGMLType) -> str:
-    if qtype == GGMLType.Q4_K:
+    if qtype == GGMLType.Q4_K and cpu_kernels.active_level() != "avx2":
         return "q4_k"
     if qtype in _AFFINE_4BIT:
         return "q4_1"
@@ -77,6 +78,9 @@ def nearest_format(qtype: GGMLType) -> str:
 def why(qtype: GGMLType, fmt: str) -> str:
     if fmt == "q6" and qtype == GGMLType.Q4_0:
         return "a fused layer's widest part: its values kept exactly"
+    if fmt == "q4_1" and qtype == GGMLType.Q4_K and nearest_format(qtype) == "q4_1":
+        return ("groups of 32, fp16 scales: at avx2 q4_1's products beat q4_k's for a batch "
+                "(its six-bit scales cost more to unpack there than its 10% fewer bytes save)")
     if fmt == "q4_1" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: groups of 32, fp16 scales"
     if nearest_format(qtype) != fmt:
@@ -203,7 +207,7 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         names = [parts[s] for s in sorted(parts, key=_SHARD_ORDER.get)]
         types = {weights.stored_type(n) for n in names}
         if int4 and path != "lm_head":
-            fmt = "q4_k" if types == {GGMLType.Q4_K} else "q4_1"
+            fmt = "q4_k" if {nearest_format(t) for t in types} == {"q4_k"} else "q4_1"
         else:
             fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
         biases = by_param.get(f"{path}.bias", {})
@@ -224,6 +228,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
                 if bias_names else None)
         layer = tiled_linear(tiled, bias, dtype)
         layer.wants_dense_copy = dense_copy and path != "lm_head"  # (add_dense_copies_)
+        if path == "lm_head":  # many rows' logits (prompt logprobs, scoring) from exact x
+            layer.int8_blockwise_above = layer.blockwise_above
         layer.stored_as = "+".join(sorted({t.qtype.name for t in stored}))
         setattr(parent, child, layer)
         for t in stored:

@@ -119,20 +119,32 @@ def test_q4_k_layers_load_as_stored(tmp_path):
     folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
     runner, ours = _prefill_logits(folder, dtype="bfloat16")
     formats = runner.cpu_info()["weights"]
+    as_stored = "q4_1" if cpu_kernels.active_level() == "avx2" else "q4_k"  # (stored_linears)
     for role in ("gate_up_proj", "down_proj", "o_proj"):
-        assert formats[role] == {"stored": "Q4_K", "format": "q4_k",
+        assert formats[role] == {"stored": "Q4_K", "format": as_stored,
                                  "kernel": f"radixflow C {cpu_kernels.active_level()}"}, role
     assert formats["qkv_proj"] == {"stored": "Q4_K+Q8_0", "format": "q8_0",
                                    "kernel": f"radixflow C {cpu_kernels.active_level()}"}
     layer = next(m for name, m in runner.model.named_modules() if name.endswith("gate_up_proj"))
-    assert layer.tiled.nbytes * 8 == layer.in_features * layer.out_features * 4.5
+    bits = 4.5 if as_stored == "q4_k" else 5
+    assert layer.tiled.nbytes * 8 == layer.in_features * layer.out_features * bits
     _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
     _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
     # the file's weights in both: the tiles' products differ from dense bf16 ones by bf16 noise
     assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
     forced, _ = _prefill_logits(folder, dtype="bfloat16", quantization="int4")
-    assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == "q4_k"  # 4-bit already
+    assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == as_stored  # 4-bit already
     assert forced.cpu_info()["weights"]["qkv_proj"]["format"] == "q4_1"
+
+
+def test_q4_k_is_q4_1_at_avx2(tmp_path, cpu_level):
+    """At avx2 Q4_K loads as q4_1 (faster batch products there), with the log's reason."""
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.models import stored_linears
+
+    fmt = stored_linears.nearest_format(GGMLType.Q4_K)
+    assert fmt == ("q4_1" if cpu_level == "avx2" else "q4_k")
+    assert ("avx2" in stored_linears.why(GGMLType.Q4_K, fmt)) == (cpu_level == "avx2")
 
 
 def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
