@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--cpu-isa", default=None, help="radixflow's CPU level (default: the best)")
     ap.add_argument("--llama-perplexity", help="llama.cpp's llama-perplexity binary")
     ap.add_argument("--llama-args", default="", help="extra llama-perplexity arguments")
+    ap.add_argument("--together", action="store_true",
+                    help="--gguf: radixflow scores every chunk side by side in one decode batch "
+                    "(a batch's precision) instead of one chunk at a time")
     args = ap.parse_args()
     if args.gguf:
         files_main(args)
@@ -138,7 +141,8 @@ def files_main(args: argparse.Namespace) -> None:
     if not args.reference:
         raise SystemExit("--gguf needs --reference, the same model's bf16 GGUF")
     text = args.text.read_text()[:args.chars]
-    ours, n_tokens = radixflow_costs(args.gguf, args.reference, text, args.ctx, args.cpu_isa)
+    ours, n_tokens = radixflow_costs(args.gguf, args.reference, text, args.ctx, args.cpu_isa,
+                                     args.together)
     theirs = None
     if args.llama_perplexity:
         theirs = llama_cpp_costs(args.llama_perplexity, args.gguf, args.reference, text, args.ctx,
@@ -148,6 +152,7 @@ def files_main(args: argparse.Namespace) -> None:
     command = " ".join(["python -m bench.quality", "--reference", args.reference, "--gguf",
                         *args.gguf, "--chars", str(args.chars), "--ctx", str(args.ctx)]
                        + (["--cpu-isa", args.cpu_isa] if args.cpu_isa else [])
+                       + (["--together"] if args.together else [])
                        + (["--llama-perplexity", args.llama_perplexity]
                           if args.llama_perplexity else []))
     lines = [f"# GGUF files vs their bf16 file, radixflow and llama.cpp, {date}{level}", "",
@@ -155,12 +160,15 @@ def files_main(args: argparse.Namespace) -> None:
              f"Text: the first {args.chars} characters of `{args.text.name}` ({n_tokens} tokens "
              f"under the file's tokenizer), in chunks of {args.ctx}, the second half of each "
              "scored, as `llama-perplexity --kl-divergence` does; each engine against itself on "
-             "the bf16 file. radixflow: its C decode step, one token at a time; llama.cpp: "
+             "the bf16 file. radixflow: its C decode step, one token at a time"
+             + (", the chunks side by side in one decode batch (x as int8 per group of 32 from "
+                "3 rows: a batch's precision)" if args.together else "") + "; llama.cpp: "
              "llama-perplexity (its batch path). Random-weight models (bench/scale_models.py) "
              "have near-flat next-token distributions, so top-1 agreement is low for both "
              "engines; what to read is the two engines side by side.", "",
              *table(args.gguf, ours, theirs), ""]
-    key = f"{date}-files-{args.cpu_isa}" if args.cpu_isa else f"{date}-files"
+    key = f"{date}-files" + (f"-{args.cpu_isa}" if args.cpu_isa else "") \
+        + ("-together" if args.together else "")
     publish("\n".join(lines), None if args.no_write else Run("quality", key))
 
 

@@ -10,8 +10,10 @@ the bf16 file (what quantization costs inside one engine, not how two engines di
 - ln(PPL(Q) / PPL(bf16)), the mean change in the text's log-likelihood per token.
 
 radixflow's rows come from its C decode step (what generated tokens run through), fed one token
-at a time; llama.cpp's from `llama-perplexity` (its prompt path, repacked weights where it
-repacks). Used by `python -m bench.quality --gguf ...`.
+at a time: one chunk at a time, or (together) every chunk side by side in one decode batch, as
+requests decoding together run (x as int8 from --cpu-batch-int8-rows rows); llama.cpp's from
+`llama-perplexity` (its prompt path, repacked weights where it repacks). Used by
+`python -m bench.quality --gguf ...`.
 """
 
 from __future__ import annotations
@@ -55,9 +57,11 @@ def text_ids(model: str, text: str) -> tuple[list[int], int | None]:
     return ids, (tok.bos_token_id if adds_bos else None)
 
 
-def radixflow_logprobs(model: str, chunks: list[list[int]], level: str | None) -> torch.Tensor:
+def radixflow_logprobs(model: str, chunks: list[list[int]], level: str | None,
+                       together: bool = False) -> torch.Tensor:
     """log-softmax rows [chunks * (ctx - 1 - ctx // 2), vocab] of the scored positions, every
-    token fed as a one-token decode step."""
+    token fed as a one-token decode step: one chunk at a time, or every chunk's i-th token in
+    one step (`together`)."""
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.forward_batch import ForwardMode
     from radixflow.runtime.model_runner import BatchRequest
@@ -66,8 +70,10 @@ def radixflow_logprobs(model: str, chunks: list[list[int]], level: str | None) -
     first = ctx // 2
     rows = []
     args = {"cpu_isa": level} if level else {}
-    with Engine(model, max_total_tokens=max(4096, 2 * ctx), **args) as engine:
+    with Engine(model, max_total_tokens=max(4096, (len(chunks) + 1) * ctx), **args) as engine:
         runner = engine.scheduler.runner  # idle: the engine has no request
+        if together:
+            return _side_by_side(runner, chunks, first)
         for ids in chunks:
             row, slots = runner.req_to_token_pool.alloc(), runner.kv_pool.alloc(len(ids))
             runner.req_to_token_pool.req_to_token[row, :len(ids)] = slots.to(torch.int32)
@@ -83,6 +89,31 @@ def radixflow_logprobs(model: str, chunks: list[list[int]], level: str | None) -
     return torch.cat(rows)
 
 
+def _side_by_side(runner, chunks: list[list[int]], first: int) -> torch.Tensor:
+    from radixflow.runtime.forward_batch import ForwardMode
+    from radixflow.runtime.model_runner import BatchRequest
+
+    rows = [runner.req_to_token_pool.alloc() for _ in chunks]
+    slots = [runner.kv_pool.alloc(len(ids)) for ids in chunks]
+    per_chunk: list[list[torch.Tensor]] = [[] for _ in chunks]
+    try:
+        for row, s in zip(rows, slots, strict=True):
+            runner.req_to_token_pool.req_to_token[row, :len(s)] = s.to(torch.int32)
+        for i in range(len(chunks[0]) - 1):
+            step = [BatchRequest(row, [ids[i]], i, [0])
+                    for row, ids in zip(rows, chunks, strict=True)]
+            out_slots = torch.cat([s[i:i + 1] for s in slots])
+            logits = runner.forward(ForwardMode.DECODE, step, out_slots)
+            if i >= first:
+                for c in range(len(chunks)):
+                    per_chunk[c].append(torch.log_softmax(logits[c:c + 1].float(), dim=-1))
+    finally:
+        for row, s in zip(rows, slots, strict=True):
+            runner.kv_pool.free(s)
+            runner.req_to_token_pool.free(row)
+    return torch.cat([r for chunk in per_chunk for r in chunk])
+
+
 def cost(quant: torch.Tensor, base: torch.Tensor, targets: torch.Tensor) -> Cost:
     kld = (base.exp() * (base - quant)).sum(-1)
     top1 = (quant.argmax(-1) == base.argmax(-1)).float().mean()
@@ -96,12 +127,13 @@ def scored_targets(chunks: list[list[int]]) -> torch.Tensor:
 
 
 def radixflow_costs(files: list[str], reference: str, text: str, ctx: int,
-                    level: str | None) -> tuple[dict[str, Cost], int]:
+                    level: str | None, together: bool = False) -> tuple[dict[str, Cost], int]:
     ids, bos = text_ids(reference, text)
     chunks = chunks_of(ids, ctx, bos)
     targets = scored_targets(chunks)
-    base = radixflow_logprobs(reference, chunks, level)
-    return {f: cost(radixflow_logprobs(f, chunks, level), base, targets) for f in files}, len(ids)
+    base = radixflow_logprobs(reference, chunks, level)  # (one at a time: bf16 x is exact)
+    return {f: cost(radixflow_logprobs(f, chunks, level, together), base, targets)
+            for f in files}, len(ids)
 
 
 _PATTERNS = {
