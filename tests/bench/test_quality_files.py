@@ -71,3 +71,27 @@ def test_a_file_costs_nothing_against_itself_and_4bit_costs_something(tmp_path):
     assert same.tokens == quantized.tokens == (n_tokens // 64) * 31
     assert same.kld == 0 and same.top1 == 1 and same.ln_ppl_ratio == 0
     assert quantized.kld > 1e-4 and quantized.top1 < 1
+
+
+def test_scoring_the_chunks_as_one_batch(tmp_path):
+    """--together: the chunks side by side in one decode batch (x as int8 from 3 rows at
+    avx512): the bf16 file scores as it does alone, the 4-bit one within twice its cost alone."""
+    import gguf
+    from helpers.tiny_models import make_tiny_model, write_tiny_gguf
+
+    from radixflow.kernels import cpu as cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C kernels here")
+    hf = make_tiny_model(tmp_path / "hf", "llama")
+    kinds = gguf.GGMLQuantizationType
+    ref = write_tiny_gguf(hf, tmp_path / "bf16.gguf",
+                          qtype_of=lambda n: None if "norm" in n else kinds.BF16)
+    q4 = write_tiny_gguf(hf, tmp_path / "q4.gguf",
+                         qtype_of=lambda n: None if "norm" in n else kinds.Q4_0)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dsl.md").read_text()[:600]
+    alone, n_tokens = radixflow_costs([str(ref), str(q4)], str(ref), text, 32, None)
+    together, _ = radixflow_costs([str(ref), str(q4)], str(ref), text, 32, None, together=True)
+    assert n_tokens // 32 >= 3  # a batch the int8 split applies to
+    assert together[str(ref)].kld < 1e-4 and together[str(ref)].tokens == alone[str(ref)].tokens
+    assert 0 < together[str(q4)].kld < 2 * alone[str(q4)].kld + 1e-3
