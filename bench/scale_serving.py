@@ -13,7 +13,8 @@ measurements over streaming chat completions (greedy, fixed output lengths):
 Each server's peak resident memory (the whole process tree, sampled every 0.2 s) is recorded,
 and TPOT is set against the bandwidth bound of the bytes one step reads: radixflow's from its
 /get_server_info (`decode_step_weight_bytes`), llama.cpp's from the file (bench/gguf_bytes.py),
-K/V at the mean context on top, at the copy bandwidth measured here before the servers start.
+K/V at the mean context on top, at the copy bandwidth measured right before each server starts
+(this VM's figure moves 43-72 GB/s between runs, so each run is set against its own).
 
     python -m bench.scale_models --llama-cpp /tmp/anchor-llamacpp --out /tmp/scale \\
         --models llama-1b qwen2.5-3b --types Q4_K_M Q4_0
@@ -216,14 +217,14 @@ ROWS = [("single-stream TPOT (ms)", "tpot_ms", "lower"),
         ("TPOT vs the bandwidth bound (weights + K/V)", "of_bound", "higher")]
 
 
-def table(name: str, runs: dict[str, dict], bandwidth: float, kv_per_token: int) -> list[str]:
+def table(name: str, runs: dict[str, dict], kv_per_token: int) -> list[str]:
     for r in runs.values():
         r["peak_rss_gb"] = r["peak_rss"] / 1e9
         r["load_peak_rss_gb"] = r["load_peak_rss"] / 1e9
         r["weight_mb"] = r["weight_bytes"] / 1e6 if r.get("weight_bytes") else None
         if r.get("weight_bytes") and r.get("tpot_ms"):
             step = r["weight_bytes"] + kv_per_token * r["single_context"]
-            r["of_bound"] = step / bandwidth * 1e3 / r["tpot_ms"]
+            r["of_bound"] = step / r["bandwidth"] * 1e3 / r["tpot_ms"]
     labels = list(runs)
     ours = [runs[k] for k in labels if k.startswith("radixflow")]
     theirs = [runs[k] for k in labels if k.startswith("llama.cpp")]
@@ -289,7 +290,6 @@ def main() -> None:
     from .decode_step import copy_bandwidth
 
     cpu = check_level(args.cpu_isa)
-    bandwidth = copy_bandwidth()
     own = server_own_bytes(args)
     date = datetime.date.today().isoformat()
     results: dict[str, dict] = {}
@@ -299,7 +299,8 @@ def main() -> None:
                  ("llama.cpp #2", run_llama_cpp), ("radixflow #2", run_radixflow)]
         for label, run in order:
             print(f"{model.name}: {label}", flush=True)
-            runs[label] = run(model, args, args.seed)
+            bandwidth = copy_bandwidth()
+            runs[label] = {**run(model, args, args.seed), "bandwidth": bandwidth}
         results[model.stem] = {"name": model.stem, "params_b": model_params(model),
                                "file_gb": model.stat().st_size / 1e9,
                                "kv_per_token": kv_bytes_per_token(model), "runs": runs}
@@ -311,13 +312,15 @@ def main() -> None:
     plot(results, png if not args.no_write else raw / png.name)
     caps = ("; radixflow's torch kernels capped to AVX2 too" if args.cpu_isa == "avx2" else "")
     llama_cmd = next(iter(results.values()))["runs"]["llama.cpp #1"]["command"]
+    bandwidths = ", ".join(f"{r['bandwidth'] / 1e9:.1f}" for res in results.values()
+                           for r in res["runs"].values()) + " GB/s"
     lines = [f"# radixflow vs llama.cpp at model scale, {date}", "",
              "Command: `python -m bench.scale_serving --llama-server "
              f"{args.llama_server}{f' --cpu-isa {args.cpu_isa}' if args.cpu_isa != 'auto' else ''}"
              f"{f' --label {args.label}' if args.label else ''}"
              f" {' '.join(str(m) for m in args.models)}`", "",
              f"CPU: {cpu.describe()}, {args.threads} threads{caps}. Copy bandwidth measured "
-             f"before the servers started: {bandwidth / 1e9:.1f} GB/s.", "",
+             f"before each server started: {bandwidths}.", "",
              f"- radixflow: `radixflow serve <file> --cpu-isa {args.cpu_isa}`, otherwise its "
              "defaults (a 1 GiB KV pool)",
              f"- llama.cpp: `{llama_cmd.replace(str(args.models[0]), '<file>')}`", "",
@@ -327,7 +330,7 @@ def main() -> None:
              "", f"![TPOT and throughput against model size]({png.name})", ""]
     for name, r in results.items():
         lines += table(f"{name} ({r['file_gb']:.2f} GB file, {r['params_b']:.2f} B "
-                       "parameters)", r["runs"], bandwidth, r["kv_per_token"])
+                       "parameters)", r["runs"], r["kv_per_token"])
         ours = [r["runs"][k] for k in ("radixflow #1", "radixflow #2")]
         budget = (1.15 * r["file_gb"] * 1e9 + ours[0]["kv_pool_tokens"] * r["kv_per_token"]
                   + own["own"])
