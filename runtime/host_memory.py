@@ -13,6 +13,13 @@ HEADROOM_BYTES = 2**30
 HEADROOM_SHARE = 0.1
 
 
+# a forward of at least this many tokens gives what its activations freed back (release_freed):
+# glibc keeps a prefill's freed activation blocks in its heap for good otherwise (0.13 GB after a
+# few 1,000-token prefills of a 1B), and giving them back costs ~1% of such a prefill (the next
+# one faults the pages in again)
+RELEASE_AFTER_TOKENS = 256
+
+
 def available_bytes() -> int | None:
     """MemAvailable (free memory plus the page cache the kernel can drop), or None where the
     system does not say."""

@@ -303,6 +303,8 @@ class ModelRunner:
         if self.compiled_decode is not None and self.compiled_decode.accepts(batch):
             return self.compiled_decode(batch)  # plans its own attention inside the graph
         self.attn.prepare(batch)
-        if self.pooling is not None:
-            return self.model(batch, self.attn, hidden=True)
-        return self.model(batch, self.attn)
+        out = self.model(batch, self.attn, hidden=True) if self.pooling is not None \
+            else self.model(batch, self.attn)
+        if dev.type == "cpu" and offset >= host_memory.RELEASE_AFTER_TOKENS:
+            host_memory.release_freed()  # the prefill's activations (glibc keeps them)
+        return out

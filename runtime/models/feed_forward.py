@@ -13,6 +13,11 @@ from radixflow.kernels.cpu.rows import RowKernels
 
 from .config import ModelArgs
 
+# on a CPU a prefill's rows go through the MLP this many at a time: its gate/up activations
+# (the largest a prefill makes: 1,000 rows of a 1B's take 33 + 16 MB) stay a few MB, and the
+# tiled kernels run as fast per row (one 1B layer's linears: 30 ms at 256 rows, 149 at 1,024)
+ROWS_PER_PASS = 256
+
 
 class FeedForward(nn.Module):
     rows: RowKernels | None = None
@@ -27,6 +32,12 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(inter, args.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        step = ROWS_PER_PASS
+        if self.rows is None or x.dim() != 2 or x.shape[0] <= step:  # (rows: a CPU's kernels)
+            return self._rows(x)
+        return torch.cat([self._rows(x[i:i + step]) for i in range(0, x.shape[0], step)])
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         act = self.rows.silu_mul(gate_up) if self.rows is not None else None
         if act is None:

@@ -23,6 +23,7 @@ int4 faster at 8 rows, bf16 at 12 (bench/results/kernel-choices.md#2026-11-29-qu
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +94,7 @@ class QuantLinear(nn.Module):
     # ... and where the tiled kernels take those rows' x as int8 (avx512 from
     # cpu_kernels.batch_int8_rows() rows: one vpdpbusd a weight byte), the formats that allow
     # it stay tiled longer (their classes say how long)
-    int8_blockwise_above = 32
+    int8_blockwise_above: float = 32
     tiled: cpu_kernels.TiledWeight | None = None  # (set by the subclasses that tile)
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16,
@@ -164,10 +165,11 @@ class QuantLinear(nn.Module):
         raise NotImplementedError
 
 
-# tiled with x as int8 against blocks of bf16 rows (oneDNN), 12 weights of a 1B's gate/up
-# shape, 2 threads, avx512: q4_k 27 vs 92 ms at 32 rows, 104 vs 172 at 128, 206 vs 275 at 256;
-# q4_1 328 vs 561 at 512; q6 176 vs 181 at 128, 264 vs 211 at 192
-NIBBLES_INT8_BLOCKWISE_ABOVE = 512
+# tiled with x as int8 beats blocks of bf16 rows (oneDNN) at every row count for the 4-bit
+# formats, so they never take blocks then: one Llama-3.2-1B layer (qkv, o, gate_up, down), 2
+# threads, avx512, tiled vs blocks: q4_k 30 vs 43 ms at 256 rows, 149 vs 170 at 1,024, 653 vs 695
+# at 4,096; q4_1 25 vs 44, 121 vs 162, 578 vs 644; q6 52 vs 45 at 256 (its threshold: 128)
+NIBBLES_INT8_BLOCKWISE_ABOVE = math.inf
 
 
 class Int4Linear(QuantLinear):

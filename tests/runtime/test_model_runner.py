@@ -113,3 +113,25 @@ def test_room_for_kv_leaves_headroom(monkeypatch):
     monkeypatch.setattr(host_memory, "available_bytes", lambda: None)
     assert host_memory.room_for_kv() is None
 
+
+
+def test_a_long_prefill_gives_its_freed_activations_back(tiny_llama, monkeypatch):
+    """glibc keeps what a prefill's activations freed in its heap for good unless told: a CPU
+    forward of RELEASE_AFTER_TOKENS tokens or more gives it back (malloc_trim), shorter ones
+    (a decode step, a short suffix) do not pay for it."""
+    from radixflow.runtime import host_memory
+    from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
+
+    monkeypatch.setattr(host_memory, "RELEASE_AFTER_TOKENS", 24)
+    config = json.loads((tiny_llama / "config.json").read_text())
+    runner = ModelRunner(ServerArgs(model=str(tiny_llama), max_total_tokens=256), tiny_llama,
+                         config)
+    released = []
+    monkeypatch.setattr(host_memory, "release_freed", lambda: released.append(True))
+    for row, length, gives_back in ((0, 23, False), (1, 24, True)):
+        slots = runner.kv_pool.alloc(length)
+        runner.req_to_token_pool.req_to_token[row, :length] = slots.to(torch.int32)
+        released.clear()
+        runner.forward(ForwardMode.EXTEND, [BatchRequest(row, list(range(1, length + 1)), 0,
+                                                         [length - 1])], slots)
+        assert bool(released) == gives_back, length

@@ -334,9 +334,9 @@ def test_a_model_without_copies_serves_the_same_greedy_output(tmp_path, monkeypa
                     reason="radixflow's CPU kernels do not run at this level (generic)")
 def test_int8_x_keeps_prefill_tiled(monkeypatch):
     """Where the tiled kernels take x as int8 (from cpu_kernels.batch_int8_rows() rows) they
-    beat blocks of bf16 rows up to hundreds of rows for the 4-bit formats: a layer without a
-    copy stays tiled up to its int8_blockwise_above, and takes blocks above it or with exact x."""
-    from radixflow.runtime.models.quant_linear import NIBBLES_INT8_BLOCKWISE_ABOVE, Int4Linear
+    beat blocks of bf16 rows at every row count for the 4-bit formats: a layer without a copy
+    stays tiled however many rows come, and takes blocks only with exact x."""
+    from radixflow.runtime.models.quant_linear import Int4Linear
 
     linear = torch.nn.Linear(64, 48, bias=False)
     layer = Int4Linear(linear, dtype=torch.bfloat16, dense_copy=False)
@@ -346,7 +346,7 @@ def test_int8_x_keeps_prefill_tiled(monkeypatch):
                         lambda x, *a, **k: blocks.append(x.shape[0]) or product(x, *a, **k))
     try:
         for setting, rows, takes_blocks in [(3, 100, False),
-                                            (3, NIBBLES_INT8_BLOCKWISE_ABOVE + 1, True),
+                                            (3, 2048, False),
                                             (0, 100, True)]:
             cpu_kernels.set_batch_int8_rows(setting)
             blocks.clear()
