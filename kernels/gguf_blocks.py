@@ -471,6 +471,16 @@ def q4_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
             f.dmin.reshape(rows, cols // QK_K))
 
 
+def q6_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
+    """Q6_K's fields per row as stored (kernels.cpu.tile_q6_k's arguments): q int8 [rows, cols]
+    in -32..31, scales int8 [rows, cols/16], d float32 [rows, cols/256];
+    (d * scales) * q == dequantize(raw, Q6_K, (rows, cols))."""
+    f = unpack(raw, GGMLType.Q6_K)
+    rows, cols = _rows_cols(shape, f.qs.numel(), GGMLType.Q6_K)
+    return (f.qs.reshape(rows, cols), f.scales.reshape(rows, cols // SIX_BIT_GROUP),
+            f.d.reshape(rows, cols // QK_K))
+
+
 SIX_BIT_GROUP = 16  # weights per scale of the 6-bit symmetric form
 
 
@@ -494,5 +504,5 @@ def symmetric_6bit_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
 
 
 __all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "SIX_BIT_GROUP",
-           "GGMLType", "affine_groups", "dequantize", "ggml_type", "q4_k_fields", "row_bytes",
-           "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]
+           "GGMLType", "affine_groups", "dequantize", "ggml_type", "q4_k_fields", "q6_k_fields",
+           "row_bytes", "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]

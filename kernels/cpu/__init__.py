@@ -2,10 +2,10 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in four formats: GGUF's Q4_1 and Q8_0,
-exactly, q6 (6-bit symmetric values with an fp16 scale per 16: GGUF's Q6_K, Q3_K and Q5_0),
-and bf16; step_<level>.c holds the decode step's attention, SiLU and argmax, and a
-request's causal prefill attention (prefill.py). gemm.c
+side by side: see gemv_avx512.c's header comment) in six formats: GGUF's Q4_1 and Q8_0,
+exactly, GGUF's Q4_K and Q6_K as stored (q4_k, q6_k), q6 (6-bit symmetric values with an
+fp16 scale per 16: GGUF's Q3_K and Q5_0), and bf16; step_<level>.c holds the decode step's
+attention, SiLU and argmax, and a request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
 a whole decode step of a Llama-family model (a batch of requests, one token each) over those
 weights (see runtime/models/cpu_decode.py), and splits a prefill's attention into tiles over
@@ -137,7 +137,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_1" | "q4_k" | "q6" | "q8_0" | "bf16"
+    format: str  # "q4_1" | "q4_k" | "q6" | "q6_k" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -217,11 +217,34 @@ def tile_q6(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
     if scale.shape != (n, k // SIX_BIT_GROUP):
         raise ValueError(f"expected scales of shape [{n}, {k // SIX_BIT_GROUP}], "
                          f"got {tuple(scale.shape)}")
-    if int(q.min()) < -32 or int(q.max()) > 31:
-        raise ValueError("6-bit weights must be in -32..31")
     if not bool((scale.abs() <= FP16_MAX).all()):
         raise ScaleOverflow(f"6-bit scales must fit fp16 (|scale| <= {FP16_MAX:g})")
     g = k // GROUP
+    bits, tiles = _q6_bits(q, n)
+    d = _pad_rows(scale.to(torch.float16), n).view(tiles, TILE, g, 2).permute(0, 2, 3, 1)
+    data = torch.cat([d.contiguous().view(torch.uint8).reshape(tiles, g, 64), bits], dim=-1)
+    return TiledWeight("q6", data.contiguous(), n, k)
+
+
+def _q6_values(d: torch.Tensor, nib: torch.Tensor, twos: torch.Tensor) -> torch.Tensor:
+    """A q6 block's weights [..., 32] in k order from its rows' fields: d [..., 2] fp16 bytes
+    or float32 scales, nib [..., 4 chunks, 4] and twos [..., 2 halves, 4] bytes."""
+    low = torch.stack([nib & 15, nib >> 4], dim=-2)  # [..., chunk, half, i]
+    high = torch.stack([(twos >> (2 * j)) & 3 for j in range(4)], dim=-2)  # [..., h, j, i]
+    q = (low.flatten(-3).to(torch.int16) | (high.flatten(-3).to(torch.int16) << 4)) - 32
+    d = d if d.dtype == torch.float32 else d.view(torch.float16).float()
+    return q.float() * d.repeat_interleave(SIX_BIT_GROUP, dim=-1)
+
+
+Q6_K_BLOCK_BYTES = 3360  # one tile x super-block: 6.5625 bits a weight, as Q6_K
+
+
+def _q6_bits(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """q [N, K] int8 in -32..31 as q6 holds each group's values: [tiles, groups, 384] bytes
+    (q + 32's low nibbles as q4_1 holds its nibbles, then the high bit pairs), and tiles."""
+    if int(q.min()) < -32 or int(q.max()) > 31:
+        raise ValueError("6-bit weights must be in -32..31")
+    g = q.shape[1] // GROUP
     u = _pad_rows((q.to(torch.int16) + 32).to(torch.uint8), n)
     tiles = u.shape[0] // TILE
     low, high = u & 15, u >> 4
@@ -231,20 +254,30 @@ def tile_q6(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
     # [tile, row, group, h, j, i] -> [tile, group, h, row, i, j]
     high = high.view(tiles, TILE, g, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
     twos = high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)
-    d = _pad_rows(scale.to(torch.float16), n).view(tiles, TILE, g, 2).permute(0, 2, 3, 1)
-    data = torch.cat([d.contiguous().view(torch.uint8).reshape(tiles, g, 64),
-                      nibbles.reshape(tiles, g, 256), twos.reshape(tiles, g, 128)], dim=-1)
-    return TiledWeight("q6", data.contiguous(), n, k)
+    return torch.cat([nibbles.reshape(tiles, g, 256), twos.reshape(tiles, g, 128)], -1), tiles
 
 
-def _q6_values(d: torch.Tensor, nib: torch.Tensor, twos: torch.Tensor) -> torch.Tensor:
-    """A q6 block's weights [..., 32] in k order from its rows' fields: d [..., 2] fp16,
-    nib [..., 4 chunks, 4] and twos [..., 2 halves, 4] bytes."""
-    low = torch.stack([nib & 15, nib >> 4], dim=-2)  # [..., chunk, half, i]
-    high = torch.stack([(twos >> (2 * j)) & 3 for j in range(4)], dim=-2)  # [..., h, j, i]
-    q = (low.flatten(-3).to(torch.int16) | (high.flatten(-3).to(torch.int16) << 4)) - 32
-    scale = d.view(torch.float16).float().repeat_interleave(SIX_BIT_GROUP, dim=-1)
-    return q.float() * scale
+def tile_q6_k(q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> TiledWeight:
+    """GGUF's Q6_K as stored: q [N, K] int8 in -32..31, scales [N, K / 16] int8, d [N, K / 256]
+    fp16 values; w = (d * sc) * q in float32, as ggml computes it. Per 16-row tile and
+    super-block of 256 (Q6_K_BLOCK_BYTES): fp16 d[16], the int8 scales (256 bytes: byte 16 s + r
+    holds row r's s-th), then each of its 8 groups of 32 as q6 holds a group's values (q6's
+    nibbles and high bit pairs, 384 bytes)."""
+    n, k = q.shape
+    _check_weight_shape(n, k, SUPER_BLOCK)
+    s = k // SUPER_BLOCK
+    for name, t, cols in (("scales", scales, k // SIX_BIT_GROUP), ("d", d, s)):
+        if t.shape != (n, cols):
+            raise ValueError(f"expected {name} of shape [{n}, {cols}], got {tuple(t.shape)}")
+    if int(scales.min()) < -128 or int(scales.max()) > 127:
+        raise ValueError("Q6_K's scales must be int8")
+    bits, tiles = _q6_bits(q, n)
+    dh = _pad_rows(d.to(torch.float16), n).view(tiles, TILE, s).permute(0, 2, 1)
+    sc = _pad_rows(scales.to(torch.int8), n).view(tiles, TILE, s, 16).permute(0, 2, 3, 1)
+    data = torch.cat([dh.contiguous().view(torch.uint8).reshape(tiles, s, 32),
+                      sc.contiguous().view(torch.uint8).reshape(tiles, s, 256),
+                      bits.reshape(tiles, s, 8 * 384)], dim=-1)
+    return TiledWeight("q6_k", data.contiguous(), n, k)
 
 
 SUPER_BLOCK = 256  # q4_k's weights per fp16 d/dmin pair along k (GGUF's Q4_K super-block)
@@ -315,8 +348,9 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
 # (Q4_0, Q4_K, Q6_K, Q8_0)
-REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (14, "q6"), (8, "q8_0")}
-_GROUP_BYTES = {"q4_1": 320, "q4_k": Q4_K_BLOCK_BYTES // 8, "q6": 448, "q8_0": 576}
+REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0")}
+_GROUP_BYTES = {"q4_1": 320, "q6": 448, "q8_0": 576}
+_SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -335,7 +369,7 @@ def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight |
         raise ValueError(f"expected uint8 rows of {row_bytes(ggml_type, k)} bytes, got "
                          f"{raw.dtype} {tuple(raw.shape)}")
     raw = raw.contiguous()
-    per_tile = ((k // SUPER_BLOCK, Q4_K_BLOCK_BYTES) if fmt == "q4_k"
+    per_tile = ((k // SUPER_BLOCK, _SUPER_BLOCK_BYTES[fmt]) if fmt in _SUPER_BLOCK_BYTES
                 else (k // GROUP, _GROUP_BYTES[fmt]))
     out = torch.empty((-(-rows // TILE), *per_tile), dtype=torch.uint8)
     got = lib.rf_repack(ggml_type, abi.FORMATS[fmt], raw.data_ptr(), rows, k, out.data_ptr(),
@@ -378,6 +412,17 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         nib = b[..., 256:].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         dense = _q4_k_values(halves(0), halves(32), rows_of(64, 128, 4), rows_of(128, 192, 4),
                              rows_of(192, 224, 2), rows_of(224, 256, 2), nib)
+        return dense.reshape(tiles * TILE, k)[:n]
+    if w.format == "q6_k":  # -> [tile, row, super-block, group, ...] fields of each row
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
+        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
+        sc = b[..., 32:288].contiguous().view(torch.int8).view(tiles, s, 16, TILE)
+        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 16]
+        bits = b[..., 288:].reshape(tiles, s, 8, 384)
+        nib = bits[..., :256].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        twos = bits[..., 256:].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        dense = _q6_values(scale.reshape(tiles, TILE, s, 8, 2), nib, twos)
         return dense.reshape(tiles * TILE, k)[:n]
     g = k // GROUP
     blocks = w.data.view(tiles, g, -1)
@@ -433,6 +478,21 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         nib = field(256 + sub_chunk_i + 4 * r).view(-1, s, 8, 4, 4)
         return _q4_k_values(halves(0), halves(32), per_row(64, 4), per_row(128, 4),
                             per_row(192, 2), per_row(224, 2), nib).reshape(-1, k)
+    if w.format == "q6_k":  # fields of each id's row, per super-block and group
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
+        r = row[:, None, None]
+        supers = torch.arange(s)[None, :, None]
+        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
+        d = d.view(torch.float16).float()  # [n, s, 1]
+        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(16) + r].contiguous()
+        scale = d * sc.view(torch.int8).float()  # [n, s, 16]
+        group = 288 + 384 * torch.arange(8)[:, None, None]
+        nib_bytes = (group + 64 * torch.arange(4)[:, None] + torch.arange(4)).reshape(-1)
+        two_bytes = (group + 256 + 64 * torch.arange(2)[:, None] + torch.arange(4)).reshape(-1)
+        nib = b[tile[:, None, None], supers, nib_bytes + 4 * r].view(-1, s, 8, 4, 4)
+        twos = b[tile[:, None, None], supers, two_bytes + 4 * r].view(-1, s, 8, 2, 4)
+        return _q6_values(scale.view(-1, s, 8, 2), nib, twos).reshape(-1, k)
     blocks = w.data.view(tiles, g, -1)
     r = row[:, None, None]
     groups = torch.arange(g)[None, :, None]
@@ -490,8 +550,8 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q6": "rf_q6_gemm", "q8_0": "rf_q8_0_gemm",
-         "bf16": "rf_bf16_gemm"}
+_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q6": "rf_q6_gemm", "q6_k": "rf_q6_k_gemm",
+         "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
 
 
 DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)

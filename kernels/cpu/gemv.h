@@ -19,6 +19,10 @@
 #define Q4_K_BLOCK (256 + 8 * 256) /* one tile x super-block: fp16 d[16], dmin[16], six-bit
                                       scales and mins (192 B), 8 sub-blocks of q4_1 nibbles */
 #define Q4_K_GROUP (Q4_K_BLOCK / 8) /* a tile's bytes per group of 32, as the others' blocks */
+#define Q6_K_BLOCK (288 + 8 * 384) /* one tile x super-block: fp16 d[16], int8 scales (16 B per
+                                      16 weights: byte 16 s + r, row r's s-th), then 8 groups
+                                      of q6's nibbles and high bit pairs (GGUF's Q6_K bits) */
+#define Q6_K_GROUP (Q6_K_BLOCK / 8)
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
  * AVX-512: x ~= scale[g] * (256 hi + lo) (X_SIGNED16), or scale[g] * (256 hi + lo - 32768)
@@ -36,7 +40,8 @@ typedef struct {
 
 enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
-enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4 };
+enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
+       FORMAT_Q6_K = 5 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -51,11 +56,23 @@ static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fm
     return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK
          : fmt == FORMAT_Q6   ? Q6_BLOCK
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP
+         : fmt == FORMAT_Q6_K ? Q6_K_GROUP
                               : Q8_0_BLOCK;
 }
 
 /* Whether rf_split_x makes x the unsigned operand (the formats whose weights are signed bytes). */
-static inline int x_unsigned(int fmt) { return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6; }
+static inline int x_unsigned(int fmt) {
+    return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K;
+}
+
+static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
+
+/* Group g's 6-bit values in a q6 or q6_k tile: its 256 bytes of low nibbles, then its 128 of
+ * high bit pairs (the same two fields in both). */
+static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
+    return fmt == FORMAT_Q6_K ? tile + (g / 8) * Q6_K_BLOCK + 288 + 384 * (g % 8)
+                              : tile + g * Q6_BLOCK + 64;
+}
 
 /* How to split x for a product of `rows` rows with a weight of format fmt. The AVX-512 build
  * splits x into exact 16-bit integers: two vpdpbusd per weight byte, which costs nothing while
@@ -111,6 +128,8 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);

@@ -292,24 +292,51 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
 
 /* ---- q6 ---- */
 
-/* Quad p (0..7) of a q6 block, rows 8h .. 8h + 7, as q8_0 holds its quads (int8 q). */
-static inline __attribute__((always_inline)) __m256i q6_quad(const uint8_t *blk, int p, int h) {
+/* Quad p (0..7) of a q6 or q6_k group (bits: q6_bits), rows 8h .. 8h + 7, as q8_0 holds its
+ * quads (int8 q). */
+static inline __attribute__((always_inline)) __m256i q6_quad(const uint8_t *bits, int p, int h) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-    const __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * (p >> 1) + 32 * h));
-    const __m256i t = _mm256_loadu_si256((const __m256i *)(blk + 320 + 64 * (p >> 2) + 32 * h));
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(bits + 64 * (p >> 1) + 32 * h));
+    const __m256i t = _mm256_loadu_si256((const __m256i *)(bits + 256 + 64 * (p >> 2) + 32 * h));
     const __m256i nib = _mm256_and_si256(p & 1 ? _mm256_srli_epi16(l, 4) : l, low4);
     const __m256i top = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (p & 3)), two);
     return _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
 }
 
+/* The scales of half `half` of group g for rows 8h .. 8h + 7 of a q6 or q6_k tile: q6's fp16,
+ * q6_k's d sc (an fp16 times an int8: exact in fp32). */
+static inline __attribute__((always_inline)) __m256 q6_scales(const int fmt, const uint8_t *tile,
+                                                              int64_t g, int half, int h) {
+    if (fmt == FORMAT_Q6_K) {
+        const uint8_t *hd = tile + (g / 8) * Q6_K_BLOCK;
+        const __m128i sc = _mm_loadl_epi64(
+            (const __m128i *)(hd + 32 + 16 * (2 * (g % 8) + half) + 8 * h));
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    }
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128((const __m128i *)(tile + g * Q6_BLOCK + 32 * half + 16 * h)));
+}
+
+/* A q6 or q6_k tile's bytes for group g ahead of use (q6_k's header with its first group). */
+static inline __attribute__((always_inline)) void q6_prefetch(const int fmt, const uint8_t *tile,
+                                                              int64_t g) {
+    if (fmt == FORMAT_Q6) {
+        prefetch(tile + g * Q6_BLOCK, Q6_BLOCK);
+        return;
+    }
+    if (g % 8 == 0) prefetch(tile + (g / 8) * Q6_K_BLOCK, 288);
+    prefetch(q6_bits(fmt, tile, g), 384);
+}
+
 /* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
 static inline __attribute__((always_inline)) void q6_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
+    const int S, const int M) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int64_t off = g * Q6_BLOCK;
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q6_BLOCK);
+        for (int u = 0; u < S; u++) q6_prefetch(fmt, blks[u], g);
         for (int half = 0; half < 2; half++) {
             __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int32 sums */
             for (int u = 0; u < S; u++)
@@ -323,7 +350,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                 }
                 for (int u = 0; u < S; u++)
                     for (int h = 0; h < 2; h++) {
-                        const __m256i w = q6_quad(blks[u] + off, p, h);
+                        const __m256i w = q6_quad(q6_bits(fmt, blks[u], g), p, h);
                         for (int m = 0; m < M; m++) {
                             __m256i pairs = _mm256_maddubs_epi16(xabs[m], _mm256_sign_epi8(w, xq[m]));
                             acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, ones));
@@ -332,8 +359,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
             }
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    __m256 d = _mm256_cvtph_ps(
-                        _mm_loadu_si128((const __m128i *)(blks[u] + off + 32 * half + 16 * h)));
+                    const __m256 d = q6_scales(fmt, blks[u], g, half, h);
                     for (int m = 0; m < M; m++) {
                         __m256 *out = y + 2 * (u * M + m) + h;
                         __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xs[m].scale[g]));
@@ -360,8 +386,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
         else if (fmt == FORMAT_Q4_K)
             q4_k_tiles_streams(blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q6)
-            q6_tiles_streams(blks, G, xs, out, streams, M);
+        else if (is_q6(fmt))
+            q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
             q8_0_tiles_streams(blks, G, xs, out, streams, M);
         for (int u = 0; u < streams; u++)
@@ -388,7 +414,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
                       : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
+                      : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             case 1: TILE_ROWS(1); break;
@@ -421,6 +447,11 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q6, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q6_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 /* ---- bf16 ---- */
@@ -528,7 +559,12 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                 q4_k_scales(hd, (int)(g % 8), h, &d, &mn);
                 _mm256_storeu_ps(ds + 8 * h, d), _mm256_storeu_ps(ms + 8 * h, mn);
             }
-        } else if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: ms holds the second half's d */
+        } else if (is_q6(fmt)) { /* ms holds the second half's scales */
+            for (int h = 0; h < 2; h++) {
+                _mm256_storeu_ps(ds + 8 * h, q6_scales(fmt, tile, g, 0, h));
+                _mm256_storeu_ps(ms + 8 * h, q6_scales(fmt, tile, g, 1, h));
+            }
+        } else if (fmt == FORMAT_Q4_1) {
             _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)));
             _mm256_storeu_ps(ds + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
             _mm256_storeu_ps(ms, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))));
@@ -547,9 +583,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(nib + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                } else if (fmt == FORMAT_Q6) {
-                    a = q6_quad(blk, 2 * c, h);
-                    b = q6_quad(blk, 2 * c + 1, h);
+                } else if (is_q6(fmt)) {
+                    a = q6_quad(q6_bits(fmt, tile, g), 2 * c, h);
+                    b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1, h);
                 } else {
                     a = _mm256_loadu_si256((const __m256i *)(blk + 64 + 128 * c + 32 * h));
                     b = _mm256_loadu_si256((const __m256i *)(blk + 128 + 128 * c + 32 * h));
@@ -561,7 +597,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             const int r = 8 * h;
 #define ROW(V, R)                                                                               \
     for (int c = 0; c < 4; c++)                                                                 \
-        dequant_row(fmt, V, fmt == FORMAT_Q6 && c >= 2 ? ms : ds, ms, r + (R), out, out_bf16, \
+        dequant_row(fmt, V, is_q6(fmt) && c >= 2 ? ms : ds, ms, r + (R), out, out_bf16,       \
                     K, row0, rows, col + 8 * c)
             ROW(l0[c], 0); ROW(_mm_unpackhi_epi64(l0[c], l0[c]), 1);
             ROW(h0[c], 2); ROW(_mm_unpackhi_epi64(h0[c], h0[c]), 3);
@@ -628,6 +664,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q6_K)
+            dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

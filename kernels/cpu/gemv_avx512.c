@@ -23,6 +23,9 @@
  *   chunks of 64 bytes), then its high two bits in 2 chunks of 64 bytes (byte 4r + i of chunk
  *   h: q[r][16h + 4j + i]'s in bits 2j, 2j + 1). Each quad is unpacked in registers into
  *   q8_0's quad (int8 q in -32..31) and multiplied as q8_0's, one half group at a time.
+ * - q6_k (GGUF's Q6_K as stored, 6.56 bits a weight): per tile and super-block of 256, fp16
+ *   d[16] and the int8 scales of its 16 half groups (byte 16 s + r: row r's s-th), then each
+ *   group's nibbles and high bit pairs as q6's; a half group's scale is d sc, exact in fp32.
  * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
  *   by bf16 x pairs: exact products, fp32 sums.
  *
@@ -267,24 +270,49 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
 
 /* ---- q6 ---- */
 
-/* Quad p (0..7) of a q6 block as q8_0 holds its quads: byte 4r + i is q[r][4p + i]. */
-static inline __attribute__((always_inline)) __m512i q6_quad(const uint8_t *blk, int p) {
+/* Quad p (0..7) of a q6 or q6_k group (bits: q6_bits) as q8_0 holds its quads: byte 4r + i is
+ * q[r][4p + i]. */
+static inline __attribute__((always_inline)) __m512i q6_quad(const uint8_t *bits, int p) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
-    const __m512i l = _mm512_loadu_si512(blk + 64 + 64 * (p >> 1));
-    const __m512i h = _mm512_loadu_si512(blk + 320 + 64 * (p >> 2));
+    const __m512i l = _mm512_loadu_si512(bits + 64 * (p >> 1));
+    const __m512i h = _mm512_loadu_si512(bits + 256 + 64 * (p >> 2));
     const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
     const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
     return _mm512_sub_epi8(_mm512_or_si512(nib, _mm512_slli_epi16(top, 4)), _mm512_set1_epi8(32));
 }
 
+/* The scales of half `half` of group g for a q6 or q6_k tile's 16 rows: q6's fp16, q6_k's d sc
+ * (an fp16 times an int8: exact in fp32). */
+static inline __attribute__((always_inline)) __m512 q6_scales(const int fmt, const uint8_t *tile,
+                                                              int64_t g, int half) {
+    if (fmt == FORMAT_Q6_K) {
+        const uint8_t *h = tile + (g / 8) * Q6_K_BLOCK;
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(h + 32 + 16 * (2 * (g % 8) + half)));
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    }
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + g * Q6_BLOCK + 32 * half)));
+}
+
+/* A q6 or q6_k tile's bytes for group g ahead of use (q6_k's header with its first group). */
+static inline __attribute__((always_inline)) void q6_prefetch(const int fmt, const uint8_t *tile,
+                                                              int64_t g) {
+    if (fmt == FORMAT_Q6) {
+        prefetch(tile + g * Q6_BLOCK, Q6_BLOCK);
+        return;
+    }
+    if (g % 8 == 0) prefetch(tile + (g / 8) * Q6_K_BLOCK, 288);
+    prefetch(q6_bits(fmt, tile, g), 384);
+}
+
 /* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
 static inline __attribute__((always_inline)) void q6_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y,
+    const int S, const int M) {
     const __m512i ones = _mm512_set1_epi8(1);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int64_t off = g * Q6_BLOCK;
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q6_BLOCK);
+        for (int u = 0; u < S; u++) q6_prefetch(fmt, blks[u], g);
         for (int half = 0; half < 2; half++) {
             __m512i qsum[8], hi[8][ROW_BLOCK], lo[8][ROW_BLOCK];
             for (int u = 0; u < S; u++) {
@@ -298,7 +326,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                     l[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].lo + g * GROUP))[p]);
                 }
                 for (int u = 0; u < S; u++) {
-                    const __m512i w = q6_quad(blks[u] + off, p);
+                    const __m512i w = q6_quad(q6_bits(fmt, blks[u], g), p);
                     qsum[u] = _mm512_dpbusd_epi32(qsum[u], ones, w);
                     for (int m = 0; m < M; m++) {
                         hi[u][m] = _mm512_dpbusd_epi32(hi[u][m], h[m], w);
@@ -307,8 +335,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                 }
             }
             for (int u = 0; u < S; u++) {
-                __m512 d = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(blks[u] + off + 32 * half)));
+                const __m512 d = q6_scales(fmt, blks[u], g, half);
                 __m512i offset = _mm512_slli_epi32(qsum[u], 15); /* 32768 sum q */
                 for (int m = 0; m < M; m++) {
                     __m512i qx = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[u][m], 8), lo[u][m]), offset);
@@ -382,20 +409,20 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
  * vpdpbusd a row per 4 weights; per half group (one scale) y += d s (sum (q + 32) X - 32 sum X),
  * sum X from the split (half_sums). As nibble_int8_streams otherwise. */
 static inline __attribute__((always_inline)) void q6_int8_streams(
-    const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y, const int S,
-    const int M) {
+    const int fmt, const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y,
+    const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        for (int u = 0; u < S; u++) prefetch(tiles[u] + g * Q6_BLOCK, Q6_BLOCK);
+        for (int u = 0; u < S; u++) q6_prefetch(fmt, tiles[u], g);
         for (int half = 0; half < 2; half++) {
             __m512i acc[8];
             for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
             for (int p = 4 * half; p < 4 * half + 4; p++)
                 for (int u = 0; u < S; u++) {
-                    const uint8_t *blk = tiles[u] + g * Q6_BLOCK;
-                    const __m512i l = _mm512_loadu_si512(blk + 64 + 64 * (p >> 1));
-                    const __m512i h = _mm512_loadu_si512(blk + 320 + 64 * (p >> 2));
+                    const uint8_t *bits = q6_bits(fmt, tiles[u], g);
+                    const __m512i l = _mm512_loadu_si512(bits + 64 * (p >> 1));
+                    const __m512i h = _mm512_loadu_si512(bits + 256 + 64 * (p >> 2));
                     const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
                     const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
                     const __m512i q = _mm512_or_si512(nib, _mm512_slli_epi16(top, 4));
@@ -404,8 +431,7 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
                             acc[u * M + m], q, _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]));
                 }
             for (int u = 0; u < S; u++) {
-                const __m512 d = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(tiles[u] + g * Q6_BLOCK + 32 * half)));
+                const __m512 d = q6_scales(fmt, tiles[u], g, half);
                 for (int m = 0; m < M; m++) {
                     const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
                     const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
@@ -434,10 +460,10 @@ static inline __attribute__((always_inline)) void nibble_int8_tiles(
             const int rows = M - m0 < INT8_ROWS ? (int)(M - m0) : INT8_ROWS;
 #define ROWS(R)                                                                      \
     case R:                                                                          \
-        if (fmt == FORMAT_Q6 && S == 2) q6_int8_streams(tiles, G, xs + m0, out, 2, R); \
-        else if (fmt == FORMAT_Q6) q6_int8_streams(tiles, G, xs + m0, out, 1, R);     \
-        else if (S == 2) nibble_int8_streams(fmt, tiles, G, xs + m0, out, 2, R);      \
-        else nibble_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);                 \
+        if (is_q6(fmt) && S == 2) q6_int8_streams(fmt, tiles, G, xs + m0, out, 2, R); \
+        else if (is_q6(fmt)) q6_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);     \
+        else if (S == 2) nibble_int8_streams(fmt, tiles, G, xs + m0, out, 2, R);     \
+        else nibble_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);                \
         break;
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             ROWS(1) ROWS(2) ROWS(3) default: ROWS(4)
@@ -466,8 +492,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
         else if (fmt == FORMAT_Q4_K)
             q4_k_tiles_streams(blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q6)
-            q6_tiles_streams(blks, G, xs, out, streams, M);
+        else if (is_q6(fmt))
+            q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
             q8_0_tiles_streams(blks, G, xs, out, streams, M);
         for (int u = 0; u < streams; u++)
@@ -497,7 +523,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
                       : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q6 ? q6_tiles_streams(&blk, G, xs + m0, out, 1, R)   \
+                      : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
             case 1: TILE_ROWS(1); break;
@@ -529,6 +555,11 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q6, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q6_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 /* ---- bf16 ---- */
@@ -638,7 +669,10 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                               six_bit16(h + 128, h + 224, j));
             m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m),
                                                      _mm512_set1_epi32((int)0x80000000)));
-        } else if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q6) { /* q6: m holds the second half's d */
+        } else if (is_q6(fmt)) { /* m holds the second half's scales */
+            d = q6_scales(fmt, tile, g, 0);
+            m = q6_scales(fmt, tile, g, 1);
+        } else if (fmt == FORMAT_Q4_1) {
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
         } else {
@@ -658,9 +692,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                 const __m512i w = _mm512_loadu_si512(nib + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-            } else if (fmt == FORMAT_Q6) {
-                a = q6_quad(blk, 2 * c);
-                b = q6_quad(blk, 2 * c + 1);
+            } else if (is_q6(fmt)) {
+                a = q6_quad(q6_bits(fmt, tile, g), 2 * c);
+                b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1);
             } else {
                 a = _mm512_loadu_si512(blk + 64 + 128 * c);
                 b = _mm512_loadu_si512(blk + 128 + 128 * c);
@@ -672,7 +706,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
 #define PAIR(V, L, J)                                                                         \
     for (int c = 0; c < 4; c++)                                                               \
         dequant_pair(fmt, _mm512_extracti32x4_epi32(V[c], L),                                 \
-                     fmt == FORMAT_Q6 && c >= 2 ? mp : dp, mp, J, out, out_bf16, K, row0,     \
+                     is_q6(fmt) && c >= 2 ? mp : dp, mp, J, out, out_bf16, K, row0,           \
                      rows, col + 8 * c);
         PAIR(lo, 0, 0) PAIR(hi, 0, 1) PAIR(lo, 1, 2) PAIR(hi, 1, 3)
         PAIR(lo, 2, 4) PAIR(hi, 2, 5) PAIR(lo, 3, 6) PAIR(hi, 3, 7)
@@ -736,6 +770,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q6_K)
+            dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

@@ -6,6 +6,7 @@
  *
  *   Q4_K       -> q4_k   as stored: d, dmin, the six-bit scales and mins, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
+ *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
  *   Q8_0       -> q8_0   the int8 values, fp32 scale d
  *
@@ -117,17 +118,10 @@ static void write_q4_1(uint8_t *o, const uint8_t *q, const float *s, const float
         }
 }
 
-static int64_t write_q6(uint8_t *o, const uint8_t *q, const float *s, int64_t K, int64_t g) {
-    const int64_t S = K / 16;
-    int64_t over = 0;
-    uint16_t *d = (uint16_t *)o;
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < TILE; r++) {
-            const float v = s[r * S + 2 * g + h];
-            over += !(__builtin_fabsf(v) <= 65504.0f);
-            d[h * TILE + r] = f32_to_half(v);
-        }
-    uint8_t *nib = o + 64, *twos = o + 320;
+/* Group g's 6-bit values (q + 32 in q's rows) as q6 and q6_k hold them: 256 bytes of low
+ * nibbles, then 128 of high bit pairs. */
+static void write_q6_bits(uint8_t *nib, const uint8_t *q, int64_t K, int64_t g) {
+    uint8_t *twos = nib + 256;
     for (int c = 0; c < 4; c++)
         for (int r = 0; r < TILE; r++) {
             const uint8_t *row = q + r * K + g * GROUP + 8 * c;
@@ -143,7 +137,35 @@ static int64_t write_q6(uint8_t *o, const uint8_t *q, const float *s, int64_t K,
                 twos[(h * TILE + r) * 4 + i] = v;
             }
         }
+}
+
+static int64_t write_q6(uint8_t *o, const uint8_t *q, const float *s, int64_t K, int64_t g) {
+    const int64_t S = K / 16;
+    int64_t over = 0;
+    uint16_t *d = (uint16_t *)o;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < TILE; r++) {
+            const float v = s[r * S + 2 * g + h];
+            over += !(__builtin_fabsf(v) <= 65504.0f);
+            d[h * TILE + r] = f32_to_half(v);
+        }
+    write_q6_bits(o + 64, q, K, g);
     return over;
+}
+
+/* q6_k's headers of tile t from its Q6_K rows: per super-block d and the 16 int8 scales of each
+ * row, moved (rows at or past `rows`: zeros). */
+static void write_q6_k_headers(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
+    const int64_t row_bytes = K / 256 * 210;
+    for (int64_t sb = 0; sb < K / 256; sb++) memset(o + sb * Q6_K_BLOCK, 0, 288);
+    for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
+        const uint8_t *b = raw + (t * TILE + r) * row_bytes;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += 210) {
+            uint8_t *h = o + sb * Q6_K_BLOCK;
+            memcpy(h + 2 * r, b + 208, 2);
+            for (int s = 0; s < 16; s++) h[32 + 16 * s + r] = b[192 + s];
+        }
+    }
 }
 
 static void write_q8_0(uint8_t *o, const uint8_t *q, const float *s, int64_t K, int64_t g) {
@@ -203,13 +225,14 @@ static int64_t block_bytes(int src) {
 
 static int64_t group_bytes(int fmt) {
     return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
-         : fmt == FORMAT_Q4_K ? Q4_K_GROUP : 0;
+         : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) ||
-           (src == GGML_Q6_K && fmt == FORMAT_Q6) || (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
+           (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
+           (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
 }
 
 /* raw: `rows` rows of K / (values per block) blocks of GGML type `src`; out: ceil(rows / TILE)
@@ -222,7 +245,7 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
-    const int64_t per_row = fmt == FORMAT_Q6 ? K / 16 : G;
+    const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
     if (fmt == FORMAT_Q4_K) {
@@ -260,6 +283,11 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
                 else unpack_q8_0(b, K, qr, sr);
             }
             uint8_t *o = out + t * tile_bytes;
+            if (fmt == FORMAT_Q6_K) {
+                write_q6_k_headers(o, raw, rows, K, t);
+                for (int64_t g = 0; g < G; g++) write_q6_bits((uint8_t *)q6_bits(fmt, o, g), q, K, g);
+                continue;
+            }
             for (int64_t g = 0; g < G; g++, o += group_bytes(fmt)) {
                 if (fmt == FORMAT_Q4_1) write_q4_1(o, q, s, lo, K, g);
                 else if (fmt == FORMAT_Q6) over += write_q6(o, q, s, K, g);

@@ -252,8 +252,8 @@ class TiledBF16Linear(QuantLinear):
 
 
 class Q6Linear(QuantLinear):
-    """6-bit symmetric groups of 16 (a GGUF's Q6_K, Q3_K and Q5_0 as stored): made from tiles
-    only (QuantLinear.from_tiled)."""
+    """6-bit symmetric groups of 16: a GGUF's Q6_K as stored (q6_k tiles) or its Q3_K and Q5_0
+    with fp16 scales (q6 tiles); made from tiles only (QuantLinear.from_tiled)."""
 
     max_rows = 2
     int8_blockwise_above = 128
@@ -275,8 +275,8 @@ class Q4KLinear(QuantLinear):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q6": Q6Linear, "q8_0": Q8_0Linear,
-            "bf16": TiledBF16Linear}[tiled.format]
+    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q6": Q6Linear, "q6_k": Q6Linear,
+            "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 
 

@@ -2,15 +2,18 @@
 tiles: no float32 model, no dense weights (unless --cpu-dense-weights keeps bf16 copies).
 
 Each stored type goes to the nearest tiled format radixflow's kernels multiply (every CPU
-level has all four):
+level has them all):
 - Q4_K -> q4_k, as stored (4-bit values, six-bit scales and mins per 32, an fp16 d and dmin
   per 256: 4.5 bits a weight); at avx2 -> q4_1 (its batch products are ~10-40% faster there:
   bench/results/scale-serving.md#2026-12-06-avx2-avx2-q4k);
 - Q4_0, Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_K part of a fused
   layer whose other part is Q4_0/Q4_1 too (its sub-blocks of 32 are such groups, scale d*sc and
   low -dmin*m, held as fp16);
-- Q6_K, Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q6_K's and Q3_K's
-  sub-blocks of 16 with scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16);
+- Q6_K -> q6_k, as stored (6-bit values, an int8 scale per 16 under an fp16 d per 256: 6.5625
+  bits a weight);
+- Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q3_K's sub-blocks of 16 with
+  scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16), and Q6_K too in a fused
+  layer whose other parts are not Q6_K;
 - Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
   the scale d or d * sc per 32);
 - F32, F16, BF16 -> bf16 tiles;
@@ -18,7 +21,8 @@ level has all four):
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q6 > q4_1 > q4_k). With --quantization int4 every layer
+format of its parts (bf16 > q8_0 > q6 > q6_k > q4_1 > q4_k; q6_k only where every part is
+Q6_K, else q6). With --quantization int4 every layer
 but the output head becomes q4_1, or q4_k where it is all Q4_K (its stored values requantized
 to 4-bit groups where they are not 4-bit already). One log line says what became what, and why.
 
@@ -39,6 +43,7 @@ from radixflow.kernels.gguf_blocks import (
     GGMLType,
     affine_groups,
     q4_k_fields,
+    q6_k_fields,
     symmetric_6bit_groups,
     symmetric_int8_groups,
 )
@@ -55,8 +60,9 @@ _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_k": 0, "q4_1": 1, "q6": 2, "q8_0": 3, "bf16": 4}
+_WIDTH = {"q4_k": 0, "q4_1": 1, "q6_k": 2, "q6": 3, "q8_0": 4, "bf16": 5}
 _WHY = {"q4_k": "as stored",
+        "q6_k": "as stored",
         "q4_1": "groups of 32 as stored, fp16 scales",
         "q6": "groups of 16 as stored, fp16 scales",
         "q8_0": "exact",
@@ -68,6 +74,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q4_k"
     if qtype in _AFFINE_4BIT:
         return "q4_1"
+    if qtype == GGMLType.Q6_K:
+        return "q6_k"
     if qtype in _SYMMETRIC_6BIT:
         return "q6"
     if qtype in _FLOATS:
@@ -75,9 +83,19 @@ def nearest_format(qtype: GGMLType) -> str:
     return "q8_0"
 
 
+def layer_format(types: set[GGMLType]) -> str:
+    """The format of a layer whose parts are stored in `types`: the widest of theirs, q6_k only
+    where every part is Q6_K (its int8 scales under one d per 256 cannot hold another type's
+    groups as they are: q6's fp16 scale per 16 can)."""
+    fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
+    return "q6" if fmt == "q6_k" and types != {GGMLType.Q6_K} else fmt
+
+
 def why(qtype: GGMLType, fmt: str) -> str:
     if fmt == "q6" and qtype == GGMLType.Q4_0:
         return "a fused layer's widest part: its values kept exactly"
+    if fmt == "q6" and qtype == GGMLType.Q6_K:
+        return "a fused layer's widest part: its values kept, scales d*sc as fp16"
     if fmt == "q4_1" and qtype == GGMLType.Q4_K and nearest_format(qtype) == "q4_1":
         return ("groups of 32, fp16 scales: at avx2 q4_1's products beat q4_k's for a batch "
                 "(its six-bit scales cost more to unpack there than its 10% fewer bytes save)")
@@ -135,6 +153,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q4_k":  # (every part Q4_K: the narrowest format)
         fields = zip(*(q4_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q4_k(*(torch.cat(column) for column in fields))
+    if fmt == "q6_k":  # (every part Q6_K: layer_format)
+        fields = zip(*(q6_k_fields(p.raw, p.shape) for p in parts), strict=True)
+        return cpu_kernels.tile_q6_k(*(torch.cat(column) for column in fields))
     pieces = []
     for chunk in parts:
         if fmt == "q4_1" and chunk.qtype in _AFFINE_4BIT:
@@ -209,7 +230,7 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         if int4 and path != "lm_head":
             fmt = "q4_k" if {nearest_format(t) for t in types} == {"q4_k"} else "q4_1"
         else:
-            fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
+            fmt = layer_format(types)
         biases = by_param.get(f"{path}.bias", {})
         bias_names = [biases[s] for s in sorted(biases, key=_SHARD_ORDER.get)]
         plan.append((parent, child, path, names, fmt, bias_names))

@@ -62,3 +62,25 @@ def quantize_q4_k(w: np.ndarray) -> np.ndarray:
     blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8),
                              packed, qs], axis=-1)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] (cols a multiple of 256) -> Q6_K blocks, uint8 [rows, cols / 256 *
+    210]: a plain max-abs quantizer (not llama.cpp's search), for test files."""
+    rows, cols = w.shape
+    sub = w.astype(np.float32).reshape(rows, cols // 256, 16, 16)
+    step = np.abs(sub).max(-1) / 31  # per 16
+    d = (np.abs(step).max(-1) / 127).astype(np.float16)
+    safe = lambda v: np.where(v > 0, v, 1)  # noqa: E731
+    sc = np.clip(np.rint(step / safe(d.astype(np.float32))[..., None]), -128, 127).astype(np.int8)
+    scale = d.astype(np.float32)[..., None] * sc
+    q = np.clip(np.rint(sub / safe(scale)[..., None]), -32, 31).astype(np.int16) + 32
+    q = q.reshape(rows, cols // 256, 2, 4, 32).astype(np.uint8)  # [.., 128-half n, quarter, l]
+    low = q & 15
+    ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4),
+                         low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)  # [.., n, 64]
+    qh = (q[..., 0, :] >> 4) | ((q[..., 1, :] >> 4) << 2) | ((q[..., 2, :] >> 4) << 4) \
+        | ((q[..., 3, :] >> 4) << 6)  # [.., n, 32]
+    blocks = np.concatenate([ql.reshape(rows, cols // 256, 128), qh.reshape(rows, cols // 256, 64),
+                             sc.view(np.uint8), d[..., None].view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))

@@ -1,5 +1,5 @@
 """Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_1, tile_q4_k, tile_q6,
-tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
+tile_q6_k, tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import torch
 
 from radixflow.kernels import cpu
 
-INTEGER_FORMATS = ["q4_1", "q4_k", "q6", "q8_0"]
+INTEGER_FORMATS = ["q4_1", "q4_k", "q6", "q6_k", "q8_0"]
+SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")  # whole super-blocks of 256 along k
 FORMATS = [*INTEGER_FORMATS, "bf16"]
 
 
 def cases(formats: list[str], shapes: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
-    """(format, n, k) for each format and each shape whose k it holds (q4_k: whole super-blocks
-    of 256)."""
-    return [(f, n, k) for f in formats for n, k in shapes if f != "q4_k" or k % 256 == 0]
+    """(format, n, k) for each format and each shape whose k it holds (q4_k, q6_k: whole
+    super-blocks of 256)."""
+    return [(f, n, k) for f in formats for n, k in shapes
+            if f not in SUPER_BLOCK_FORMATS or k % 256 == 0]
 
 
 def q4_1_groups(n: int, k: int, seed: int):
@@ -49,6 +51,14 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         q[:, 1::16] = 31
         scale = (torch.randn(n, k // 16, generator=gen) * 0.003).half().float()
         return cpu.tile_q6(q, scale), q.float() * scale.repeat_interleave(16, 1)
+    if fmt == "q6_k":  # Q6_K's fields: int8 scales of either sign, the extremes included
+        q = torch.randint(-32, 32, (n, k), generator=gen, dtype=torch.int8)
+        q[:, ::16], q[:, 1::16] = -32, 31
+        sc = torch.randint(-128, 128, (n, k // 16), generator=gen, dtype=torch.int8)
+        sc[:, 0], sc[:, -1] = 127, -128
+        d = (torch.rand(n, k // 256, generator=gen) * 4e-5).half().float()
+        scale = (d.repeat_interleave(16, 1) * sc.float()).repeat_interleave(16, 1)
+        return cpu.tile_q6_k(q, sc, d), q.float() * scale
     if fmt == "q8_0":
         w = cpu.quantize_q8_0(torch.randn(n, k, generator=gen) * 0.05)
         return cpu.tile_q8_0(w), cpu.unpack_q8_0(w)

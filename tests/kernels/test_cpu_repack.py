@@ -39,16 +39,18 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
         return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
     if fmt == "q4_k":
         return cpu.tile_q4_k(*gb.q4_k_fields(raw, shape))
+    if fmt == "q6_k":
+        return cpu.tile_q6_k(*gb.q6_k_fields(raw, shape))
     if fmt == "q6":
         return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
     return cpu.tile_q8_0(cpu.Q8_0Weight(*gb.symmetric_int8_groups(raw, t, shape)))
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
-                                           ("Q6_K", "q6"), ("Q8_0", "q8_0")])
+                                           ("Q6_K", "q6"), ("Q6_K", "q6_k"), ("Q8_0", "q8_0")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
-    raw = _rows(name, k, drop, small_scales=name == "Q6_K")
+    raw = _rows(name, k, drop, small_scales=fmt == "q6")
     got = cpu.repack(raw, int(gb.GGMLType[name]), fmt, k)
     want = _torch_tiles(raw, name, fmt, k)
     assert (got.format, got.n, got.k, got.level) == (fmt, raw.shape[0], k, level)
@@ -61,6 +63,18 @@ def test_q4_k_tiles_hold_what_gguf_dequantizes(level):
     want = gb.dequantize(raw, gb.GGMLType.Q4_K, (raw.shape[0], 512))
     assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
     assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 9 // 16  # 4.5 bits, as Q4_K
+
+
+def test_q6_k_tiles_hold_what_gguf_dequantizes(level):
+    """Q6_K as stored: every d and int8 scale kept (d up to 65504: no fp16 product to overflow),
+    6.5625 bits a weight, as Q6_K."""
+    raw = _rows("Q6_K", 512, 3)
+    got = cpu.repack(raw, int(gb.GGMLType.Q6_K), "q6_k", 512)
+    want = gb.dequantize(raw, gb.GGMLType.Q6_K, (raw.shape[0], 512))
+    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
+    ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
+    assert torch.equal(cpu.gather_rows(got, ids).view(torch.int32), want[ids].view(torch.int32))
+    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 210 // 256  # as Q6_K
 
 
 def test_q6_scales_over_fp16_are_refused_as_tile_q6_refuses(level):

@@ -147,6 +147,57 @@ def test_q4_k_is_q4_1_at_avx2(tmp_path, cpu_level):
     assert ("avx2" in stored_linears.why(GGMLType.Q4_K, fmt)) == (cpu_level == "avx2")
 
 
+def _six_bit_k_qtype(hf_name):
+    """Q6_K for the head, attention and down (as a Q4_K_M's head, v and down), Q4_K for
+    gate/up."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "gate_proj" in hf_name or "up_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q4_K
+    return gguf.GGMLQuantizationType.Q6_K
+
+
+def test_q6_k_layers_load_as_stored(tmp_path):
+    """Q6_K stays Q6_K: 6.5625 bits a weight in the tiles, every d and int8 scale as the file
+    has them (the head's values are what gguf dequantizes, bit for bit; a fused layer's parts
+    side by side), the same logits as the file dequantized and run dense."""
+    from radixflow.kernels import gguf_blocks as gb
+    from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
+
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_six_bit_k_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    kernel = f"radixflow C {cpu_kernels.active_level()}"
+    assert formats["down_proj"] == {"stored": "Q6_K", "format": "q6_k", "kernel": kernel}
+    assert formats["lm_head"] == {"stored": "Q6_K", "format": "q6_k", "kernel": kernel}
+    assert formats["qkv_proj"] == {"stored": "Q6_K", "format": "q6_k", "kernel": kernel}
+    head = runner.model.lm_head
+    assert head.tiled.nbytes * 256 == head.in_features * head.out_features * 210
+    weights = GGUFWeights.of_folder(folder)
+    stored = weights.tensor("lm_head.weight" if "lm_head.weight" in weights.names()
+                            else "model.embed_tokens.weight")
+    want = gb.dequantize(stored.raw, gb.GGMLType.Q6_K, stored.shape)
+    assert torch.equal(cpu_kernels.unpack(head.tiled).view(torch.int32), want.view(torch.int32))
+    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
+    assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
+    # the C decode step over the same tiles: one token a step, then three requests side by
+    # side (x as int8 at avx512 from 3 rows)
+    from helpers.c_step import teacher_forced_batch
+
+    assert runner.cpu_decode is not None
+    ids = [1, 5, 9, 33, 70, 2, 11] * 6
+    for seqs in ([ids], [ids, ids[3:], ids[5:]]):
+        stepped = teacher_forced_batch(runner, seqs, first_row=1)
+        assert (stepped[0] - dense).abs().max() < 2 * (dense_bf16 - dense).abs().max()
+        assert torch.equal(stepped[0].argmax(-1), dense.argmax(-1))
+
+
 def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     """A fused layer's affine 4-bit part (Q4_K q/k beside a Q6_K v) becomes 6-bit groups of
     16: each weight within half a step of the fp16 scale, and 6-bit values kept exactly."""
@@ -162,25 +213,27 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q6", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q6", "q6_k", "q8_0", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
     end on a tile's edge and a last one that does not."""
     import gguf
     import numpy as np
-    from helpers.gguf_test_blocks import quantize_q4_k
+    from helpers.gguf_test_blocks import quantize_q4_k, quantize_q6_k
 
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
-    k = 256 if fmt == "q4_k" else 64
+    k = 256 if fmt in ("q4_k", "q6_k") else 64
 
     def stored(rows, seed):
         w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
         if fmt == "q4_k":
             return StoredTensor(GGMLType.Q4_K, rows, k, torch.from_numpy(quantize_q4_k(w)))
+        if fmt == "q6_k":
+            return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
         raw = gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
         return StoredTensor(GGMLType.Q4_0, rows, k, torch.from_numpy(raw.copy()))
 
@@ -212,3 +265,15 @@ def test_iq4_layers_load_into_q8_0_exactly(name):
     tiled = stored_linears._tile([stored], "q8_0")
     expected = dequantize(raw, kind, stored.shape)
     assert torch.equal(cpu_kernels.unpack(tiled).view(torch.int32), expected.view(torch.int32))
+
+
+def test_q6_k_needs_every_part_q6_k():
+    """A fused layer takes q6_k only where all its parts are Q6_K: q6_k's int8 scales under one
+    d per 256 cannot hold a Q4_K part's groups, q6's fp16 scale per 16 can."""
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.models.stored_linears import layer_format, why
+
+    assert layer_format({GGMLType.Q6_K}) == "q6_k"
+    assert layer_format({GGMLType.Q4_K, GGMLType.Q6_K}) == "q6"
+    assert layer_format({GGMLType.Q6_K, GGMLType.Q8_0}) == "q8_0"
+    assert "fp16" in why(GGMLType.Q6_K, "q6") and why(GGMLType.Q6_K, "q6_k") == "as stored"
