@@ -60,11 +60,12 @@ def _library_for(level: str) -> ctypes.CDLL | None:
 
 
 def set_batch_int8_rows(rows: int) -> None:
-    """From how many rows of x the avx512 build's q4_1/q4_k/q6 products take x as int8 per
+    """From how many rows of x the avx512 build's q4_1/q4_k products take x as int8 per
     group of 32 (one vpdpbusd a weight byte, llama.cpp's precision) instead of exact 16-bit
     integers (two): a batch's decode step is then ~1.7x faster, and its outputs differ from
-    each request's alone by that rounding; 0: never (the products batch-invariant). For every
-    build this process has loaded or loads later (`--cpu-batch-int8-rows`)."""
+    each request's alone by that rounding; q6/q6_k take int8 x from one row on while this is
+    above 0 (gemv.h's split_mode); 0: never (the products batch-invariant). For every build
+    this process has loaded or loads later (`--cpu-batch-int8-rows`)."""
     global _batch_int8_rows
     if rows < 0:
         raise ValueError(f"rows must be >= 0, got {rows}")

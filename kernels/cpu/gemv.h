@@ -81,10 +81,15 @@ static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
  * rf_batch_int8_rows rows on (default 3; 0: never), q4_1, q4_k and q6 (a Q4 model's bytes) take
  * x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2) precision: one
  * vpdpbusd a weight byte; a batch's outputs then differ from each request's alone by that
- * rounding. (The AVX2 build splits every x as int8.) */
+ * rounding. q6 and q6_k take int8 x from one row on (while rf_batch_int8_rows > 0): their
+ * 16-bit products unpack each weight quad and take three vpdpbusd for it, which binds them to
+ * compute at ~40 GB/s (a 1B's Q6_K head: a third of its step's bytes), where int8 x reads ~60
+ * and q4_k ~75 (32768 x 2048, 2 threads, avx512), as llama.cpp's Q6_K takes its x as int8.
+ * (The AVX2 build splits every x as int8.) */
 extern int rf_batch_int8_rows; /* gemm.c's, set by rf_set_batch_int8_rows */
 static inline int split_mode(int fmt, int64_t rows) {
-    if (rf_batch_int8_rows > 0 && rows >= rf_batch_int8_rows && fmt != FORMAT_Q8_0) return X_INT8;
+    if (rf_batch_int8_rows > 0 && fmt != FORMAT_Q8_0 && (rows >= rf_batch_int8_rows || is_q6(fmt)))
+        return X_INT8;
     return x_unsigned(fmt) ? X_UNSIGNED16 : X_SIGNED16;
 }
 

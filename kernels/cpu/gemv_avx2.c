@@ -329,18 +329,34 @@ static inline __attribute__((always_inline)) void q6_prefetch(const int fmt, con
     prefetch(q6_bits(fmt, tile, g), 384);
 }
 
-/* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
+/* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. q6_k folds each half
+ * group's int8 scale into the integer sums (vpmaddwd by sc instead of by 1: |sc sum| < 2^21)
+ * and converts once a group, under its fp16 d. */
 static inline __attribute__((always_inline)) void q6_tiles_streams(
     const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
     const int S, const int M) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        for (int u = 0; u < S; u++) q6_prefetch(fmt, blks[u], g);
+        const uint8_t *bits[8];
+        for (int u = 0; u < S; u++) q6_prefetch(fmt, blks[u], g), bits[u] = q6_bits(fmt, blks[u], g);
+        __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int32 sums */
         for (int half = 0; half < 2; half++) {
-            __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int32 sums */
+            __m256i by[8][2]; /* what vpmaddwd multiplies the pairs by: 1, or q6_k's sc */
             for (int u = 0; u < S; u++)
-                for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++) {
+                    if (fmt != FORMAT_Q6_K) {
+                        by[u][h] = ones;
+                        continue;
+                    }
+                    const uint8_t *sc = blks[u] + (g / 8) * Q6_K_BLOCK + 32 + 16 * (2 * (g % 8) + half);
+                    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * h)));
+                    by[u][h] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
+                                               _mm256_slli_epi32(v, 16)); /* (sc, sc) a row */
+                }
+            if (fmt != FORMAT_Q6_K || half == 0)
+                for (int u = 0; u < S; u++)
+                    for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1 /* as q4_1's chunks */
             for (int p = 4 * half; p < 4 * half + 4; p++) {
                 __m256i xq[ROW_BLOCK], xabs[ROW_BLOCK];
@@ -350,16 +366,20 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                 }
                 for (int u = 0; u < S; u++)
                     for (int h = 0; h < 2; h++) {
-                        const __m256i w = q6_quad(q6_bits(fmt, blks[u], g), p, h);
+                        const __m256i w = q6_quad(bits[u], p, h);
                         for (int m = 0; m < M; m++) {
                             __m256i pairs = _mm256_maddubs_epi16(xabs[m], _mm256_sign_epi8(w, xq[m]));
-                            acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, ones));
+                            acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, by[u][h]));
                         }
                     }
             }
+            if (fmt == FORMAT_Q6_K && half == 0) continue; /* the group's second half adds on */
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    const __m256 d = q6_scales(fmt, blks[u], g, half, h);
+                    const __m256 d = fmt == FORMAT_Q6_K
+                        ? _mm256_cvtph_ps(_mm_loadu_si128(
+                              (const __m128i *)(blks[u] + (g / 8) * Q6_K_BLOCK + 16 * h)))
+                        : q6_scales(fmt, blks[u], g, half, h);
                     for (int m = 0; m < M; m++) {
                         __m256 *out = y + 2 * (u * M + m) + h;
                         __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xs[m].scale[g]));

@@ -414,15 +414,21 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
     const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        for (int u = 0; u < S; u++) q6_prefetch(fmt, tiles[u], g);
+        /* q6_k for one or two rows: the group's sc-weighted integer sums, both halves, and one
+         * conversion (a mullo a row a half: for more rows the scales' conversion, shared by
+         * the rows, costs less) */
+        const int integer_sc = fmt == FORMAT_Q6_K && M <= 2;
+        const uint8_t *bits[2];
+        __m512i qxg[8];
+        for (int u = 0; u < S; u++) q6_prefetch(fmt, tiles[u], g), bits[u] = q6_bits(fmt, tiles[u], g);
+        for (int u = 0; u < S * M; u++) qxg[u] = _mm512_setzero_si512();
         for (int half = 0; half < 2; half++) {
             __m512i acc[8];
             for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
             for (int p = 4 * half; p < 4 * half + 4; p++)
                 for (int u = 0; u < S; u++) {
-                    const uint8_t *bits = q6_bits(fmt, tiles[u], g);
-                    const __m512i l = _mm512_loadu_si512(bits + 64 * (p >> 1));
-                    const __m512i h = _mm512_loadu_si512(bits + 256 + 64 * (p >> 2));
+                    const __m512i l = _mm512_loadu_si512(bits[u] + 64 * (p >> 1));
+                    const __m512i h = _mm512_loadu_si512(bits[u] + 256 + 64 * (p >> 2));
                     const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
                     const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
                     const __m512i q = _mm512_or_si512(nib, _mm512_slli_epi16(top, 4));
@@ -431,6 +437,16 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
                             acc[u * M + m], q, _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]));
                 }
             for (int u = 0; u < S; u++) {
+                if (integer_sc) { /* sc (q X) in int32: |.| < 2^25 a group */
+                    const uint8_t *sc = tiles[u] + (g / 8) * Q6_K_BLOCK + 32 + 16 * (2 * (g % 8) + half);
+                    const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+                    for (int m = 0; m < M; m++) {
+                        const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
+                        const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
+                        qxg[u * M + m] = _mm512_add_epi32(qxg[u * M + m], _mm512_mullo_epi32(qx, s));
+                    }
+                    continue;
+                }
                 const __m512 d = q6_scales(fmt, tiles[u], g, half);
                 for (int m = 0; m < M; m++) {
                     const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
@@ -440,6 +456,15 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
                 }
             }
         }
+        if (integer_sc) /* y += d s sum_half sc q X: one conversion a group */
+            for (int u = 0; u < S; u++) {
+                const __m512 d = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(tiles[u] + (g / 8) * Q6_K_BLOCK)));
+                for (int m = 0; m < M; m++) {
+                    const __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qxg[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
+                    y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
+                }
+            }
     }
 }
 

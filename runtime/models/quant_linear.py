@@ -154,7 +154,8 @@ class QuantLinear(nn.Module):
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
 
     def _blockwise_above(self, rows: int) -> int:
-        int8 = 0 < cpu_kernels.batch_int8_rows() <= rows and self.tiled.format != "q8_0"
+        fmt, from_rows = self.tiled.format, cpu_kernels.batch_int8_rows()
+        int8 = from_rows > 0 and fmt != "q8_0" and (rows >= from_rows or fmt in ("q6", "q6_k"))
         return self.int8_blockwise_above if int8 else self.blockwise_above
 
     @staticmethod

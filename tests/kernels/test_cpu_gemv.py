@@ -47,7 +47,8 @@ BATCH_INT8_ROWS = 3  # gemv.h's: from this many rows the AVX-512 nibble products
 
 def _int8_x_at(level: str, fmt: str, m: int) -> bool:
     """Whether the kernels quantize x to int8 per group (_int8_x) for m rows of fmt."""
-    return level == "avx2" or (fmt != "q8_0" and fmt != "bf16" and m >= BATCH_INT8_ROWS)
+    return level == "avx2" or (fmt != "q8_0" and fmt != "bf16"
+                               and (m >= BATCH_INT8_ROWS or fmt in ("q6", "q6_k")))
 
 
 def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -152,6 +153,28 @@ def test_int8_x_products_are_int8_x_exactly(level, fmt, n, k, m):
     bound = _int8_bound(x, dense)
     assert ((emulated - exact).abs() <= bound).all()
     _assert_within(kernel, exact, bound + tol)
+
+
+@pytest.mark.parametrize("fmt", ["q6", "q6_k"])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_six_bit_products_take_16_bit_x_when_told_never_int8(level, fmt, m):
+    """q6/q6_k take int8 x from one row on (gemv.h's split_mode: their 16-bit products are
+    compute-bound); with --cpu-batch-int8-rows 0 they split x into 16-bit integers, at
+    avx512, as the other formats do: within 1e-4 of the scale, past int8's rounding."""
+    if level != "avx512":
+        pytest.skip("the AVX-512 split of x; avx2 quantizes x to int8")
+    tiled, dense = _weights(fmt, 16 * 12 * 2 + 16 * 5, 512, seed=m)
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+    exact = x.double() @ dense.double().T
+    int8 = (cpu.gemm(x, tiled).double() - exact).abs().max()
+    try:
+        cpu.set_batch_int8_rows(0)
+        out = cpu.gemm(x, tiled)
+    finally:
+        cpu.set_batch_int8_rows(BATCH_INT8_ROWS)
+    scale = float(x.abs().max() * dense.abs().sum(1).max())
+    _assert_within(out, cpu.reference(x, tiled), torch.full_like(exact, 1e-4 * scale))
+    assert (out.double() - exact).abs().max() < int8 / 10
 
 
 def test_q6_refuses_what_it_cannot_hold():
