@@ -412,6 +412,7 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
     const int fmt, const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y,
     const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    float sb_scales[2][256] __attribute__((aligned(64))); /* q6_k: [stream][half group][row] */
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         /* q6_k for one or two rows: the group's sc-weighted integer sums, both halves, and one
@@ -420,6 +421,10 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
         const int integer_sc = fmt == FORMAT_Q6_K && M <= 2;
         const uint8_t *bits[2];
         __m512i qxg[8];
+        if (fmt == FORMAT_Q6_K && !integer_sc && g % 8 == 0) /* the super-block's d sc, once */
+            for (int u = 0; u < S; u++)
+                for (int i = 0; i < 16; i++)
+                    _mm512_store_ps(sb_scales[u] + 16 * i, q6_scales(fmt, tiles[u], g + i / 2, i % 2));
         for (int u = 0; u < S; u++) q6_prefetch(fmt, tiles[u], g), bits[u] = q6_bits(fmt, tiles[u], g);
         for (int u = 0; u < S * M; u++) qxg[u] = _mm512_setzero_si512();
         for (int half = 0; half < 2; half++) {
@@ -447,7 +452,9 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
                     }
                     continue;
                 }
-                const __m512 d = q6_scales(fmt, tiles[u], g, half);
+                const __m512 d = fmt == FORMAT_Q6_K
+                    ? _mm512_load_ps(sb_scales[u] + 16 * (2 * (g % 8) + half))
+                    : q6_scales(fmt, tiles[u], g, half);
                 for (int m = 0; m < M; m++) {
                     const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
                     const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
