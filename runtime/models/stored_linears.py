@@ -110,6 +110,11 @@ def why(qtype: GGMLType, fmt: str) -> str:
     return _WHY[fmt]
 
 
+# rows an embedding lookup unpacks at a time: a 1,000-token prompt's at once made ~25 MB of
+# temporaries (fields, indices, float32 values) at a 1B's width
+LOOKUP_ROWS = 128
+
+
 class TiledEmbedding(nn.Module):
     """An embedding table held in a tiled format: a lookup dequantizes just the looked-up
     rows (kernels/cpu gather_rows), in the model's dtype."""
@@ -120,8 +125,11 @@ class TiledEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = tiled.n, tiled.k
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = cpu_kernels.gather_rows(self.tiled, ids)
-        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+        flat = ids.reshape(-1)
+        out = torch.empty(len(flat), self.embedding_dim, dtype=self.dtype)
+        for i in range(0, len(flat), LOOKUP_ROWS):  # (the unpacking's temporaries stay small)
+            out[i:i + LOOKUP_ROWS] = cpu_kernels.gather_rows(self.tiled, flat[i:i + LOOKUP_ROWS])
+        return out.view(*ids.shape, self.embedding_dim)
 
 
 def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from .. import host_memory
 from ..errors import InvariantBroken
 from ..ipc import PullSocket, PushSocket
 from ..messages import CacheSnapshot, ProcessFailed, SessionsClosed
@@ -65,6 +66,7 @@ def run_scheduler(args: ServerArgs, in_addr: str, out_addr: str, ready: Any, *,
                 # NOTE: once per idle spell, after a poll interval with nothing to do: the full
                 # check walks the whole tree, too long a pause between back-to-back requests.
                 sched.check_slots()
+                host_memory.release_freed()  # what the work freed, kept by glibc otherwise
                 checked = True
     except InvariantBroken as exc:
         # scheduler/failures.py catches what one request (or one batch) caused; this is not that
