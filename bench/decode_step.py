@@ -348,12 +348,14 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
     peaks = peak_gops(level)
     if level == "avx512":
         nibbles = 1.0 if batch >= 3 else 0.5  # x as int8 from 3 rows (gemv.h's split_mode)
-        base = {"q4_k": ("vpdpbusd zmm", nibbles), "q4_1": ("vpdpbusd zmm", nibbles),
+        base = {"q4_k": ("vpdpbusd zmm", nibbles), "q5_k": ("vpdpbusd zmm", nibbles),
+                "q4_1": ("vpdpbusd zmm", nibbles),
                 "q8_0": ("vpdpbusd zmm", 0.5),
                 "q6": ("vpdpbusd zmm", nibbles), "q6_k": ("vpdpbusd zmm", nibbles),
                 "bf16": ("vdpbf16ps zmm", 1.0)}
     else:
-        base = {"q4_k": ("vpmaddubsw ymm", 1.0), "q4_1": ("vpmaddubsw ymm", 1.0),
+        base = {"q4_k": ("vpmaddubsw ymm", 1.0), "q5_k": ("vpmaddubsw ymm", 1.0),
+                "q4_1": ("vpmaddubsw ymm", 1.0),
                 "q8_0": ("vpmaddubsw ymm", 1.0),
                 "q6": ("vpmaddubsw ymm", 1.0), "q6_k": ("vpmaddubsw ymm", 1.0),
                 "bf16": ("vfmadd231ps ymm", 1.0)}
@@ -364,7 +366,7 @@ def product_rates(step, batch: int, phases: dict[str, float], info: dict) -> lis
              + ", ".join(f"{k} {v:.0f} GOPS" for k, v in peaks.items())
              + (". The integer formats take two vpdpbusd per weight byte (x as 16-bit "
                 "integers), so their ceiling is half that instruction's rate, except q4_1/q4_k/"
-                "q6/q6_k from 3 rows on (x as int8: one)." if level == "avx512" else "."), "",
+                "q5_k/q6/q6_k from 3 rows on (x as int8: one)." if level == "avx512" else "."), "",
              "| product | format | GOP per step | ms per step | GOPS | ceiling GOPS | of ceiling |",
              "|---|---|---|---|---|---|---|"]
     total_ops = total_ms = 0.0

@@ -460,12 +460,16 @@ def symmetric_int8_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
     return q.reshape(rows, cols), scale.reshape(rows, cols // GROUP)
 
 
-def q4_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
-    """Q4_K's fields per row as stored (kernels.cpu.tile_q4_k's arguments): q uint8 [rows,
-    cols] in 0..15, scales and mins uint8 [rows, cols/32] in 0..63, d and dmin float32 [rows,
-    cols/256]; (d * scales) * q - (dmin * mins) == dequantize(raw, Q4_K, (rows, cols))."""
-    f = unpack(raw, GGMLType.Q4_K)
-    rows, cols = _rows_cols(shape, f.qs.numel(), GGMLType.Q4_K)
+def q4_k_fields(raw, shape, qtype=GGMLType.Q4_K) -> tuple[torch.Tensor, ...]:
+    """Q4_K's (Q5_K's) fields per row as stored (kernels.cpu.tile_q4_k's, tile_q5_k's
+    arguments): q uint8 [rows, cols] in 0..15 (0..31), scales and mins uint8 [rows, cols/32]
+    in 0..63, d and dmin float32 [rows, cols/256]; (d * scales) * q - (dmin * mins) ==
+    dequantize(raw, qtype, (rows, cols))."""
+    t = ggml_type(qtype)
+    if t not in (GGMLType.Q4_K, GGMLType.Q5_K):
+        raise ValueError(f"q4_k_fields reads Q4_K and Q5_K, not {t.name}")
+    f = unpack(raw, t)
+    rows, cols = _rows_cols(shape, f.qs.numel(), t)
     return (f.qs.reshape(rows, cols), f.scales.reshape(rows, cols // GROUP),
             f.mins.reshape(rows, cols // GROUP), f.d.reshape(rows, cols // QK_K),
             f.dmin.reshape(rows, cols // QK_K))

@@ -2,8 +2,8 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in six formats: GGUF's Q4_1 and Q8_0,
-exactly, GGUF's Q4_K and Q6_K as stored (q4_k, q6_k), q6 (6-bit symmetric values with an
+side by side: see gemv_avx512.c's header comment) in seven formats: GGUF's Q4_1 and Q8_0,
+exactly, GGUF's Q4_K, Q5_K and Q6_K as stored (q4_k, q5_k, q6_k), q6 (6-bit symmetric values with an
 fp16 scale per 16: GGUF's Q3_K and Q5_0), and bf16; step_<level>.c holds the decode step's
 attention, SiLU and argmax, and a request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
@@ -47,6 +47,9 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 
 
 _batch_int8_rows = 3  # (gemm.c's default)
+# the formats whose products take x as int8 from one row on while batch int8 is on (gemv.h's
+# split_mode: their 16-bit products are compute-bound)
+INT8_X_FROM_ONE_ROW = ("q5_k", "q6", "q6_k")
 _levels_loaded: set[str] = set()  # the levels _library_for was asked for
 
 
@@ -63,8 +66,8 @@ def set_batch_int8_rows(rows: int) -> None:
     """From how many rows of x the avx512 build's q4_1/q4_k products take x as int8 per
     group of 32 (one vpdpbusd a weight byte, llama.cpp's precision) instead of exact 16-bit
     integers (two): a batch's decode step is then ~1.7x faster, and its outputs differ from
-    each request's alone by that rounding; q6/q6_k take int8 x from one row on while this is
-    above 0 (gemv.h's split_mode); 0: never (the products batch-invariant). For every build
+    each request's alone by that rounding; INT8_X_FROM_ONE_ROW take int8 x from one row on
+    while this is above 0 (gemv.h's split_mode); 0: never (the products batch-invariant). For every build
     this process has loaded or loads later (`--cpu-batch-int8-rows`)."""
     global _batch_int8_rows
     if rows < 0:
@@ -138,7 +141,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_1" | "q4_k" | "q6" | "q6_k" | "q8_0" | "bf16"
+    format: str  # "q4_1" | "q4_k" | "q5_k" | "q6" | "q6_k" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -331,11 +334,39 @@ def tile_q4_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torc
     return TiledWeight("q4_k", data.contiguous(), n, k)
 
 
+Q5_K_BLOCK_BYTES = 2816  # one tile x super-block: 5.5 bits a weight, as Q5_K
+
+
+def tile_q5_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torch.Tensor,
+              dmin: torch.Tensor) -> TiledWeight:
+    """GGUF's Q5_K as stored: tile_q4_k's fields with q [N, K] in 0..31. Per 16-row tile and
+    super-block of 256 (Q5_K_BLOCK_BYTES): q4_k's header, then each sub-block's nibbles (q &
+    15, as q4_k holds them: 256 bytes) followed by its fifth bits (64 bytes: byte 4 r + i holds
+    at bit 2 c that of row r's column 8 c + i, at bit 2 c + 1 that of column 8 c + 4 + i)."""
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 31):
+        raise ValueError("Q5_K's weights must be in 0..31")
+    low = tile_q4_k(q & 15, scales, mins, d, dmin)  # (checks the fields' shapes)
+    n, k = q.shape
+    s = k // SUPER_BLOCK
+    tiles = low.data.shape[0]
+    b = low.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+    top = (_pad_rows(q.to(torch.uint8), n) >> 4).view(tiles, TILE, s, 8, 4, 2, 4)
+    top = top.permute(0, 2, 3, 1, 6, 4, 5)  # [tile, super, sub, row, i, chunk, half]
+    fifth = torch.zeros(top.shape[:5], dtype=torch.uint8)
+    for c in range(4):
+        for half in range(2):
+            fifth |= top[..., c, half] << (2 * c + half)
+    groups = torch.cat([b[..., 256:].reshape(tiles, s, 8, 256), fifth.reshape(tiles, s, 8, 64)], -1)
+    data = torch.cat([b[..., :256], groups.reshape(tiles, s, 8 * 320)], -1)
+    return TiledWeight("q5_k", data.contiguous(), n, k)
+
+
 def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_low: torch.Tensor,
-                 sc_high: torch.Tensor, mn_high: torch.Tensor, nib: torch.Tensor) -> torch.Tensor:
-    """A row's q4_k weights [..., S * 256] from its fields per super-block: d, dmin float32
-    [..., S]; sc_low, mn_low [..., S, 4], sc_high, mn_high [..., S, 2] and nib [..., S, 8
-    sub-blocks, 4 chunks, 4] bytes."""
+                 sc_high: torch.Tensor, mn_high: torch.Tensor, nib: torch.Tensor,
+                 fifth: torch.Tensor | None = None) -> torch.Tensor:
+    """A row's q4_k (q5_k) weights [..., S * 256] from its fields per super-block: d, dmin
+    float32 [..., S]; sc_low, mn_low [..., S, 4], sc_high, mn_high [..., S, 2], nib [..., S, 8
+    sub-blocks, 4 chunks, 4] bytes and q5_k's fifth bits [..., S, 8 sub-blocks, 4] bytes."""
     def six_bit(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:  # -> [..., S, 8]
         lo = torch.stack([low & 15, low >> 4], dim=-1).flatten(-2)
         hi = torch.stack([(high >> (2 * i)) & 3 for i in range(4)], dim=-1).flatten(-2)
@@ -343,15 +374,20 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
     scale = d[..., None] * six_bit(sc_low, sc_high)
     low = dmin[..., None] * six_bit(mn_low, mn_high)
-    q = torch.stack([nib & 15, nib >> 4], dim=-2).flatten(-3).float()  # [..., S, 8, 32]
+    q = torch.stack([nib & 15, nib >> 4], dim=-2)  # [..., S, 8, chunk, half, i]
+    if fifth is not None:
+        at = 2 * torch.arange(4)[:, None, None] + torch.arange(2)[:, None]  # [chunk, half, 1]
+        q = q | (((fifth[..., None, None, :] >> at) & 1) << 4)
+    q = q.flatten(-3).float()  # [..., S, 8, 32]
     return (q * scale[..., None] - low[..., None]).flatten(-3)
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q4_K, Q6_K, Q8_0)
-REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0")}
+# (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)
+REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"),
+           (8, "q8_0")}
 _GROUP_BYTES = {"q4_1": 320, "q6": 448, "q8_0": 576}
-_SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
+_SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -400,9 +436,9 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format == "bf16":
         dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2).transpose(1, 2)
         return dense.reshape(tiles * TILE, k)[:n].float()
-    if w.format == "q4_k":  # -> [tile, row, super-block, ...] fields of each row
+    if w.format in ("q4_k", "q5_k"):  # -> [tile, row, super-block, ...] fields of each row
         s = k // SUPER_BLOCK
-        b = w.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+        b = w.data.view(tiles, s, _SUPER_BLOCK_BYTES[w.format])
 
         def rows_of(lo: int, hi: int, *shape: int) -> torch.Tensor:
             return b[..., lo:hi].reshape(tiles, s, *shape, TILE).movedim(-1, 1)
@@ -410,9 +446,13 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         def halves(lo: int) -> torch.Tensor:
             return b[..., lo:lo + 32].contiguous().view(torch.float16).float().transpose(1, 2)
 
-        nib = b[..., 256:].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        groups = b[..., 256:].reshape(tiles, s, 8, -1)  # 256 bytes of nibbles (q5_k: + 64)
+        nib = groups[..., :256].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        fifth = None
+        if w.format == "q5_k":
+            fifth = groups[..., 256:].reshape(tiles, s, 8, TILE, 4).permute(0, 3, 1, 2, 4)
         dense = _q4_k_values(halves(0), halves(32), rows_of(64, 128, 4), rows_of(128, 192, 4),
-                             rows_of(192, 224, 2), rows_of(224, 256, 2), nib)
+                             rows_of(192, 224, 2), rows_of(224, 256, 2), nib, fifth)
         return dense.reshape(tiles * TILE, k)[:n]
     if w.format == "q6_k":  # -> [tile, row, super-block, group, ...] fields of each row
         s = k // SUPER_BLOCK
@@ -459,9 +499,9 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format == "bf16":
         dense = w.data.view(torch.bfloat16).view(tiles, k // 2, TILE, 2)
         return dense[tile, :, row, :].reshape(-1, k).float()
-    if w.format == "q4_k":  # fields of each id's row, per super-block
+    if w.format in ("q4_k", "q5_k"):  # fields of each id's row, per super-block
         s = k // SUPER_BLOCK
-        b = w.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+        b = w.data.view(tiles, s, _SUPER_BLOCK_BYTES[w.format])
         r = row[:, None, None]
 
         def field(offsets: torch.Tensor) -> torch.Tensor:  # [n, 1, count] -> bytes [n, s, count]
@@ -474,11 +514,16 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         def per_row(lo: int, count: int) -> torch.Tensor:
             return field(lo + 16 * torch.arange(count) + r)
 
-        sub_chunk_i = (256 * torch.arange(8)[:, None, None] + 64 * torch.arange(4)[:, None]
+        group = 256 + (256 if w.format == "q4_k" else 320) * torch.arange(8)
+        sub_chunk_i = (group[:, None, None] + 64 * torch.arange(4)[:, None]
                        + torch.arange(4)).reshape(-1)
-        nib = field(256 + sub_chunk_i + 4 * r).view(-1, s, 8, 4, 4)
+        nib = field(sub_chunk_i + 4 * r).view(-1, s, 8, 4, 4)
+        fifth = None
+        if w.format == "q5_k":
+            fifth = field((group[:, None] + 256 + torch.arange(4)).reshape(-1) + 4 * r)
+            fifth = fifth.view(-1, s, 8, 4)
         return _q4_k_values(halves(0), halves(32), per_row(64, 4), per_row(128, 4),
-                            per_row(192, 2), per_row(224, 2), nib).reshape(-1, k)
+                            per_row(192, 2), per_row(224, 2), nib, fifth).reshape(-1, k)
     if w.format == "q6_k":  # fields of each id's row, per super-block and group
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
@@ -551,8 +596,8 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q6": "rf_q6_gemm", "q6_k": "rf_q6_k_gemm",
-         "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
+_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q5_k": "rf_q5_k_gemm", "q6": "rf_q6_gemm",
+         "q6_k": "rf_q6_k_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
 
 
 DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)

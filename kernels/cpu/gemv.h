@@ -19,6 +19,9 @@
 #define Q4_K_BLOCK (256 + 8 * 256) /* one tile x super-block: fp16 d[16], dmin[16], six-bit
                                       scales and mins (192 B), 8 sub-blocks of q4_1 nibbles */
 #define Q4_K_GROUP (Q4_K_BLOCK / 8) /* a tile's bytes per group of 32, as the others' blocks */
+#define Q5_K_BLOCK (256 + 8 * 320) /* q4_k's header, then 8 groups of q4_1 nibbles each followed
+                                      by 64 bytes of fifth bits (GGUF's Q5_K: 5.5 bits) */
+#define Q5_K_GROUP (Q5_K_BLOCK / 8)
 #define Q6_K_BLOCK (288 + 8 * 384) /* one tile x super-block: fp16 d[16], int8 scales (16 B per
                                       16 weights: byte 16 s + r, row r's s-th), then 8 groups
                                       of q6's nibbles and high bit pairs (GGUF's Q6_K bits) */
@@ -41,7 +44,7 @@ typedef struct {
 enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
-       FORMAT_Q6_K = 5 };
+       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -57,6 +60,7 @@ static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fm
          : fmt == FORMAT_Q6   ? Q6_BLOCK
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP
          : fmt == FORMAT_Q6_K ? Q6_K_GROUP
+         : fmt == FORMAT_Q5_K ? Q5_K_GROUP
                               : Q8_0_BLOCK;
 }
 
@@ -66,6 +70,20 @@ static inline int x_unsigned(int fmt) {
 }
 
 static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
+
+/* q4_k and q5_k: a super-block's 8 groups of 32 under one header (fp16 d, dmin, six-bit
+ * scales and mins: 256 bytes), then each group's q4_1 nibbles (256 bytes), q5_k's followed by
+ * its fifth bits (64 bytes: byte 4 r + i holds, at bit 2 c, that of column 8 c + i of row r and,
+ * at bit 2 c + 1, that of column 8 c + 4 + i: chunk c's two nibble halves). */
+static inline int is_k_affine(int fmt) { return fmt == FORMAT_Q4_K || fmt == FORMAT_Q5_K; }
+static inline int64_t k_block_bytes(int fmt) { return fmt == FORMAT_Q5_K ? Q5_K_BLOCK : Q4_K_BLOCK; }
+static inline int64_t k_group_bytes(int fmt) { return fmt == FORMAT_Q5_K ? 320 : 256; }
+static inline const uint8_t *k_header(int fmt, const uint8_t *tile, int64_t g) {
+    return tile + (g / 8) * k_block_bytes(fmt);
+}
+static inline const uint8_t *k_nibbles(int fmt, const uint8_t *tile, int64_t g) {
+    return k_header(fmt, tile, g) + 256 + k_group_bytes(fmt) * (g % 8);
+}
 
 /* Group g's 6-bit values in a q6 or q6_k tile: its 256 bytes of low nibbles, then its 128 of
  * high bit pairs (the same two fields in both). */
@@ -78,17 +96,19 @@ static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
  * splits x into exact 16-bit integers: two vpdpbusd per weight byte, which costs nothing while
  * the weights' reading bounds a product (one or two rows) but makes a batch's products
  * compute-bound (a 1B model's batch-8 step: 62 ms against a 16 ms bandwidth bound). From
- * rf_batch_int8_rows rows on (default 3; 0: never), q4_1, q4_k and q6 (a Q4 model's bytes) take
- * x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2) precision: one
- * vpdpbusd a weight byte; a batch's outputs then differ from each request's alone by that
- * rounding. q6 and q6_k take int8 x from one row on (while rf_batch_int8_rows > 0): their
- * 16-bit products unpack each weight quad and take three vpdpbusd for it, which binds them to
- * compute at ~40 GB/s (a 1B's Q6_K head: a third of its step's bytes), where int8 x reads ~60
- * and q4_k ~75 (32768 x 2048, 2 threads, avx512), as llama.cpp's Q6_K takes its x as int8.
- * (The AVX2 build splits every x as int8.) */
+ * rf_batch_int8_rows rows on (default 3; 0: never), q4_1, q4_k, q5_k and q6 (a Q4 model's
+ * bytes) take x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2)
+ * precision: one vpdpbusd a weight byte; a batch's outputs then differ from each request's
+ * alone by that rounding. q5_k, q6 and q6_k take int8 x from one row on (while
+ * rf_batch_int8_rows > 0; kernels/cpu's INT8_X_FROM_ONE_ROW): their 16-bit products unpack
+ * each weight quad before two or three vpdpbusd, which binds them to compute (q6 at ~40 GB/s:
+ * a 1B's Q6_K head is a third of its step's bytes; q5_k at ~57 in L3, 84 with int8 x), where
+ * int8 x reads ~60 and q4_k ~75 (32768 x 2048, 2 threads, avx512), as llama.cpp's K-quants take
+ * their x as int8. (The AVX2 build splits every x as int8.) */
 extern int rf_batch_int8_rows; /* gemm.c's, set by rf_set_batch_int8_rows */
 static inline int split_mode(int fmt, int64_t rows) {
-    if (rf_batch_int8_rows > 0 && fmt != FORMAT_Q8_0 && (rows >= rf_batch_int8_rows || is_q6(fmt)))
+    const int int8_from_one_row = is_q6(fmt) || fmt == FORMAT_Q5_K;
+    if (rf_batch_int8_rows > 0 && fmt != FORMAT_Q8_0 && (rows >= rf_batch_int8_rows || int8_from_one_row))
         return X_INT8;
     return x_unsigned(fmt) ? X_UNSIGNED16 : X_SIGNED16;
 }
@@ -133,6 +153,8 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);

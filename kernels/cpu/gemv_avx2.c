@@ -20,6 +20,9 @@
  *   (The exact sum x in the m term, as the AVX-512 build takes it, would leave the error
  *   sum (w - m) (x - x'), and Q4_1's m sits near -max|w|: the default model's logits, int4
  *   decode step against fp32, came out with rms error 0.72 that way, 0.33 this way.)
+ * - q4_k, q5_k: as q4_1 per group of 32, scale d sc and low -(dmin mn); q5_k's values (0..31)
+ *   take their fifth bit from the 64 bytes after the group's nibbles. Its pair sums reach
+ *   2 * 31 * 127 = 7874, so a chunk's two are widened to int32 at once (8 would overflow).
  * - q8_0: w = d q with q signed, so the sign moves onto q: |X| is the unsigned operand and
  *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
  *   too much to add two in int16: each is widened by vpmaddwd at once.
@@ -140,12 +143,21 @@ void rf_split_x(const float *x, int64_t K, int mode, split_x *xs) {
 
 /* M rows of x times S tiles from S places in the weights at once (M <= 4). y[2 (u M + m) + h]:
  * stream u, row m, half h. */
-/* The int16 sums of one group's products for M rows of x (group g) and S streams' nibbles
- * (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them): acc[u][m][half]. */
+/* Chunk c's fifth bits (q5_k: gemv.h) of rows 8h .. 8h + 7 as 16 in the bytes of its low
+ * (half 0) or high nibbles. */
+static inline __attribute__((always_inline)) __m256i fifth_bits(__m256i bits, int c, int half) {
+    const int at = 2 * c + half; /* the bit to move to bit 4 (the mask drops what crosses a byte) */
+    const __m256i b = at <= 4 ? _mm256_slli_epi16(bits, 4 - at) : _mm256_srli_epi16(bits, at - 4);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+/* The sums of one group's products for M rows of x (group g) and S streams' nibbles (nib[u]:
+ * the group's 4 chunks of 64 bytes, as q4_1 holds them): acc[u][m][half], int16 (five: q5_k's
+ * values, their fifth bits the 64 bytes after the nibbles, int32). */
 static inline __attribute__((always_inline)) void nibble_sums(
-    const uint8_t *const *nib, int64_t g, const split_x *xs, __m256i acc[8][ROW_BLOCK][2],
-    const int S, const int M) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const uint8_t *const *nib, const int five, int64_t g, const split_x *xs,
+    __m256i acc[8][ROW_BLOCK][2], const int S, const int M) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int u = 0; u < S; u++)
         for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
     /* a loop, not unrolled: unrolled, GCC regroups the group's int16 sums into a tree
@@ -162,21 +174,30 @@ static inline __attribute__((always_inline)) void nibble_sums(
                 __m256i w = _mm256_loadu_si256((const __m256i *)(nib[u] + 64 * c + 32 * h));
                 __m256i w_lo = _mm256_and_si256(w, low4);
                 __m256i w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                for (int m = 0; m < M; m++)
-                    acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_add_epi16(
-                        _mm256_maddubs_epi16(w_lo, x0[m]), _mm256_maddubs_epi16(w_hi, x1[m])));
+                if (five) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(nib[u] + 256 + 32 * h));
+                    w_lo = _mm256_or_si256(w_lo, fifth_bits(bits, c, 0));
+                    w_hi = _mm256_or_si256(w_hi, fifth_bits(bits, c, 1));
+                }
+                for (int m = 0; m < M; m++) {
+                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w_lo, x0[m]),
+                                                           _mm256_maddubs_epi16(w_hi, x1[m]));
+                    acc[u][m][h] = five ? _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, ones))
+                                        : _mm256_add_epi16(acc[u][m][h], pairs);
+                }
             }
     }
 }
 
-/* y += d s qx + mn sum for a group's sums (one stream u, half h of its rows). */
+/* y += d s qx + mn sum for a group's sums (one stream u, half h of its rows; int16, or int32
+ * where five). */
 static inline __attribute__((always_inline)) void scale_group(
-    __m256i acc[8][ROW_BLOCK][2], int u, int h, __m256 d, __m256 mn, const split_x *xs,
-    int64_t g, __m256 *y, const int M) {
+    __m256i acc[8][ROW_BLOCK][2], const int five, int u, int h, __m256 d, __m256 mn,
+    const split_x *xs, int64_t g, __m256 *y, const int M) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int m = 0; m < M; m++) {
         __m256 *out = y + 2 * (u * M + m) + h;
-        __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+        __m256 qx = _mm256_cvtepi32_ps(five ? acc[u][m][h] : _mm256_madd_epi16(acc[u][m][h], ones));
         *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
         *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
     }
@@ -190,12 +211,12 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         const uint8_t *nib[8];
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
-        nibble_sums(nib, g, xs, acc, S, M);
+        nibble_sums(nib, 0, g, xs, acc, S, M);
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 16 * h)));
                 __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 32 + 16 * h)));
-                scale_group(acc, u, h, d, mn, xs, g, y, M);
+                scale_group(acc, 0, u, h, d, mn, xs, g, y, M);
             }
     }
 }
@@ -225,26 +246,29 @@ static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *hd,
         six_bit8(hd + 128, hd + 224, j, h)));
 }
 
-/* As q4_1's, a super-block's 8 groups under one header. */
-static inline __attribute__((always_inline)) void q4_k_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+/* q4_k and q5_k: as q4_1's, a super-block's 8 groups under one header. */
+static inline __attribute__((always_inline)) void k_affine_tiles_streams(
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
+    const int S, const int M) {
+    const int five = fmt == FORMAT_Q5_K;
+    const int64_t group_bytes = k_group_bytes(fmt);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < G / 8; sb++) {
-        const int64_t base = sb * Q4_K_BLOCK;
+        const int64_t base = sb * k_block_bytes(fmt);
         for (int j = 0; j < 8; j++) {
-            const int64_t g = 8 * sb + j, off = base + 256 + 256 * j;
+            const int64_t g = 8 * sb + j, off = base + 256 + group_bytes * j;
             const uint8_t *nib[8];
             for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
-                prefetch(blks[u] + (j ? off : base), j ? 256 : 512);
+                prefetch(blks[u] + (j ? off : base), j ? group_bytes : 256 + group_bytes);
                 nib[u] = blks[u] + off;
             }
             __m256i acc[8][ROW_BLOCK][2];
-            nibble_sums(nib, g, xs, acc, S, M);
+            nibble_sums(nib, five, g, xs, acc, S, M);
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
                     __m256 d, mn;
                     q4_k_scales(blks[u] + base, j, h, &d, &mn);
-                    scale_group(acc, u, h, d, mn, xs, g, y, M);
+                    scale_group(acc, five, u, h, d, mn, xs, g, y, M);
                 }
         }
     }
@@ -404,8 +428,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q4_K)
-            q4_k_tiles_streams(blks, G, xs, out, streams, M);
+        else if (is_k_affine(fmt))
+            k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
             q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
@@ -433,7 +457,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             __m256 out[2 * ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
@@ -457,6 +481,11 @@ void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -554,7 +583,7 @@ static inline void put_row(void *out, int out_bf16, int64_t K, int64_t a, int64_
 static inline __attribute__((always_inline)) void dequant_row(
     const int fmt, __m128i bytes, const float *ds, const float *ms, int r, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K;
+    const int nibbles = fmt == FORMAT_Q4_1 || is_k_affine(fmt);
     const __m256i q = nibbles ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ds[r]));
     if (nibbles) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
@@ -571,9 +600,9 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     float ds[TILE], ms[TILE];
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
-        if (fmt == FORMAT_Q4_K) {
-            const uint8_t *hd = tile + (g / 8) * Q4_K_BLOCK;
-            nib = hd + 256 + 256 * (g % 8);
+        if (is_k_affine(fmt)) {
+            const uint8_t *hd = k_header(fmt, tile, g);
+            nib = k_nibbles(fmt, tile, g);
             for (int h = 0; h < 2; h++) {
                 __m256 d, mn;
                 q4_k_scales(hd, (int)(g % 8), h, &d, &mn);
@@ -599,10 +628,15 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             __m128i l0[4], l1[4], h0[4], h1[4];
             for (int c = 0; c < 4; c++) {
                 __m256i a, b;
-                if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K) {
+                if (fmt == FORMAT_Q4_1 || is_k_affine(fmt)) {
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(nib + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                    if (fmt == FORMAT_Q5_K) {
+                        const __m256i bits = _mm256_loadu_si256((const __m256i *)(nib + 256 + 32 * h));
+                        a = _mm256_or_si256(a, fifth_bits(bits, c, 0));
+                        b = _mm256_or_si256(b, fifth_bits(bits, c, 1));
+                    }
                 } else if (is_q6(fmt)) {
                     a = q6_quad(q6_bits(fmt, tile, g), 2 * c, h);
                     b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1, h);
@@ -686,6 +720,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6_K)
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_K)
+            dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

@@ -23,6 +23,8 @@
  *   chunks of 64 bytes), then its high two bits in 2 chunks of 64 bytes (byte 4r + i of chunk
  *   h: q[r][16h + 4j + i]'s in bits 2j, 2j + 1). Each quad is unpacked in registers into
  *   q8_0's quad (int8 q in -32..31) and multiplied as q8_0's, one half group at a time.
+ * - q5_k (GGUF's Q5_K as stored, 5.5 bits a weight): q4_k's, each group's nibbles followed by
+ *   the values' fifth bits (gemv.h: k_nibbles); q = nibble | 16 fifth bit, in 0..31.
  * - q6_k (GGUF's Q6_K as stored, 6.56 bits a weight): per tile and super-block of 256, fp16
  *   d[16] and the int8 scales of its 16 half groups (byte 16 s + r: row r's s-th), then each
  *   group's nibbles and high bit pairs as q6's; a half group's scale is d sc, exact in fp32.
@@ -125,10 +127,22 @@ void rf_split_x(const float *x, int64_t K, int mode, split_x *xs) {
  * model's decode step, interleaved A/B: 7.9 ms with one stream, 6.3 with 2, 5.3 with 4, 4.4
  * with 6, 4.8 with 8, where registers run out: bench/results/single-stream.md). y[u * M + m]:
  * stream u, row m. */
+/* q: chunk c's values (low nibbles: half 0, high: half 1) with their fifth bits (q5_k:
+ * gemv.h) added as 16. */
+static inline __attribute__((always_inline)) __m512i add_fifth_bits(__m512i q, __m512i bits,
+                                                                     int c, int half) {
+    const int at = 2 * c + half; /* the bit to move to bit 4 (epi16 shifts: the mask drops what
+                                    crosses a byte) */
+    const __m512i b = at <= 4 ? _mm512_slli_epi16(bits, 4 - at) : _mm512_srli_epi16(bits, at - 4);
+    return _mm512_ternarylogic_epi32(q, b, _mm512_set1_epi8(0x10), 0xF8); /* q | (b & 16) */
+}
+
 /* The integer sums q X of one group of 32 for M rows of x (rows of group g) and S streams'
- * nibbles (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them): qx[u * M + m]. */
+ * nibbles (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them; five: q5_k's, their
+ * fifth bits the 64 bytes after them): qx[u * M + m]. */
 static inline __attribute__((always_inline)) void nibble_sums(
-    const uint8_t *const *nib, int64_t g, const split_x *xs, __m512i *qx, const int S, const int M) {
+    const uint8_t *const *nib, const int five, int64_t g, const split_x *xs, __m512i *qx,
+    const int S, const int M) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i hi[8][ROW_BLOCK][2], lo[8][ROW_BLOCK][2]; /* [stream][row][nibble half] */
     for (int u = 0; u < S; u++)
@@ -146,6 +160,11 @@ static inline __attribute__((always_inline)) void nibble_sums(
             __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
             __m512i w_lo = _mm512_and_si512(w, low4);
             __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            if (five) {
+                const __m512i bits = _mm512_loadu_si512(nib[u] + 256);
+                w_lo = add_fifth_bits(w_lo, bits, c, 0);
+                w_hi = add_fifth_bits(w_hi, bits, c, 1);
+            }
             for (int m = 0; m < M; m++) {
                 hi[u][m][0] = _mm512_dpbusd_epi32(hi[u][m][0], w_lo, h0[m]);
                 lo[u][m][0] = _mm512_dpbusd_epi32(lo[u][m][0], w_lo, l0[m]);
@@ -169,7 +188,7 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         const uint8_t *nib[8];
         for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
         __m512i qx[8 * ROW_BLOCK];
-        nibble_sums(nib, g, xs, qx, S, M);
+        nibble_sums(nib, 0, g, xs, qx, S, M);
         for (int u = 0; u < S; u++) {
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off)));
             __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off + 32)));
@@ -195,22 +214,24 @@ static inline __attribute__((always_inline)) __m512 six_bit16(const uint8_t *low
     return _mm512_cvtepi32_ps(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)));
 }
 
-/* As q4_1's, a super-block's 8 groups under one header: a group's scale is d sc and its low
- * -(dmin mn), both exact in fp32 (fp16 times a six-bit integer). */
-static inline __attribute__((always_inline)) void q4_k_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
+/* q4_k and q5_k: as q4_1's, a super-block's 8 groups under one header: a group's scale is d sc
+ * and its low -(dmin mn), both exact in fp32 (fp16 times a six-bit integer). */
+static inline __attribute__((always_inline)) void k_affine_tiles_streams(
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y,
+    const int S, const int M) {
+    const int64_t group_bytes = k_group_bytes(fmt);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < G / 8; sb++) {
-        const int64_t base = sb * Q4_K_BLOCK;
+        const int64_t base = sb * k_block_bytes(fmt);
         for (int j = 0; j < 8; j++) {
-            const int64_t g = 8 * sb + j, off = base + 256 + 256 * j;
+            const int64_t g = 8 * sb + j, off = base + 256 + group_bytes * j;
             const uint8_t *nib[8];
             for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
-                prefetch(blks[u] + (j ? off : base), j ? 256 : 512);
+                prefetch(blks[u] + (j ? off : base), j ? group_bytes : 256 + group_bytes);
                 nib[u] = blks[u] + off;
             }
             __m512i qx[8 * ROW_BLOCK];
-            nibble_sums(nib, g, xs, qx, S, M);
+            nibble_sums(nib, fmt == FORMAT_Q5_K, g, xs, qx, S, M);
             for (int u = 0; u < S; u++) {
                 const uint8_t *h = blks[u] + base;
                 __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
@@ -347,12 +368,12 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
     }
 }
 
-/* ---- q4_1, q4_k and q6 for x split as int8 (a batch: split_mode) ---- */
+/* ---- q4_1, q4_k, q5_k and q6 for x split as int8 (a batch: split_mode) ---- */
 
 #define INT8_ROWS 4 /* rows of x a pass (two streams of 4: 16 accumulators and 8 sums) */
 
 
-/* M rows of x (X_INT8) times S tiles of q4_1 or q4_k read side by side (S x M <= 8): per
+/* M rows of x (X_INT8) times S tiles of q4_1, q4_k or q5_k read side by side (S x M <= 8): per
  * group, one vpdpbusd a row per 4 weights (nibbles unsigned, X signed), then y += d s sum qX
  * + m sum x' as the 16-bit path's (q4_k's d sc and -(dmin mn) likewise). y[u * M + m]. */
 static inline __attribute__((always_inline)) void nibble_int8_streams(
@@ -364,11 +385,12 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
         const uint8_t *nib[8];
         __m512 d[8], mn[8];
         for (int u = 0; u < S; u++) {
-            if (fmt == FORMAT_Q4_K) {
-                const uint8_t *h = tiles[u] + (g / 8) * Q4_K_BLOCK;
+            if (is_k_affine(fmt)) {
+                const uint8_t *h = k_header(fmt, tiles[u], g);
                 const int j = (int)(g % 8);
-                nib[u] = h + 256 + 256 * j;
-                prefetch(j ? nib[u] : h, j ? 256 : 512);
+                const int64_t group_bytes = k_group_bytes(fmt);
+                nib[u] = k_nibbles(fmt, tiles[u], g);
+                prefetch(j ? nib[u] : h, j ? group_bytes : 256 + group_bytes);
                 d[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
                                      six_bit16(h + 64, h + 192, j));
                 mn[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
@@ -387,8 +409,13 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
         for (int c = 0; c < 4; c++)
             for (int u = 0; u < S; u++) {
                 const __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
-                const __m512i w_lo = _mm512_and_si512(w, low4);
-                const __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                __m512i w_lo = _mm512_and_si512(w, low4);
+                __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                if (fmt == FORMAT_Q5_K) {
+                    const __m512i bits = _mm512_loadu_si512(nib[u] + 256);
+                    w_lo = add_fifth_bits(w_lo, bits, c, 0);
+                    w_hi = add_fifth_bits(w_hi, bits, c, 1);
+                }
                 for (int m = 0; m < M; m++) {
                     const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
                     acc[u * M + m] = _mm512_dpbusd_epi32(acc[u * M + m], w_lo, _mm512_set1_epi32(xq[0]));
@@ -522,8 +549,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
         if (fmt == FORMAT_Q4_1)
             q4_1_tiles_streams(blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q4_K)
-            q4_k_tiles_streams(blks, G, xs, out, streams, M);
+        else if (is_k_affine(fmt))
+            k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
             q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
@@ -554,7 +581,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             __m512 out[ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q4_K ? q4_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
@@ -577,6 +604,11 @@ void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -669,7 +701,7 @@ static inline void put_pair(void *out, int out_bf16, int64_t K, int64_t a, int64
 static inline __attribute__((always_inline)) void dequant_pair(
     const int fmt, __m128i bytes, const __m512 *dp, const __m512 *mp, int j, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K;
+    const int nibbles = fmt == FORMAT_Q4_1 || is_k_affine(fmt);
     __m512i q = nibbles ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
     /* q4_1: d q is exact in fp32 (4-bit q, fp16 d), so the fused m + d q rounds once, as
      * unpack's sum of the product does (q4_k: (d sc) q with a six-bit sc, exact too) */
@@ -691,10 +723,10 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
         __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
-        if (fmt == FORMAT_Q4_K) { /* d sc and -(dmin mn): exact products, as unpack's */
-            const uint8_t *h = tile + (g / 8) * Q4_K_BLOCK;
+        if (is_k_affine(fmt)) { /* d sc and -(dmin mn): exact products, as unpack's */
+            const uint8_t *h = k_header(fmt, tile, g);
             const int j = (int)(g % 8);
-            nib = h + 256 + 256 * j;
+            nib = k_nibbles(fmt, tile, g);
             d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
                               six_bit16(h + 64, h + 192, j));
             m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
@@ -720,10 +752,15 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; c++) {
             __m512i a, b; /* dword r: row r's columns 8c..8c+3 (a) and 8c+4..8c+7 (b) */
-            if (fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_K) {
+            if (fmt == FORMAT_Q4_1 || is_k_affine(fmt)) {
                 const __m512i w = _mm512_loadu_si512(nib + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                if (fmt == FORMAT_Q5_K) {
+                    const __m512i bits = _mm512_loadu_si512(nib + 256);
+                    a = add_fifth_bits(a, bits, c, 0);
+                    b = add_fifth_bits(b, bits, c, 1);
+                }
             } else if (is_q6(fmt)) {
                 a = q6_quad(q6_bits(fmt, tile, g), 2 * c);
                 b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1);
@@ -804,6 +841,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6_K)
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_K)
+            dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

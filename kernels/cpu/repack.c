@@ -5,6 +5,7 @@
  * concatenations): loading a 1B Q4_K_M spent ~4 s there.
  *
  *   Q4_K       -> q4_k   as stored: d, dmin, the six-bit scales and mins, the nibbles
+ *   Q5_K       -> q5_k   as stored: q4_k's fields and the fifth bits
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
@@ -25,7 +26,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14 };
+enum { GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 static inline uint32_t f32_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
@@ -177,16 +178,19 @@ static void write_q8_0(uint8_t *o, const uint8_t *q, const float *s, int64_t K, 
         for (int r = 0; r < TILE; r++) memcpy(qo + (quad * TILE + r) * 4, q + r * K + g * GROUP + 4 * quad, 4);
 }
 
-/* One tile of Q4_K rows [16 t, 16 t + 16) (those at or past `rows` zeros) as q4_k: per
- * super-block the header's fields moved row by row and the nibbles regrouped, no arithmetic. */
-static void write_q4_k_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
-    const int64_t row_bytes = K / 256 * 144;
-    memset(o, 0, (size_t)(K / 256 * Q4_K_BLOCK));
+/* One tile of Q4_K (Q5_K) rows [16 t, 16 t + 16) (those at or past `rows` zeros) as q4_k
+ * (q5_k): per super-block the header's fields moved row by row and the nibbles (and fifth
+ * bits) regrouped, no arithmetic. */
+static void write_k_tile(int fmt, uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K,
+                         int64_t t) {
+    const int five = fmt == FORMAT_Q5_K;
+    const int64_t block = five ? 176 : 144, row_bytes = K / 256 * block;
+    memset(o, 0, (size_t)(K / 256 * k_block_bytes(fmt)));
     for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
         const uint8_t *b = raw + (t * TILE + r) * row_bytes;
-        for (int64_t sb = 0; sb < K / 256; sb++, b += 144) {
-            uint8_t *h = o + sb * Q4_K_BLOCK;
-            const uint8_t *s = b + 4, *qs = b + 16;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += block) {
+            uint8_t *h = o + sb * k_block_bytes(fmt);
+            const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
             memcpy(h + 2 * r, b, 2), memcpy(h + 32 + 2 * r, b + 2, 2);
             for (int j = 0; j < 8; j++) {
                 const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
@@ -202,12 +206,16 @@ static void write_q4_k_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int64_
             for (int j = 0; j < 8; j++) {
                 const uint8_t *src = qs + 32 * (j >> 1);
                 const int shift = 4 * (j & 1);
-                uint8_t *nib = h + 256 + 256 * j;
+                uint8_t *nib = h + 256 + k_group_bytes(fmt) * j, *fifth = nib + 256;
                 for (int cc = 0; cc < 4; cc++)
-                    for (int i = 0; i < 4; i++)
+                    for (int i = 0; i < 4; i++) {
                         nib[(cc * TILE + r) * 4 + i] =
                             (uint8_t)(((src[8 * cc + i] >> shift) & 15) |
                                       (((src[8 * cc + 4 + i] >> shift) & 15) << 4));
+                        if (five) /* Q5_K: column l's fifth bit is bit j of qh[l] */
+                            fifth[4 * r + i] |= (uint8_t)((((qh[8 * cc + i] >> j) & 1) << (2 * cc)) |
+                                                          (((qh[8 * cc + 4 + i] >> j) & 1) << (2 * cc + 1)));
+                    }
             }
         }
     }
@@ -218,6 +226,7 @@ static int64_t block_bytes(int src) {
     case GGML_Q4_0: return 18;
     case GGML_Q8_0: return 34;
     case GGML_Q4_K: return 144;
+    case GGML_Q5_K: return 176;
     case GGML_Q6_K: return 210;
     default: return 0;
     }
@@ -225,12 +234,13 @@ static int64_t block_bytes(int src) {
 
 static int64_t group_bytes(int fmt) {
     return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
-         : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP : 0;
+         : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
+         : fmt == FORMAT_Q5_K ? Q5_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
-           (src == GGML_Q4_K && fmt == FORMAT_Q4_K) ||
+           (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
 }
@@ -241,19 +251,19 @@ static int pair_ok(int src, int fmt) {
  * scratch memory could not be had. */
 int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
                   int nthreads) {
-    const int64_t per_block = (src == GGML_Q4_K || src == GGML_Q6_K) ? 256 : 32;
+    const int64_t per_block = (src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K) ? 256 : 32;
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
     const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
-    if (fmt == FORMAT_Q4_K) {
+    if (is_k_affine(fmt)) {
 #pragma omp parallel num_threads(nthreads)
         {
             int64_t t0, t1;
             thread_range(tiles, &t0, &t1);
-            for (int64_t t = t0; t < t1; t++) write_q4_k_tile(out + t * tile_bytes, raw, rows, K, t);
+            for (int64_t t = t0; t < t1; t++) write_k_tile(fmt, out + t * tile_bytes, raw, rows, K, t);
         }
         return 0;
     }

@@ -155,7 +155,8 @@ class QuantLinear(nn.Module):
 
     def _blockwise_above(self, rows: int) -> int:
         fmt, from_rows = self.tiled.format, cpu_kernels.batch_int8_rows()
-        int8 = from_rows > 0 and fmt != "q8_0" and (rows >= from_rows or fmt in ("q6", "q6_k"))
+        int8 = from_rows > 0 and fmt != "q8_0" and (rows >= from_rows
+                                                   or fmt in cpu_kernels.INT8_X_FROM_ONE_ROW)
         return self.int8_blockwise_above if int8 else self.blockwise_above
 
     @staticmethod
@@ -264,8 +265,8 @@ class Q6Linear(QuantLinear):
 
 
 class Q4KLinear(QuantLinear):
-    """GGUF's Q4_K as stored (4-bit values, six-bit scales and mins per 32 under an fp16 d and
-    dmin per 256): made from tiles only (QuantLinear.from_tiled)."""
+    """GGUF's Q4_K or Q5_K as stored (4- or 5-bit values, six-bit scales and mins per 32 under
+    an fp16 d and dmin per 256: q4_k, q5_k tiles): made from tiles only (QuantLinear.from_tiled)."""
 
     int8_blockwise_above = NIBBLES_INT8_BLOCKWISE_ABOVE
 
@@ -276,7 +277,7 @@ class Q4KLinear(QuantLinear):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q6": Q6Linear, "q6_k": Q6Linear,
+    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q5_k": Q4KLinear, "q6": Q6Linear, "q6_k": Q6Linear,
             "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 

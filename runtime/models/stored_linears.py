@@ -6,6 +6,8 @@ level has them all):
 - Q4_K -> q4_k, as stored (4-bit values, six-bit scales and mins per 32, an fp16 d and dmin
   per 256: 4.5 bits a weight); at avx2 -> q4_1 (its batch products are ~10-40% faster there:
   bench/results/scale-serving.md#2026-12-06-avx2-avx2-q4k);
+- Q5_K -> q5_k, as stored (q4_k's fields with 5-bit values: 5.5 bits a weight); a Q4_K part
+  of a fused layer whose other part is Q5_K too, exactly (its fifth bits zero);
 - Q4_0, Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_K part of a fused
   layer whose other part is Q4_0/Q4_1 too (its sub-blocks of 32 are such groups, scale d*sc and
   low -dmin*m, held as fp16);
@@ -17,12 +19,12 @@ level has them all):
 - Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
   the scale d or d * sc per 32);
 - F32, F16, BF16 -> bf16 tiles;
-- every other type (Q5_1, Q5_K, Q2_K) -> q8_0: its blocks dequantized and requantized to
+- every other type (Q5_1, Q2_K) -> q8_0: its blocks dequantized and requantized to
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q6 > q6_k > q4_1 > q4_k; q6_k only where every part is
-Q6_K, else q6). With --quantization int4 every layer
+format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q4_1 > q4_k; q6_k only where every part
+is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6). With --quantization int4 every layer
 but the output head becomes q4_1, or q4_k where it is all Q4_K (its stored values requantized
 to 4-bit groups where they are not 4-bit already). One log line says what became what, and why.
 
@@ -60,8 +62,9 @@ _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_k": 0, "q4_1": 1, "q6_k": 2, "q6": 3, "q8_0": 4, "bf16": 5}
+_WIDTH = {"q4_k": 0, "q4_1": 1, "q5_k": 2, "q6_k": 3, "q6": 4, "q8_0": 5, "bf16": 6}
 _WHY = {"q4_k": "as stored",
+        "q5_k": "as stored",
         "q6_k": "as stored",
         "q4_1": "groups of 32 as stored, fp16 scales",
         "q6": "groups of 16 as stored, fp16 scales",
@@ -74,6 +77,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q4_k"
     if qtype in _AFFINE_4BIT:
         return "q4_1"
+    if qtype == GGMLType.Q5_K:
+        return "q5_k"
     if qtype == GGMLType.Q6_K:
         return "q6_k"
     if qtype in _SYMMETRIC_6BIT:
@@ -86,9 +91,14 @@ def nearest_format(qtype: GGMLType) -> str:
 def layer_format(types: set[GGMLType]) -> str:
     """The format of a layer whose parts are stored in `types`: the widest of theirs, q6_k only
     where every part is Q6_K (its int8 scales under one d per 256 cannot hold another type's
-    groups as they are: q6's fp16 scale per 16 can)."""
+    groups as they are: q6's fp16 scale per 16 can), q5_k only where every part is Q5_K or
+    Q4_K (the same fields), else q6."""
     fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
-    return "q6" if fmt == "q6_k" and types != {GGMLType.Q6_K} else fmt
+    if fmt == "q6_k" and types != {GGMLType.Q6_K}:
+        return "q6"
+    if fmt == "q5_k" and not types <= {GGMLType.Q5_K, GGMLType.Q4_K}:
+        return "q6"
+    return fmt
 
 
 def why(qtype: GGMLType, fmt: str) -> str:
@@ -101,6 +111,8 @@ def why(qtype: GGMLType, fmt: str) -> str:
                 "(its six-bit scales cost more to unpack there than its 10% fewer bytes save)")
     if fmt == "q4_1" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: groups of 32, fp16 scales"
+    if fmt == "q5_k" and qtype == GGMLType.Q4_K:
+        return "a fused layer's widest part: its values kept exactly"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
     if fmt == "q8_0" and qtype in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
@@ -152,7 +164,7 @@ def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
 
 
 def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
-    if len(parts) == 1:  # the C repack where it converts the pair (Q4_K, Q4_0, Q6_K, Q8_0)
+    if len(parts) == 1:  # the C repack where it converts the pair (Q4_K, Q4_0, Q5_K, Q6_K, Q8_0)
         repacked = cpu_kernels.repack(parts[0].raw, int(parts[0].qtype), fmt, parts[0].cols)
         if repacked is not None:
             return repacked
@@ -161,6 +173,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q4_k":  # (every part Q4_K: the narrowest format)
         fields = zip(*(q4_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q4_k(*(torch.cat(column) for column in fields))
+    if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
+        fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
+        return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))
     if fmt == "q6_k":  # (every part Q6_K: layer_format)
         fields = zip(*(q6_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q6_k(*(torch.cat(column) for column in fields))

@@ -37,14 +37,15 @@ def covering_blocks(name: str, n: int = N_BLOCKS, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(raw)
 
 
-def quantize_q4_k(w: np.ndarray) -> np.ndarray:
+def quantize_q4_k(w: np.ndarray, bits: int = 4) -> np.ndarray:
     """float32 [rows, cols] (cols a multiple of 256) -> Q4_K blocks, uint8 [rows, cols / 256 *
-    144]: a plain min/max quantizer (not llama.cpp's search), for test files; the `gguf`
-    package quantizes no K-quant type."""
+    144] (bits=5: Q5_K blocks, cols / 256 * 176): a plain min/max quantizer (not llama.cpp's
+    search), for test files; the `gguf` package quantizes no K-quant type."""
     rows, cols = w.shape
+    top = (1 << bits) - 1
     sub = w.astype(np.float32).reshape(rows, cols // 256, 8, 32)
     low = np.maximum(-sub.min(-1), 0)  # x = d sc q - dmin m, so m >= 0
-    step = (sub.max(-1) + low) / 15
+    step = (sub.max(-1) + low) / top
     d = (step.max(-1) / 63).astype(np.float16)
     dmin = (low.max(-1) / 63).astype(np.float16)
     safe = lambda v: np.where(v > 0, v, 1)  # noqa: E731
@@ -52,15 +53,17 @@ def quantize_q4_k(w: np.ndarray) -> np.ndarray:
     m = np.clip(np.rint(low / safe(dmin.astype(np.float32))[..., None]), 0, 63).astype(np.uint8)
     scale = d.astype(np.float32)[..., None] * sc
     offset = dmin.astype(np.float32)[..., None] * m
-    q = np.clip(np.rint((sub + offset[..., None]) / safe(scale)[..., None]), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint((sub + offset[..., None]) / safe(scale)[..., None]), 0, top).astype(np.uint8)
     packed = np.zeros((rows, cols // 256, 12), dtype=np.uint8)
     packed[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
     packed[..., 4:8] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
     packed[..., 8:12] = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
-    q = q.reshape(rows, cols // 256, 4, 2, 32)  # [.., 64-chunk c, half n, l]
+    fifth = [(q[..., j, :] >> 4) << j for j in range(8)]  # Q5_K: bit j of qh[l]
+    qh = np.bitwise_or.reduce(np.stack(fifth), axis=0).astype(np.uint8)  # [.., 32]
+    q = (q & 15).reshape(rows, cols // 256, 4, 2, 32)  # [.., 64-chunk c, half n, l]
     qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
-    blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8),
-                             packed, qs], axis=-1)
+    fields = [d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), packed]
+    blocks = np.concatenate([*fields, *([qh] if bits == 5 else []), qs], axis=-1)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
 
 

@@ -1,4 +1,4 @@
-"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_1, tile_q4_k, tile_q6,
+"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_1, tile_q4_k, tile_q5_k, tile_q6,
 tile_q6_k, tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import torch
 
 from radixflow.kernels import cpu
 
-INTEGER_FORMATS = ["q4_1", "q4_k", "q6", "q6_k", "q8_0"]
-SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")  # whole super-blocks of 256 along k
+INTEGER_FORMATS = ["q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0"]
+SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")  # whole super-blocks of 256 along k
 FORMATS = [*INTEGER_FORMATS, "bf16"]
 
 
 def cases(formats: list[str], shapes: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
-    """(format, n, k) for each format and each shape whose k it holds (q4_k, q6_k: whole
+    """(format, n, k) for each format and each shape whose k it holds (q4_k, q5_k, q6_k: whole
     super-blocks of 256)."""
     return [(f, n, k) for f in formats for n, k in shapes
             if f not in SUPER_BLOCK_FORMATS or k % 256 == 0]
@@ -35,8 +35,9 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
         return cpu.tile_q4_1(q, scale, low), dense
     gen = torch.Generator().manual_seed(seed)
-    if fmt == "q4_k":  # Q4_K's fields: six-bit scales and mins (the extremes included)
-        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    if fmt in ("q4_k", "q5_k"):  # Q4_K's / Q5_K's fields: six-bit scales and mins (the
+        q = torch.randint(0, 16 if fmt == "q4_k" else 32, (n, k), generator=gen,  # extremes too)
+                          dtype=torch.uint8)
         sc = torch.randint(0, 64, (n, k // 32), generator=gen, dtype=torch.uint8)
         mn = torch.randint(0, 64, (n, k // 32), generator=gen, dtype=torch.uint8)
         sc[:, 0], mn[:, 0], sc[:, -1], mn[:, -1] = 63, 0, 0, 63
@@ -44,7 +45,8 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         dmin = (torch.rand(n, k // 256, generator=gen) * 2e-3).half().float()
         scale = (d.repeat_interleave(8, 1) * sc.float()).repeat_interleave(32, 1)
         low = (dmin.repeat_interleave(8, 1) * mn.float()).repeat_interleave(32, 1)
-        return cpu.tile_q4_k(q, sc, mn, d, dmin), q.float() * scale - low
+        tile = cpu.tile_q4_k if fmt == "q4_k" else cpu.tile_q5_k
+        return tile(q, sc, mn, d, dmin), q.float() * scale - low
     if fmt == "q6":  # Q6_K-like: q in -32..31, a scale per 16 (fp16, of either sign)
         q = torch.randint(-32, 32, (n, k), generator=gen, dtype=torch.int8)
         q[:, ::16] = -32  # the extremes of the grid

@@ -251,6 +251,10 @@ def write_tiny_gguf(hf_folder: Path, dest: Path, qtype_of=None) -> Path:
             from helpers.gguf_test_blocks import quantize_q4_k
 
             data = quantize_q4_k(data.reshape(-1, data.shape[-1]))
+        elif qtype == gguf.GGMLQuantizationType.Q5_K:
+            from helpers.gguf_test_blocks import quantize_q4_k
+
+            data = quantize_q4_k(data.reshape(-1, data.shape[-1]), bits=5)
         elif qtype == gguf.GGMLQuantizationType.Q6_K:
             from helpers.gguf_test_blocks import quantize_q6_k
 

@@ -48,7 +48,7 @@ BATCH_INT8_ROWS = 3  # gemv.h's: from this many rows the AVX-512 nibble products
 def _int8_x_at(level: str, fmt: str, m: int) -> bool:
     """Whether the kernels quantize x to int8 per group (_int8_x) for m rows of fmt."""
     return level == "avx2" or (fmt != "q8_0" and fmt != "bf16"
-                               and (m >= BATCH_INT8_ROWS or fmt in ("q6", "q6_k")))
+                               and (m >= BATCH_INT8_ROWS or fmt in cpu.INT8_X_FROM_ONE_ROW))
 
 
 def _allowed_error(level: str, fmt: str, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ def test_gemm_matches_reference(level, fmt, n, k, m):
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
-    k = 512 if fmt in ("q4_k", "q6_k") else 96
+    k = 512 if fmt in ("q4_k", "q5_k", "q6_k") else 96
     tiled, dense = _weights(fmt, n, k, seed=n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
     _assert_within(cpu.gemm(x, tiled), cpu.reference(x, tiled),
@@ -155,10 +155,10 @@ def test_int8_x_products_are_int8_x_exactly(level, fmt, n, k, m):
     _assert_within(kernel, exact, bound + tol)
 
 
-@pytest.mark.parametrize("fmt", ["q6", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q5_k", "q6", "q6_k"])
 @pytest.mark.parametrize("m", [1, 2, 5])
-def test_six_bit_products_take_16_bit_x_when_told_never_int8(level, fmt, m):
-    """q6/q6_k take int8 x from one row on (gemv.h's split_mode: their 16-bit products are
+def test_compute_bound_formats_take_16_bit_x_when_told_never_int8(level, fmt, m):
+    """q5_k/q6/q6_k take int8 x from one row on (gemv.h's split_mode: their 16-bit products are
     compute-bound); with --cpu-batch-int8-rows 0 they split x into 16-bit integers, at
     avx512, as the other formats do: within 1e-4 of the scale, past int8's rounding."""
     if level != "avx512":
@@ -239,6 +239,7 @@ def test_gather_rows_is_unpack_indexed(fmt):
              "q8_0": lambda: cpu.tile_q8_0(cpu.quantize_q8_0(w)),
              "q6": lambda: _weights("q6", 37, 96)[0],
              "q4_k": lambda: _weights("q4_k", 37, 256)[0],
+             "q5_k": lambda: _weights("q5_k", 37, 256)[0],
              "q6_k": lambda: _weights("q6_k", 37, 256)[0],
              "bf16": lambda: cpu.tile_bf16(w)}[fmt]()
     ids = torch.tensor([0, 5, 36, 16, 17, 5])

@@ -39,6 +39,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
         return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
     if fmt == "q4_k":
         return cpu.tile_q4_k(*gb.q4_k_fields(raw, shape))
+    if fmt == "q5_k":
+        return cpu.tile_q5_k(*gb.q4_k_fields(raw, shape, t))
     if fmt == "q6_k":
         return cpu.tile_q6_k(*gb.q6_k_fields(raw, shape))
     if fmt == "q6":
@@ -47,7 +49,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
-                                           ("Q6_K", "q6"), ("Q6_K", "q6_k"), ("Q8_0", "q8_0")])
+                                           ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
+                                           ("Q8_0", "q8_0")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     raw = _rows(name, k, drop, small_scales=fmt == "q6")
@@ -63,6 +66,18 @@ def test_q4_k_tiles_hold_what_gguf_dequantizes(level):
     want = gb.dequantize(raw, gb.GGMLType.Q4_K, (raw.shape[0], 512))
     assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
     assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 9 // 16  # 4.5 bits, as Q4_K
+
+
+def test_q5_k_tiles_hold_what_gguf_dequantizes(level):
+    """Q5_K as stored: q4_k's fields and each value's fifth bit, 5.5 bits a weight, as Q5_K;
+    an embedding lookup's rows the same."""
+    raw = _rows("Q5_K", 512, 3)
+    got = cpu.repack(raw, int(gb.GGMLType.Q5_K), "q5_k", 512)
+    want = gb.dequantize(raw, gb.GGMLType.Q5_K, (raw.shape[0], 512))
+    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
+    ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
+    assert torch.equal(cpu.gather_rows(got, ids).view(torch.int32), want[ids].view(torch.int32))
+    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 176 // 256  # as Q5_K
 
 
 def test_q6_k_tiles_hold_what_gguf_dequantizes(level):

@@ -198,6 +198,78 @@ def test_q6_k_layers_load_as_stored(tmp_path):
         assert torch.equal(stepped[0].argmax(-1), dense.argmax(-1))
 
 
+def _q5_k_m_qtype(hf_name):
+    """As llama-quantize's Q5_K_M: Q6_K for the head and down, Q5_K for the rest but v (Q4_K:
+    a fused q/k/v of Q5_K and Q4_K parts stays q5_k, exactly)."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "down_proj" in hf_name or "lm_head" in hf_name or "embed_tokens" in hf_name:
+        return gguf.GGMLQuantizationType.Q6_K
+    if "v_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q4_K
+    return gguf.GGMLQuantizationType.Q5_K
+
+
+def test_q5_k_layers_load_as_stored(tmp_path):
+    """Q5_K stays Q5_K: 5.5 bits a weight in the tiles, each weight what gguf dequantizes, bit
+    for bit (a fused layer's Q4_K part too), the same logits as the file dequantized and run
+    dense, in the torch forward and the C decode step."""
+    from radixflow.kernels import gguf_blocks as gb
+    from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
+
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05, tie_word_embeddings=False)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q5_k_m_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    kernel = f"radixflow C {cpu_kernels.active_level()}"
+    assert formats["gate_up_proj"] == {"stored": "Q5_K", "format": "q5_k", "kernel": kernel}
+    assert formats["qkv_proj"] == {"stored": "Q4_K+Q5_K", "format": "q5_k", "kernel": kernel}
+    assert formats["down_proj"]["format"] == "q6_k"
+    modules = dict(runner.model.named_modules())
+    gate_up, qkv = (next(m for name, m in modules.items() if name.endswith(f"0.{kind}.{part}"))
+                    for kind, part in (("mlp", "gate_up_proj"), ("self_attn", "qkv_proj")))
+    assert gate_up.tiled.nbytes * 256 == gate_up.in_features * gate_up.out_features * 176
+    weights = GGUFWeights.of_folder(folder)
+    want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
+        weights.tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv")])
+    assert torch.equal(cpu_kernels.unpack(qkv.tiled).view(torch.int32), want.view(torch.int32))
+    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
+    assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
+    from helpers.c_step import teacher_forced_batch
+
+    assert runner.cpu_decode is not None
+    ids = [1, 5, 9, 33, 70, 2, 11] * 6
+    bf16_error = (dense_bf16 - dense).abs().max()
+    top2 = dense.topk(2, dim=-1).values
+    clear = top2[:, 0] - top2[:, 1] > 4 * bf16_error  # (random weights make near-ties)
+    for seqs in ([ids], [ids, ids[3:], ids[5:]]):
+        stepped = teacher_forced_batch(runner, seqs, first_row=1)
+        assert (stepped[0] - dense).abs().max() < 2.5 * bf16_error
+        assert torch.equal(stepped[0].argmax(-1)[clear], dense.argmax(-1)[clear])
+    assert clear.sum() > len(clear) // 2
+
+
+def test_q5_k_takes_q4_k_parts_but_no_others():
+    """q5_k holds a fused layer's Q4_K part as it is (the same fields, fifth bits zero); any
+    other part makes the layer q6 (or wider)."""
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.models.stored_linears import layer_format, nearest_format, why
+
+    assert nearest_format(GGMLType.Q5_K) == "q5_k"
+    assert layer_format({GGMLType.Q5_K}) == "q5_k"
+    assert layer_format({GGMLType.Q5_K, GGMLType.Q4_K}) == "q5_k"
+    assert layer_format({GGMLType.Q5_K, GGMLType.Q6_K}) == "q6"
+    assert layer_format({GGMLType.Q5_K, GGMLType.Q4_0}) == "q6"
+    assert layer_format({GGMLType.Q5_K, GGMLType.Q8_0}) == "q8_0"
+    assert why(GGMLType.Q5_K, "q5_k") == "as stored"
+    assert "exactly" in why(GGMLType.Q4_K, "q5_k")
+
+
 def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     """A fused layer's affine 4-bit part (Q4_K q/k beside a Q6_K v) becomes 6-bit groups of
     16: each weight within half a step of the fp16 scale, and 6-bit values kept exactly."""
@@ -213,7 +285,7 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q6", "q6_k", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
@@ -226,12 +298,14 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
-    k = 256 if fmt in ("q4_k", "q6_k") else 64
+    k = 256 if fmt in ("q4_k", "q5_k", "q6_k") else 64
 
     def stored(rows, seed):
         w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
         if fmt == "q4_k":
             return StoredTensor(GGMLType.Q4_K, rows, k, torch.from_numpy(quantize_q4_k(w)))
+        if fmt == "q5_k":
+            return StoredTensor(GGMLType.Q5_K, rows, k, torch.from_numpy(quantize_q4_k(w, 5)))
         if fmt == "q6_k":
             return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
         raw = gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
