@@ -67,8 +67,8 @@ def set_batch_int8_rows(rows: int) -> None:
     group of 32 (one vpdpbusd a weight byte, llama.cpp's precision) instead of exact 16-bit
     integers (two): a batch's decode step is then ~1.7x faster, and its outputs differ from
     each request's alone by that rounding; INT8_X_FROM_ONE_ROW take int8 x from one row on
-    while this is above 0 (gemv.h's split_mode); 0: never (the products batch-invariant). For every build
-    this process has loaded or loads later (`--cpu-batch-int8-rows`)."""
+    while this is above 0 (gemv.h's split_mode); 0: never (the products batch-invariant). For
+    every build this process has loaded or loads later (`--cpu-batch-int8-rows`)."""
     global _batch_int8_rows
     if rows < 0:
         raise ValueError(f"rows must be >= 0, got {rows}")

@@ -277,8 +277,8 @@ class Q4KLinear(QuantLinear):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q5_k": Q4KLinear, "q6": Q6Linear, "q6_k": Q6Linear,
-            "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
+    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q5_k": Q4KLinear, "q6": Q6Linear,
+            "q6_k": Q6Linear, "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 
 

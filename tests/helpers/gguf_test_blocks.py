@@ -53,7 +53,8 @@ def quantize_q4_k(w: np.ndarray, bits: int = 4) -> np.ndarray:
     m = np.clip(np.rint(low / safe(dmin.astype(np.float32))[..., None]), 0, 63).astype(np.uint8)
     scale = d.astype(np.float32)[..., None] * sc
     offset = dmin.astype(np.float32)[..., None] * m
-    q = np.clip(np.rint((sub + offset[..., None]) / safe(scale)[..., None]), 0, top).astype(np.uint8)
+    q = np.rint((sub + offset[..., None]) / safe(scale)[..., None])
+    q = np.clip(q, 0, top).astype(np.uint8)
     packed = np.zeros((rows, cols // 256, 12), dtype=np.uint8)
     packed[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
     packed[..., 4:8] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
