@@ -2,9 +2,9 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in seven formats: GGUF's Q4_1 and Q8_0,
-exactly, GGUF's Q4_K, Q5_K and Q6_K as stored (q4_k, q5_k, q6_k), q6 (6-bit symmetric values with an
-fp16 scale per 16: GGUF's Q3_K and Q5_0), and bf16; step_<level>.c holds the decode step's
+side by side: see gemv_avx512.c's header comment) in eight formats: GGUF's Q4_0, Q4_1, Q8_0,
+Q4_K, Q5_K and Q6_K as stored (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), q6 (6-bit symmetric values
+with an fp16 scale per 16: GGUF's Q3_K and Q5_0), and bf16; step_<level>.c holds the decode step's
 attention, SiLU and argmax, and a request's causal prefill attention (prefill.py). gemm.c
 (Python's entry points to the products) and decode.c are the same at every level: decode.c runs
 a whole decode step of a Llama-family model (a batch of requests, one token each) over those
@@ -141,7 +141,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_1" | "q4_k" | "q5_k" | "q6" | "q6_k" | "q8_0" | "bf16"
+    format: str  # "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6" | "q6_k" | "q8_0" | "bf16"
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -187,6 +187,20 @@ def tile_q4_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> TiledW
 
     data = torch.cat([scales(scale), scales(low), nibbles.reshape(tiles, g, 256)], dim=-1)
     return TiledWeight("q4_1", data.contiguous(), n, k)
+
+
+def tile_q4_0(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
+    """GGUF's Q4_0 as stored: q [N, K] in 0..15, scale [N, K / 32] fp16 values d; w = d (q - 8).
+    Per tile and group: fp16 d[16], then the nibbles as q4_1 holds them (4.5 bits a weight)."""
+    n, k = q.shape
+    if scale.shape != (n, k // GROUP):
+        raise ValueError(f"expected scale of shape [{n}, {k // GROUP}], got {tuple(scale.shape)}")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
+        raise ValueError("4-bit weights must be in 0..15")
+    as_q4_1 = tile_q4_1(q, scale, -8 * scale)  # (checks the shape)
+    blocks = as_q4_1.data.view(as_q4_1.data.shape[0], k // GROUP, -1)
+    data = torch.cat([blocks[..., :32], blocks[..., 64:]], dim=-1)
+    return TiledWeight("q4_0", data.contiguous(), n, k)
 
 
 def tile_q8_0(w: Q8_0Weight) -> TiledWeight:
@@ -384,9 +398,9 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
 # (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)
-REPACKS = {(2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"),
-           (8, "q8_0")}
-_GROUP_BYTES = {"q4_1": 320, "q6": 448, "q8_0": 576}
+REPACKS = {(2, "q4_0"), (2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"),
+           (14, "q6_k"), (8, "q8_0")}
+_GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q6": 448, "q8_0": 576}
 _SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
 
 
@@ -480,8 +494,11 @@ def unpack(w: TiledWeight) -> torch.Tensor:
             * scale.transpose(1, 2)[..., None]
         return dense.reshape(tiles * TILE, k)[:n]
     d = blocks[..., :32].contiguous().view(torch.float16).float()
-    low = blocks[..., 32:64].contiguous().view(torch.float16).float()
-    nib = blocks[..., 64:].contiguous().view(tiles, g, 4, TILE, 4)
+    if w.format == "q4_0":  # (low -8 d, exact)
+        low, nib = d * -8, blocks[..., 32:].contiguous().view(tiles, g, 4, TILE, 4)
+    else:
+        low = blocks[..., 32:64].contiguous().view(torch.float16).float()
+        nib = blocks[..., 64:].contiguous().view(tiles, g, 4, TILE, 4)
     q = torch.stack([nib & 15, nib >> 4], dim=-1)  # [tile, group, chunk, row, i, half]
     q = q.permute(0, 3, 1, 2, 5, 4).reshape(tiles, TILE, g, GROUP).float()
     dense = low.transpose(1, 2)[..., None] + q * d.transpose(1, 2)[..., None]
@@ -557,12 +574,18 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         q = blocks[tile[:, None, None], groups, quant].contiguous().view(torch.int8).float()
         return (q * scale).reshape(-1, k)
     # q4_1: [d fp16 x 16][low fp16 x 16][chunk 0..3][row][4 bytes: half 0 low nibble, 1 high]
+    # q4_0: [d fp16 x 16][chunk 0..3][row][4 bytes] (low -8 d)
     d = blocks[tile[:, None, None], groups, 2 * r + torch.arange(2)].contiguous()
-    low = blocks[tile[:, None, None], groups, 32 + 2 * r + torch.arange(2)].contiguous()
-    nib_bytes = 64 + (torch.arange(4)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
+    d = d.view(torch.float16).float()
+    if w.format == "q4_0":
+        low, at = d * -8, 32
+    else:
+        low = blocks[tile[:, None, None], groups, 32 + 2 * r + torch.arange(2)].contiguous()
+        low, at = low.view(torch.float16).float(), 64
+    nib_bytes = at + (torch.arange(4)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
     nib = blocks[tile[:, None, None], groups, nib_bytes].view(-1, g, 4, 1, 4)  # chunk, i
     q = torch.cat([nib & 15, nib >> 4], dim=3).reshape(-1, g, GROUP).float()  # chunk,half,i
-    return (low.view(torch.float16).float() + q * d.view(torch.float16).float()).reshape(-1, k)
+    return (low + q * d).reshape(-1, k)
 
 
 # ---- products ----
@@ -596,8 +619,9 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm", "q5_k": "rf_q5_k_gemm", "q6": "rf_q6_gemm",
-         "q6_k": "rf_q6_k_gemm", "q8_0": "rf_q8_0_gemm", "bf16": "rf_bf16_gemm"}
+_GEMM = {"q4_0": "rf_q4_0_gemm", "q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm",
+         "q5_k": "rf_q5_k_gemm", "q6": "rf_q6_gemm", "q6_k": "rf_q6_k_gemm", "q8_0": "rf_q8_0_gemm",
+         "bf16": "rf_bf16_gemm"}
 
 
 DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)

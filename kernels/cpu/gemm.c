@@ -39,6 +39,8 @@ static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, i
             rf_q6_k_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else if (fmt == FORMAT_Q5_K)
             rf_q5_k_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else if (fmt == FORMAT_Q4_0)
+            rf_q4_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else
             rf_q4_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
     }
@@ -63,6 +65,11 @@ void rf_q6_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M
 void rf_q4_k_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
                   int64_t K, int nthreads) {
     quantized_gemm(FORMAT_Q4_K, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q4_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(FORMAT_Q4_0, w, x, y, y_bf16, M, N, K, nthreads);
 }
 
 void rf_q5_k_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,

@@ -13,6 +13,7 @@
 #define GROUP 32 /* quantization group along k */
 #define MAX_ROWS 64 /* rows of x per product call (gemm.c; a 32-row one reads the weights once) */
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
+#define Q4_0_BLOCK (32 + 4 * 64) /* one tile x group: fp16 d[16], 256 B nibbles (w = d (q - 8)) */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 #define Q6_BLOCK (64 + 6 * 64) /* fp16 d[2][16], 256 B low nibbles, 128 B high bit pairs */
 #define SUPER_BLOCK 256 /* q4_k's weights along k per d/dmin (GGUF's Q4_K super-block) */
@@ -44,7 +45,7 @@ typedef struct {
 enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
-       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6 };
+       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -57,6 +58,7 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 /* Bytes of a tiled integer weight's tile (K / GROUP groups; q4_k's per group on average). */
 static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fmt) {
     return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK
+         : fmt == FORMAT_Q4_0 ? Q4_0_BLOCK
          : fmt == FORMAT_Q6   ? Q6_BLOCK
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP
          : fmt == FORMAT_Q6_K ? Q6_K_GROUP
@@ -70,6 +72,11 @@ static inline int x_unsigned(int fmt) {
 }
 
 static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
+
+/* q4_1 and q4_0: a group's fp16 d[16] (q4_1: then m[16]), then its nibbles; q4_0's low m is
+ * -8 d (GGUF's Q4_0: w = d (q - 8)). */
+static inline int is_group_affine(int fmt) { return fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_0; }
+static inline int64_t group_header(int fmt) { return fmt == FORMAT_Q4_0 ? 32 : 64; }
 
 /* q4_k and q5_k: a super-block's 8 groups of 32 under one header (fp16 d, dmin, six-bit
  * scales and mins: 256 bytes), then each group's q4_1 nibbles (256 bytes), q5_k's followed by
@@ -153,6 +160,8 @@ void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q6_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                       int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);

@@ -20,6 +20,7 @@
  *   (The exact sum x in the m term, as the AVX-512 build takes it, would leave the error
  *   sum (w - m) (x - x'), and Q4_1's m sits near -max|w|: the default model's logits, int4
  *   decode step against fp32, came out with rms error 0.72 that way, 0.33 this way.)
+ * - q4_0: as q4_1 with m = -8 d (no minimums stored).
  * - q4_k, q5_k: as q4_1 per group of 32, scale d sc and low -(dmin mn); q5_k's values (0..31)
  *   take their fifth bit from the 64 bytes after the group's nibbles. Its pair sums reach
  *   2 * 31 * 127 = 7874, so a chunk's two are widened to int32 at once (8 would overflow).
@@ -203,19 +204,31 @@ static inline __attribute__((always_inline)) void scale_group(
     }
 }
 
+/* A q4_1 or q4_0 group's d and m for rows 8h .. 8h + 7 (blk: the group's block). */
+static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
+                                                            int h, __m256 *d, __m256 *mn) {
+    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+    *mn = fmt == FORMAT_Q4_0 ? _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f))
+                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+}
+
+/* q4_1 and q4_0. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S, const int M) {
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
+    const int S, const int M) {
+    const int64_t block = group_bytes_of(fmt);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int64_t off = g * Q4_1_BLOCK;
+        const int64_t off = g * block;
         const uint8_t *nib[8];
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
+        for (int u = 0; u < S; u++)
+            prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
         nibble_sums(nib, 0, g, xs, acc, S, M);
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 16 * h)));
-                __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blks[u] + off + 32 + 16 * h)));
+                __m256 d, mn;
+                group_d_m(fmt, blks[u] + off, h, &d, &mn);
                 scale_group(acc, 0, u, h, d, mn, xs, g, y, M);
             }
     }
@@ -426,8 +439,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         const uint8_t *blks[8];
         __m256 out[16];
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
-        if (fmt == FORMAT_Q4_1)
-            q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        if (is_group_affine(fmt))
+            q4_1_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_k_affine(fmt))
             k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
@@ -456,7 +469,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m256 out[2 * ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
-#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+#define TILE_ROWS(R) (is_group_affine(fmt) ? q4_1_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
@@ -476,6 +489,11 @@ static inline __attribute__((always_inline)) void quantized_tiles(
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -583,7 +601,7 @@ static inline void put_row(void *out, int out_bf16, int64_t K, int64_t a, int64_
 static inline __attribute__((always_inline)) void dequant_row(
     const int fmt, __m128i bytes, const float *ds, const float *ms, int r, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = fmt == FORMAT_Q4_1 || is_k_affine(fmt);
+    const int nibbles = is_group_affine(fmt) || is_k_affine(fmt);
     const __m256i q = nibbles ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ds[r]));
     if (nibbles) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
@@ -599,7 +617,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     float ds[TILE], ms[TILE];
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
+        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + group_header(fmt);
         if (is_k_affine(fmt)) {
             const uint8_t *hd = k_header(fmt, tile, g);
             nib = k_nibbles(fmt, tile, g);
@@ -613,11 +631,12 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                 _mm256_storeu_ps(ds + 8 * h, q6_scales(fmt, tile, g, 0, h));
                 _mm256_storeu_ps(ms + 8 * h, q6_scales(fmt, tile, g, 1, h));
             }
-        } else if (fmt == FORMAT_Q4_1) {
-            _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)));
-            _mm256_storeu_ps(ds + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
-            _mm256_storeu_ps(ms, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))));
-            _mm256_storeu_ps(ms + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48))));
+        } else if (is_group_affine(fmt)) {
+            for (int h = 0; h < 2; h++) {
+                __m256 d, mn;
+                group_d_m(fmt, blk, h, &d, &mn);
+                _mm256_storeu_ps(ds + 8 * h, d), _mm256_storeu_ps(ms + 8 * h, mn);
+            }
         } else {
             memcpy(ds, blk, sizeof ds);
         }
@@ -628,7 +647,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             __m128i l0[4], l1[4], h0[4], h1[4];
             for (int c = 0; c < 4; c++) {
                 __m256i a, b;
-                if (fmt == FORMAT_Q4_1 || is_k_affine(fmt)) {
+                if (is_group_affine(fmt) || is_k_affine(fmt)) {
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(nib + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
@@ -714,6 +733,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_1)
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_0)
+            dequant_int_tile(FORMAT_Q4_0, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)

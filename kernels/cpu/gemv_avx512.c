@@ -15,6 +15,8 @@
  *   fp16 scales d, 16 fp16 minimums m, then 4 chunks of 64 bytes; byte 4r + i of chunk c holds
  *   q[r][8c + i] in its low nibble and q[r][8c + 4 + i] in its high one. w = m + d q, so
  *   sum w x = m sum x + d s sum q X, with sum x kept exact in fp32.
+ * - q4_0 (GGUF's Q4_0 as stored, 4.5 bits a weight): q4_1's without the minimums (fp16 d[16],
+ *   then the nibbles): w = d (q - 8), so m = -8 d.
  * - q8_0 (GGUF's Q8_0, the default model's tied embedding / head): per tile and group, 16
  *   fp32 scales d, then 8 quads of 64 bytes: byte 4r + i of quad p is q[r][4p + i] (int8).
  *   w = d q. Here x's bytes are the unsigned operand: X + 32768 = 256 hi + lo.
@@ -180,18 +182,30 @@ static inline __attribute__((always_inline)) void nibble_sums(
                 _mm512_add_epi32(lo[u][m][0], lo[u][m][1]));
 }
 
+/* A q4_1 or q4_0 group's d and m (blk: the group's block). */
+static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
+                                                            __m512 *d, __m512 *mn) {
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    *mn = fmt == FORMAT_Q4_0 ? _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f))
+                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+}
+
+/* q4_1 and q4_0. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y, const int S, const int M) {
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y,
+    const int S, const int M) {
+    const int64_t block = group_bytes_of(fmt);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int64_t off = g * Q4_1_BLOCK;
+        const int64_t off = g * block;
         const uint8_t *nib[8];
-        for (int u = 0; u < S; u++) prefetch(blks[u] + off, Q4_1_BLOCK), nib[u] = blks[u] + off + 64;
+        for (int u = 0; u < S; u++)
+            prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m512i qx[8 * ROW_BLOCK];
         nibble_sums(nib, 0, g, xs, qx, S, M);
         for (int u = 0; u < S; u++) {
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off)));
-            __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blks[u] + off + 32)));
+            __m512 d, mn;
+            group_d_m(fmt, blks[u] + off, &d, &mn);
             for (int m = 0; m < M; m++) {
                 __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
                 y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
@@ -373,7 +387,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
 #define INT8_ROWS 4 /* rows of x a pass (two streams of 4: 16 accumulators and 8 sums) */
 
 
-/* M rows of x (X_INT8) times S tiles of q4_1, q4_k or q5_k read side by side (S x M <= 8): per
+/* M rows of x (X_INT8) times S tiles of q4_1, q4_0, q4_k or q5_k read side by side (S x M <= 8): per
  * group, one vpdpbusd a row per 4 weights (nibbles unsigned, X signed), then y += d s sum qX
  * + m sum x' as the 16-bit path's (q4_k's d sc and -(dmin mn) likewise). y[u * M + m]. */
 static inline __attribute__((always_inline)) void nibble_int8_streams(
@@ -397,11 +411,10 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
                                       six_bit16(h + 128, h + 224, j));
                 mn[u] = _mm512_sub_ps(_mm512_setzero_ps(), mn[u]);
             } else {
-                const uint8_t *blk = tiles[u] + g * Q4_1_BLOCK;
-                prefetch(blk, Q4_1_BLOCK);
-                nib[u] = blk + 64;
-                d[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-                mn[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+                const uint8_t *blk = tiles[u] + g * group_bytes_of(fmt);
+                prefetch(blk, group_bytes_of(fmt));
+                nib[u] = blk + group_header(fmt);
+                group_d_m(fmt, blk, &d[u], &mn[u]);
             }
         }
         __m512i acc[8];
@@ -547,8 +560,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
         const uint8_t *blks[8];
         __m512 out[8];
         for (int u = 0; u < streams; u++) blks[u] = w + (t0 + i + u * part) * G * group_bytes_of(fmt);
-        if (fmt == FORMAT_Q4_1)
-            q4_1_tiles_streams(blks, G, xs, out, streams, M);
+        if (is_group_affine(fmt))
+            q4_1_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_k_affine(fmt))
             k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
@@ -580,7 +593,7 @@ static inline __attribute__((always_inline)) void quantized_tiles(
         for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             __m512 out[ROW_BLOCK];
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
-#define TILE_ROWS(R) (fmt == FORMAT_Q4_1 ? q4_1_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+#define TILE_ROWS(R) (is_group_affine(fmt) ? q4_1_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
@@ -599,6 +612,11 @@ static inline __attribute__((always_inline)) void quantized_tiles(
 void rf_q4_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q4_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -701,7 +719,7 @@ static inline void put_pair(void *out, int out_bf16, int64_t K, int64_t a, int64
 static inline __attribute__((always_inline)) void dequant_pair(
     const int fmt, __m128i bytes, const __m512 *dp, const __m512 *mp, int j, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = fmt == FORMAT_Q4_1 || is_k_affine(fmt);
+    const int nibbles = is_group_affine(fmt) || is_k_affine(fmt);
     __m512i q = nibbles ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
     /* q4_1: d q is exact in fp32 (4-bit q, fp16 d), so the fused m + d q rounds once, as
      * unpack's sum of the product does (q4_k: (d sc) q with a six-bit sc, exact too) */
@@ -721,7 +739,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + 64;
+        const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + group_header(fmt);
         __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
         if (is_k_affine(fmt)) { /* d sc and -(dmin mn): exact products, as unpack's */
             const uint8_t *h = k_header(fmt, tile, g);
@@ -736,9 +754,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         } else if (is_q6(fmt)) { /* m holds the second half's scales */
             d = q6_scales(fmt, tile, g, 0);
             m = q6_scales(fmt, tile, g, 1);
-        } else if (fmt == FORMAT_Q4_1) {
-            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        } else if (is_group_affine(fmt)) {
+            group_d_m(fmt, blk, &d, &m);
         } else {
             d = _mm512_loadu_ps((const float *)blk);
         }
@@ -752,7 +769,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; c++) {
             __m512i a, b; /* dword r: row r's columns 8c..8c+3 (a) and 8c+4..8c+7 (b) */
-            if (fmt == FORMAT_Q4_1 || is_k_affine(fmt)) {
+            if (is_group_affine(fmt) || is_k_affine(fmt)) {
                 const __m512i w = _mm512_loadu_si512(nib + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
@@ -835,6 +852,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_bf16_tile(w + t * (K / 2) * 64, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_1)
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q4_0)
+            dequant_int_tile(FORMAT_Q4_0, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)

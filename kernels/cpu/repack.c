@@ -6,6 +6,7 @@
  *
  *   Q4_K       -> q4_k   as stored: d, dmin, the six-bit scales and mins, the nibbles
  *   Q5_K       -> q5_k   as stored: q4_k's fields and the fifth bits
+ *   Q4_0       -> q4_0   as stored: d, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
@@ -117,6 +118,26 @@ static void write_q4_1(uint8_t *o, const uint8_t *q, const float *s, const float
             const uint8_t *row = q + r * K + g * GROUP + 8 * c;
             for (int i = 0; i < 4; i++) nib[(c * TILE + r) * 4 + i] = (uint8_t)(row[i] | (row[4 + i] << 4));
         }
+}
+
+/* One (tile, group) of Q4_0 rows (raw: the tile's first row, row_bytes apart; `live` of them)
+ * as q4_0: each row's d and its nibbles regrouped as q4_1 holds them, no arithmetic. */
+static void write_q4_0(uint8_t *o, const uint8_t *raw, int64_t row_bytes, int live, int64_t g) {
+    memset(o, 0, Q4_0_BLOCK);
+    uint8_t *nib = o + 32;
+    for (int r = 0; r < live; r++) {
+        const uint8_t *b = raw + r * row_bytes + g * 18, *qs = b + 2;
+        memcpy(o + 2 * r, b, 2);
+        /* Q4_0: column l < 16 is qs[l]'s low nibble, column 16 + l its high one; chunk c's
+         * byte 4 r + i holds columns 8 c + i (low nibble) and 8 c + 4 + i (high) */
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const int lo = 8 * c + i, hi = 8 * c + 4 + i;
+                const int v_lo = lo < 16 ? qs[lo] & 15 : qs[lo - 16] >> 4;
+                const int v_hi = hi < 16 ? qs[hi] & 15 : qs[hi - 16] >> 4;
+                nib[(c * TILE + r) * 4 + i] = (uint8_t)(v_lo | (v_hi << 4));
+            }
+    }
 }
 
 /* Group g's 6-bit values (q + 32 in q's rows) as q6 and q6_k hold them: 256 bytes of low
@@ -233,13 +254,15 @@ static int64_t block_bytes(int src) {
 }
 
 static int64_t group_bytes(int fmt) {
-    return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
+    return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q4_0 ? Q4_0_BLOCK
+         : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
+           (src == GGML_Q4_0 && fmt == FORMAT_Q4_0) ||
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
@@ -258,6 +281,20 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
     const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
+    if (fmt == FORMAT_Q4_0) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            int64_t t0, t1;
+            thread_range(tiles, &t0, &t1);
+            for (int64_t t = t0; t < t1; t++) {
+                const int live = rows - t * TILE < TILE ? (int)(rows - t * TILE) : TILE;
+                for (int64_t g = 0; g < G; g++)
+                    write_q4_0(out + t * tile_bytes + g * Q4_0_BLOCK, raw + t * TILE * row_bytes,
+                               row_bytes, live, g);
+            }
+        }
+        return 0;
+    }
     if (is_k_affine(fmt)) {
 #pragma omp parallel num_threads(nthreads)
         {

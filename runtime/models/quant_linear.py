@@ -264,9 +264,10 @@ class Q6Linear(QuantLinear):
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
-class Q4KLinear(QuantLinear):
-    """GGUF's Q4_K or Q5_K as stored (4- or 5-bit values, six-bit scales and mins per 32 under
-    an fp16 d and dmin per 256: q4_k, q5_k tiles): made from tiles only (QuantLinear.from_tiled)."""
+class StoredNibblesLinear(QuantLinear):
+    """GGUF's Q4_K, Q5_K or Q4_0 as stored (4- or 5-bit values, six-bit scales and mins per 32
+    under an fp16 d and dmin per 256: q4_k, q5_k tiles; q4_0: an fp16 d per 32): made from
+    tiles only (QuantLinear.from_tiled)."""
 
     int8_blockwise_above = NIBBLES_INT8_BLOCKWISE_ABOVE
 
@@ -277,8 +278,9 @@ class Q4KLinear(QuantLinear):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    kind = {"q4_1": Int4Linear, "q4_k": Q4KLinear, "q5_k": Q4KLinear, "q6": Q6Linear,
-            "q6_k": Q6Linear, "q8_0": Q8_0Linear, "bf16": TiledBF16Linear}[tiled.format]
+    kind = {"q4_0": StoredNibblesLinear, "q4_1": Int4Linear, "q4_k": StoredNibblesLinear,
+            "q5_k": StoredNibblesLinear, "q6": Q6Linear, "q6_k": Q6Linear, "q8_0": Q8_0Linear,
+            "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 
 

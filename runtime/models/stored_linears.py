@@ -8,8 +8,10 @@ level has them all):
   bench/results/scale-serving.md#2026-12-06-avx2-avx2-q4k);
 - Q5_K -> q5_k, as stored (q4_k's fields with 5-bit values: 5.5 bits a weight); a Q4_K part
   of a fused layer whose other part is Q5_K too, exactly (its fifth bits zero);
-- Q4_0, Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_K part of a fused
-  layer whose other part is Q4_0/Q4_1 too (its sub-blocks of 32 are such groups, scale d*sc and
+- Q4_0 -> q4_0, as stored (fp16 d per 32, the 4-bit values: 4.5 bits a weight);
+- Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_0 part of a fused layer
+  whose other part is not Q4_0 too (low -8 d, exactly), and a Q4_K part of one whose other part
+  is Q4_0/Q4_1 (its sub-blocks of 32 are such groups, scale d*sc and
   low -dmin*m, held as fp16);
 - Q6_K -> q6_k, as stored (6-bit values, an int8 scale per 16 under an fp16 d per 256: 6.5625
   bits a weight);
@@ -23,10 +25,11 @@ level has them all):
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q4_1 > q4_k; q6_k only where every part
-is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6). With --quantization int4 every layer
-but the output head becomes q4_1, or q4_k where it is all Q4_K (its stored values requantized
-to 4-bit groups where they are not 4-bit already). One log line says what became what, and why.
+format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q4_1 > q4_0 > q4_k; q6_k only where
+every part is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6; q4_0 only where every
+part is Q4_0, else q4_1). With --quantization int4 every layer but the output head becomes
+q4_1, or q4_k (q4_0) where it is all Q4_K (Q4_0) (its stored values requantized to 4-bit
+groups where they are not 4-bit already). One log line says what became what, and why.
 
 The embedding becomes a TiledEmbedding over the same kind of tiles (the output head's, shared,
 when the model ties them), dequantizing the rows a batch looks up.
@@ -62,8 +65,9 @@ _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_k": 0, "q4_1": 1, "q5_k": 2, "q6_k": 3, "q6": 4, "q8_0": 5, "bf16": 6}
+_WIDTH = {"q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_k": 3, "q6_k": 4, "q6": 5, "q8_0": 6, "bf16": 7}
 _WHY = {"q4_k": "as stored",
+        "q4_0": "as stored",
         "q5_k": "as stored",
         "q6_k": "as stored",
         "q4_1": "groups of 32 as stored, fp16 scales",
@@ -75,6 +79,8 @@ _WHY = {"q4_k": "as stored",
 def nearest_format(qtype: GGMLType) -> str:
     if qtype == GGMLType.Q4_K and cpu_kernels.active_level() != "avx2":
         return "q4_k"
+    if qtype == GGMLType.Q4_0:
+        return "q4_0"
     if qtype in _AFFINE_4BIT:
         return "q4_1"
     if qtype == GGMLType.Q5_K:
@@ -98,6 +104,8 @@ def layer_format(types: set[GGMLType]) -> str:
         return "q6"
     if fmt == "q5_k" and not types <= {GGMLType.Q5_K, GGMLType.Q4_K}:
         return "q6"
+    if fmt == "q4_0" and types != {GGMLType.Q4_0}:
+        return "q4_1"
     return fmt
 
 
@@ -111,6 +119,8 @@ def why(qtype: GGMLType, fmt: str) -> str:
                 "(its six-bit scales cost more to unpack there than its 10% fewer bytes save)")
     if fmt == "q4_1" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: groups of 32, fp16 scales"
+    if fmt == "q4_1" and qtype == GGMLType.Q4_0:
+        return "a fused layer's widest part: its groups as stored, low -8 d"
     if fmt == "q5_k" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: its values kept exactly"
     if nearest_format(qtype) != fmt:
@@ -164,7 +174,7 @@ def _tile(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
 
 
 def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
-    if len(parts) == 1:  # the C repack where it converts the pair (Q4_K, Q4_0, Q5_K, Q6_K, Q8_0)
+    if len(parts) == 1:  # the C repack where it converts the pair (REPACKS)
         repacked = cpu_kernels.repack(parts[0].raw, int(parts[0].qtype), fmt, parts[0].cols)
         if repacked is not None:
             return repacked
@@ -173,6 +183,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q4_k":  # (every part Q4_K: the narrowest format)
         fields = zip(*(q4_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q4_k(*(torch.cat(column) for column in fields))
+    if fmt == "q4_0":  # (every part Q4_0: layer_format)
+        fields = zip(*(affine_groups(p.raw, p.qtype, p.shape)[:2] for p in parts), strict=True)
+        return cpu_kernels.tile_q4_0(*(torch.cat(column) for column in fields))
     if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
         fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
         return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))
@@ -251,7 +264,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         names = [parts[s] for s in sorted(parts, key=_SHARD_ORDER.get)]
         types = {weights.stored_type(n) for n in names}
         if int4 and path != "lm_head":
-            fmt = "q4_k" if {nearest_format(t) for t in types} == {"q4_k"} else "q4_1"
+            nearest = {nearest_format(t) for t in types}
+            fmt = nearest.pop() if nearest in ({"q4_k"}, {"q4_0"}) else "q4_1"
         else:
             fmt = layer_format(types)
         biases = by_param.get(f"{path}.bias", {})

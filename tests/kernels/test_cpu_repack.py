@@ -37,6 +37,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
     t, shape = gb.GGMLType[name], (raw.shape[0], k)
     if fmt == "q4_1":
         return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
+    if fmt == "q4_0":
+        return cpu.tile_q4_0(*gb.affine_groups(raw, t, shape)[:2])
     if fmt == "q4_k":
         return cpu.tile_q4_k(*gb.q4_k_fields(raw, shape))
     if fmt == "q5_k":
@@ -49,6 +51,7 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
+                                           ("Q4_0", "q4_0"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
                                            ("Q8_0", "q8_0")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
@@ -66,6 +69,19 @@ def test_q4_k_tiles_hold_what_gguf_dequantizes(level):
     want = gb.dequantize(raw, gb.GGMLType.Q4_K, (raw.shape[0], 512))
     assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
     assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 9 // 16  # 4.5 bits, as Q4_K
+
+
+def test_q4_0_tiles_hold_what_gguf_dequantizes(level):
+    """Q4_0 as stored: its d and 4-bit values, 4.5 bits a weight, as Q4_0; w = d q - 8 d rounds
+    once, as d (q - 8) does: the same values (an exact zero's sign aside)."""
+    raw = _rows("Q4_0", 512, 3)
+    got = cpu.repack(raw, int(gb.GGMLType.Q4_0), "q4_0", 512)
+    want = gb.dequantize(raw, gb.GGMLType.Q4_0, (raw.shape[0], 512))
+    assert torch.equal(cpu.unpack(got), want)
+    ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
+    assert torch.equal(cpu.gather_rows(got, ids), want[ids])
+    assert torch.equal(cpu.dequantize(got, 0, 32, torch.float32), want[:32])
+    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 18 // 32  # as Q4_0
 
 
 def test_q5_k_tiles_hold_what_gguf_dequantizes(level):

@@ -58,7 +58,7 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
 
     runner, ours = _prefill_logits(folder, dtype="bfloat16")
     formats = runner.cpu_info()["weights"]
-    assert formats["gate_up_proj"]["format"] == "q4_1"
+    assert formats["gate_up_proj"]["format"] == "q4_0"
     assert formats["gate_up_proj"]["stored"] == "Q4_0"
     assert formats["qkv_proj"]["format"] == "q8_0"  # a fused layer takes its widest part
     assert formats["embed_tokens"]["stored"] == "Q8_0"
@@ -73,6 +73,7 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
     forced, _ = _prefill_logits(folder, dtype="bfloat16", quantization="int4")
     assert forced.cpu_info()["weights"]["qkv_proj"]["format"] == "q4_1"
+    assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == "q4_0"
 
 
 def _six_bit_qtype(hf_name):
@@ -94,7 +95,7 @@ def test_six_bit_types_load_as_q6(tmp_path):
     assert formats["down_proj"] == {"stored": "Q5_0", "format": "q6",
                                     "kernel": f"radixflow C {cpu_kernels.active_level()}"}
     assert formats["qkv_proj"]["format"] == "q6"  # Q4_0 q/k beside a Q5_0 v
-    assert formats["gate_up_proj"]["format"] == "q4_1"
+    assert formats["gate_up_proj"]["format"] == "q4_0"
     _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
     assert (ours - dense).abs().max() < 0.05 * dense.abs().max()
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
@@ -254,6 +255,20 @@ def test_q5_k_layers_load_as_stored(tmp_path):
     assert clear.sum() > len(clear) // 2
 
 
+def test_q4_0_only_where_every_part_is_q4_0():
+    """q4_0 has no low value per group: a fused layer with a Q4_1 or Q4_K part takes q4_1,
+    which holds Q4_0's groups exactly (low -8 d)."""
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.models.stored_linears import layer_format, why
+
+    assert layer_format({GGMLType.Q4_0}) == "q4_0"
+    assert layer_format({GGMLType.Q4_0, GGMLType.Q4_1}) == "q4_1"
+    assert layer_format({GGMLType.Q4_0, GGMLType.Q4_K}) == "q4_1"
+    assert layer_format({GGMLType.Q4_0, GGMLType.Q6_K}) == "q6"
+    assert why(GGMLType.Q4_0, "q4_0") == "as stored"
+    assert "-8 d" in why(GGMLType.Q4_0, "q4_1")
+
+
 def test_q5_k_takes_q4_k_parts_but_no_others():
     """q5_k holds a fused layer's Q4_K part as it is (the same fields, fifth bits zero); any
     other part makes the layer q6 (or wider)."""
@@ -285,7 +300,7 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
