@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import ServerUnavailable
 from ..parallel_flags import check_dist_init_addr
 from ..server_args import ServerArgs
-from .parallel_state import Layout, current
+from .layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ class TPWorkers:
 
     def stop(self) -> None:
         """Rank 0 tells the workers to exit and leaves the group; stragglers are killed."""
+        from .parallel_state import current
+
         tp = current()
         if tp is not None and tp.is_driver:
             if tp.failure is None and tp.serving:

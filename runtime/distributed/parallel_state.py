@@ -26,7 +26,6 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -35,6 +34,7 @@ import torch.distributed as dist
 from ..errors import Fatal
 from ..models.config import ModelArgs
 from ..parallel_flags import check_dist_init_addr
+from .layout import Layout, parse_addr
 from .rendezvous import loopback_only, serve_store
 from .sharding import ShardSpec
 
@@ -50,32 +50,6 @@ _current: TensorParallel | None = None  # this process's group (one: torch's def
 
 class RankLost(Fatal, RuntimeError):
     """A collective failed: some rank died or its connection broke."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the ranks of --tp-size run: `nnodes` nodes with tp_size / nnodes ranks each."""
-
-    tp_size: int
-    nnodes: int = 1
-
-    @property
-    def per_node(self) -> int:
-        return self.tp_size // self.nnodes
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.per_node
-
-    def local_rank(self, rank: int) -> int:
-        return rank % self.per_node
-
-    def ranks_of(self, node: int) -> range:
-        return range(node * self.per_node, (node + 1) * self.per_node)
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def cpu_threads(num_threads: int | None, ranks_here: int) -> int:

@@ -247,7 +247,7 @@ def serve_other_node(args: ServerArgs) -> int:
     """`radixflow serve --nnodes N --node-rank K` for K > 0: this node's ranks, no HTTP
     server. Returns when they exit (rank 0 shut down or went away, or one failed)."""
     from ..distributed.launch import start_node_ranks, tp_launch_args
-    from ..distributed.parallel_state import Layout
+    from ..distributed.layout import Layout
 
     layout = Layout(args.tp_size, args.nnodes)
     ranks = layout.ranks_of(args.node_rank)

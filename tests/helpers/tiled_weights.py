@@ -1,5 +1,5 @@
-"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q4_k, tile_q5_k, tile_q6,
-tile_q6_k, tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
+"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q4_k,
+tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
 
 from __future__ import annotations
 
