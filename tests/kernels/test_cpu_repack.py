@@ -63,49 +63,24 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     assert torch.equal(got.data.reshape(-1), want.data.reshape(-1))
 
 
-def test_q4_k_tiles_hold_what_gguf_dequantizes(level):
-    raw = _rows("Q4_K", 512, 3)
-    got = cpu.repack(raw, int(gb.GGMLType.Q4_K), "q4_k", 512)
-    want = gb.dequantize(raw, gb.GGMLType.Q4_K, (raw.shape[0], 512))
-    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
-    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 9 // 16  # 4.5 bits, as Q4_K
-
-
-def test_q4_0_tiles_hold_what_gguf_dequantizes(level):
-    """Q4_0 as stored: its d and 4-bit values, 4.5 bits a weight, as Q4_0; w = d q - 8 d rounds
-    once, as d (q - 8) does: the same values (an exact zero's sign aside)."""
-    raw = _rows("Q4_0", 512, 3)
-    got = cpu.repack(raw, int(gb.GGMLType.Q4_0), "q4_0", 512)
-    want = gb.dequantize(raw, gb.GGMLType.Q4_0, (raw.shape[0], 512))
-    assert torch.equal(cpu.unpack(got), want)
+@pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q4_K", "q4_k"), ("Q5_K", "q5_k"),
+                                           ("Q6_K", "q6_k")])
+def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
+    """A type kept as stored: its own fields (Q6_K's d up to 65504: no fp16 product to
+    overflow), its bytes a weight, and the values gguf dequantizes, bit for bit (Q4_0's d q -
+    8 d rounds once, as d (q - 8) does: an exact zero's sign aside), in the tiles, an
+    embedding lookup's rows and the C dequantization."""
+    kind = gb.GGMLType[name]
+    raw = _rows(name, 512, 3)
+    got = cpu.repack(raw, int(kind), fmt, 512)
+    want = gb.dequantize(raw, kind, (raw.shape[0], 512))
     ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
-    assert torch.equal(cpu.gather_rows(got, ids), want[ids])
-    assert torch.equal(cpu.dequantize(got, 0, 32, torch.float32), want[:32])
-    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 18 // 32  # as Q4_0
-
-
-def test_q5_k_tiles_hold_what_gguf_dequantizes(level):
-    """Q5_K as stored: q4_k's fields and each value's fifth bit, 5.5 bits a weight, as Q5_K;
-    an embedding lookup's rows the same."""
-    raw = _rows("Q5_K", 512, 3)
-    got = cpu.repack(raw, int(gb.GGMLType.Q5_K), "q5_k", 512)
-    want = gb.dequantize(raw, gb.GGMLType.Q5_K, (raw.shape[0], 512))
-    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
-    ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
-    assert torch.equal(cpu.gather_rows(got, ids).view(torch.int32), want[ids].view(torch.int32))
-    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 176 // 256  # as Q5_K
-
-
-def test_q6_k_tiles_hold_what_gguf_dequantizes(level):
-    """Q6_K as stored: every d and int8 scale kept (d up to 65504: no fp16 product to overflow),
-    6.5625 bits a weight, as Q6_K."""
-    raw = _rows("Q6_K", 512, 3)
-    got = cpu.repack(raw, int(gb.GGMLType.Q6_K), "q6_k", 512)
-    want = gb.dequantize(raw, gb.GGMLType.Q6_K, (raw.shape[0], 512))
-    assert torch.equal(cpu.unpack(got).view(torch.int32), want.view(torch.int32))
-    ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
-    assert torch.equal(cpu.gather_rows(got, ids).view(torch.int32), want[ids].view(torch.int32))
-    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * 210 // 256  # as Q6_K
+    bits = (lambda t: t) if kind == gb.GGMLType.Q4_0 else (lambda t: t.view(torch.int32))
+    assert torch.equal(bits(cpu.unpack(got)), bits(want))
+    assert torch.equal(bits(cpu.gather_rows(got, ids)), bits(want[ids]))
+    assert torch.equal(bits(cpu.dequantize(got, 0, 32, torch.float32)), bits(want[:32]))
+    block, size = gb.QUANT_SIZES[kind]
+    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * size // block  # as the file
 
 
 def test_q6_scales_over_fp16_are_refused_as_tile_q6_refuses(level):

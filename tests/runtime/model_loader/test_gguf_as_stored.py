@@ -160,6 +160,28 @@ def _six_bit_k_qtype(hf_name):
     return gguf.GGMLQuantizationType.Q6_K
 
 
+def _assert_runs_as_the_dense_file(folder, runner, ours):
+    """The tiles' logits (`ours`, the torch forward) and the C decode step's over the same
+    tiles (one token a step, then three requests side by side: x as int8 at avx512 from 3
+    rows) against the file dequantized and run dense: within the error bf16 activations make,
+    the same top-1 wherever it is clear (random weights make near-ties)."""
+    from helpers.c_step import teacher_forced_batch
+
+    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
+    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
+    bf16_error = (dense_bf16 - dense).abs().max()
+    assert (ours - dense).abs().max() < 1.5 * bf16_error
+    assert runner.cpu_decode is not None
+    ids = [1, 5, 9, 33, 70, 2, 11] * 6
+    top2 = dense.topk(2, dim=-1).values
+    clear = top2[:, 0] - top2[:, 1] > 4 * bf16_error
+    assert clear.sum() > len(clear) // 2
+    for seqs in ([ids], [ids, ids[3:], ids[5:]]):
+        stepped = teacher_forced_batch(runner, seqs, first_row=1)
+        assert (stepped[0] - dense).abs().max() < 2.5 * bf16_error
+        assert torch.equal(stepped[0].argmax(-1)[clear], dense.argmax(-1)[clear])
+
+
 def test_q6_k_layers_load_as_stored(tmp_path):
     """Q6_K stays Q6_K: 6.5625 bits a weight in the tiles, every d and int8 scale as the file
     has them (the head's values are what gguf dequantizes, bit for bit; a fused layer's parts
@@ -184,19 +206,7 @@ def test_q6_k_layers_load_as_stored(tmp_path):
                             else "model.embed_tokens.weight")
     want = gb.dequantize(stored.raw, gb.GGMLType.Q6_K, stored.shape)
     assert torch.equal(cpu_kernels.unpack(head.tiled).view(torch.int32), want.view(torch.int32))
-    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
-    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
-    assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
-    # the C decode step over the same tiles: one token a step, then three requests side by
-    # side (x as int8 at avx512 from 3 rows)
-    from helpers.c_step import teacher_forced_batch
-
-    assert runner.cpu_decode is not None
-    ids = [1, 5, 9, 33, 70, 2, 11] * 6
-    for seqs in ([ids], [ids, ids[3:], ids[5:]]):
-        stepped = teacher_forced_batch(runner, seqs, first_row=1)
-        assert (stepped[0] - dense).abs().max() < 2 * (dense_bf16 - dense).abs().max()
-        assert torch.equal(stepped[0].argmax(-1), dense.argmax(-1))
+    _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
 def _q5_k_m_qtype(hf_name):
@@ -238,21 +248,7 @@ def test_q5_k_layers_load_as_stored(tmp_path):
     want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
         weights.tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv")])
     assert torch.equal(cpu_kernels.unpack(qkv.tiled).view(torch.int32), want.view(torch.int32))
-    _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
-    _, dense_bf16 = _prefill_logits(folder, dtype="bfloat16", quantization="none")
-    assert (ours - dense).abs().max() < 1.5 * (dense_bf16 - dense).abs().max()
-    from helpers.c_step import teacher_forced_batch
-
-    assert runner.cpu_decode is not None
-    ids = [1, 5, 9, 33, 70, 2, 11] * 6
-    bf16_error = (dense_bf16 - dense).abs().max()
-    top2 = dense.topk(2, dim=-1).values
-    clear = top2[:, 0] - top2[:, 1] > 4 * bf16_error  # (random weights make near-ties)
-    for seqs in ([ids], [ids, ids[3:], ids[5:]]):
-        stepped = teacher_forced_batch(runner, seqs, first_row=1)
-        assert (stepped[0] - dense).abs().max() < 2.5 * bf16_error
-        assert torch.equal(stepped[0].argmax(-1)[clear], dense.argmax(-1)[clear])
-    assert clear.sum() > len(clear) // 2
+    _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
 def test_q4_0_only_where_every_part_is_q4_0():
