@@ -54,11 +54,12 @@ What each function guarantees:
   -32..31, scale float32 per 16 weights) with `scale * q` equal to `dequantize` bit for bit
   (Q4_0: equal values, as in affine_groups).
 - `q4_k_fields(raw, shape)`: Q4_K's fields per row as stored (the tiled q4_k format's input).
-- `affine_groups(raw, qtype, shape)` for Q4_0, Q4_1, Q4_K -> (q uint8 [rows, cols] in 0..15,
-  scale, low float32 [rows, cols/32]) with `scale * q + low` (float32: the product, then the sum)
-  equal to `dequantize` bit for bit for Q4_1 (scale = d, low = m) and Q4_K (scale = d*sc, low =
-  -(dmin*mn); x - y is x + (-y) in IEEE arithmetic). Q4_0 (scale = d, low = d * -8): every
-  product and sum is exact (fp16 d times a 4-bit integer needs at most 15 significant bits), so
+- `affine_groups(raw, qtype, shape)` for Q4_0, Q4_1, Q4_K, Q5_0, Q5_1 -> (q uint8 [rows, cols]
+  in 0..15 (Q5_*: 0..31), scale, low float32 [rows, cols/32]) with `scale * q + low` (float32:
+  the product, then the sum) equal to `dequantize` bit for bit for Q4_1 and Q5_1 (scale = d, low
+  = m) and Q4_K (scale = d*sc, low = -(dmin*mn); x - y is x + (-y) in IEEE arithmetic). Q4_0
+  (scale = d, low = d * -8) and Q5_0 (low = d * -16): every product and sum is exact (fp16 d
+  times a 4- or 5-bit integer needs at most 16 significant bits), so
   the values are equal (==) everywhere for finite d; the bits differ only in the sign of an
   exact zero (ggml's d * (q - 8) is -0.0 for d < 0 at q = 8, d = +0 at q < 8 and d = -0 at
   q >= 8, where d*q + low gives +0.0): a dot product sees it only as the sign of a zero sum.
@@ -423,22 +424,22 @@ def _rows_cols(shape, numel: int, t: GGMLType) -> tuple[int, int]:
 
 
 def affine_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0 / Q4_1 / Q4_K -> (q uint8 [rows, cols] 0..15, scale, low float32 [rows, cols/32])
-    with scale * q + low == dequantize(raw, qtype, (rows, cols)): bit for bit for Q4_1 and Q4_K,
-    equal values (bits up to the sign of an exact zero) for Q4_0 (see the module docstring).
-    rows, cols = prod(shape[:-1]), shape[-1]."""
+    """Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 -> (q uint8 [rows, cols] 0..15 (Q5_*: 0..31), scale,
+    low float32 [rows, cols/32]) with scale * q + low == dequantize(raw, qtype, (rows, cols)):
+    bit for bit for Q4_1, Q5_1 and Q4_K, equal values (bits up to the sign of an exact zero) for
+    Q4_0 and Q5_0 (see the module docstring). rows, cols = prod(shape[:-1]), shape[-1]."""
     t = ggml_type(qtype)
-    if t not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K):
-        raise ValueError(f"affine_groups reads Q4_0, Q4_1 and Q4_K, not {t.name}")
+    if t not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q5_1):
+        raise ValueError(f"affine_groups reads Q4_0, Q4_1, Q4_K, Q5_0 and Q5_1, not {t.name}")
     f = unpack(raw, t)
     rows, cols = _rows_cols(shape, f.qs.numel(), t)
     if t == GGMLType.Q4_K:
         scale = f.d.unsqueeze(1) * f.scales.float()
         low = -(f.dmin.unsqueeze(1) * f.mins.float())
-    elif t == GGMLType.Q4_1:
+    elif t in (GGMLType.Q4_1, GGMLType.Q5_1):
         scale, low = f.d, f.m
     else:
-        scale, low = f.d, f.d * -8.0
+        scale, low = f.d, f.d * (-8.0 if t == GGMLType.Q4_0 else -16.0)
     return (f.qs.reshape(rows, cols), scale.reshape(rows, cols // GROUP),
             low.reshape(rows, cols // GROUP))
 

@@ -2,15 +2,16 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in eight formats: GGUF's Q4_0, Q4_1, Q8_0,
-Q4_K, Q5_K and Q6_K as stored (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), q6 (6-bit symmetric values
-with an fp16 scale per 16: GGUF's Q3_K and Q5_0), and bf16; step_<level>.c holds the decode step's
-attention, SiLU and argmax, and a request's causal prefill attention (prefill.py). gemm.c
-(Python's entry points to the products) and decode.c are the same at every level: decode.c runs
-a whole decode step of a Llama-family model (a batch of requests, one token each) over those
-weights (see runtime/models/cpu_decode.py), and splits a prefill's attention into tiles over
-threads (each level's step file computes a tile); rows.c (rows.py) holds an extend forward's
-per-token vector work (residual add + RMSNorm, rope, SiLU * up), one pass each.
+side by side: see gemv_avx512.c's header comment) in ten formats: GGUF's Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K and Q6_K as stored (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k), q6
+(6-bit symmetric values with an fp16 scale per 16: GGUF's Q3_K), and bf16; step_<level>.c
+holds the decode step's attention, SiLU and argmax, and a request's causal prefill attention
+(prefill.py). gemm.c (Python's entry points to the products) and decode.c are the same at
+every level: decode.c runs a whole decode step of a Llama-family model (a batch of requests,
+one token each) over those weights (see runtime/models/cpu_decode.py), and splits a prefill's
+attention into tiles over threads (each level's step file computes a tile); rows.c (rows.py)
+holds an extend forward's per-token vector work (residual add + RMSNorm, rope, SiLU * up), one
+pass each.
 - avx512: the integer formats multiply with VNNI after splitting x per group of 32 into exact
   16-bit integers; bf16 with vdpbf16ps; attention in bf16 dot products.
 - avx2: x is quantized to int8 per group of 32 (as llama.cpp does on AVX2) and multiplied with
@@ -49,7 +50,7 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 _batch_int8_rows = 3  # (gemm.c's default)
 # the formats whose products take x as int8 from one row on while batch int8 is on (gemv.h's
 # split_mode: their 16-bit products are compute-bound)
-INT8_X_FROM_ONE_ROW = ("q5_k", "q6", "q6_k")
+INT8_X_FROM_ONE_ROW = ("q5_0", "q5_1", "q5_k", "q6", "q6_k")
 _levels_loaded: set[str] = set()  # the levels _library_for was asked for
 
 
@@ -141,7 +142,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6" | "q6_k" | "q8_0" | "bf16"
+    format: str  # q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6 q6_k q8_0 bf16
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -201,6 +202,40 @@ def tile_q4_0(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
     blocks = as_q4_1.data.view(as_q4_1.data.shape[0], k // GROUP, -1)
     data = torch.cat([blocks[..., :32], blocks[..., 64:]], dim=-1)
     return TiledWeight("q4_0", data.contiguous(), n, k)
+
+
+def _fifth_bits(q: torch.Tensor, n: int) -> torch.Tensor:
+    """The fifth bits of 5-bit values q [N, K] (0..31) as the 5-bit formats hold them, per tile
+    and group of 32: uint8 [tiles, K / 32, 64], byte 4 r + i holding at bit 2 c that of row r's
+    column 8 c + i and at bit 2 c + 1 that of column 8 c + 4 + i (chunk c's two nibbles)."""
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 31):
+        raise ValueError("5-bit weights must be in 0..31")
+    top = _pad_rows(q.to(torch.uint8), n) >> 4
+    tiles, g = top.shape[0] // TILE, q.shape[1] // GROUP
+    top = top.view(tiles, TILE, g, 4, 2, 4).permute(0, 2, 1, 5, 3, 4)  # [.., row, i, c, half]
+    fifth = torch.zeros(tiles, g, TILE, 4, dtype=torch.uint8)
+    for c in range(4):
+        for half in range(2):
+            fifth |= top[..., c, half] << (2 * c + half)
+    return fifth.reshape(tiles, g, 64)
+
+
+def tile_q5_0(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
+    """GGUF's Q5_0 as stored: q [N, K] in 0..31, scale [N, K / 32] fp16 values d; w = d (q - 16).
+    Per tile and group: q4_0's block of q & 15, then the fifth bits (5.5 bits a weight)."""
+    low4 = tile_q4_0(q & 15, scale)  # (checks the shapes)
+    fifth = _fifth_bits(q, q.shape[0])
+    data = torch.cat([low4.data.view(*fifth.shape[:2], -1), fifth], dim=-1)
+    return TiledWeight("q5_0", data.contiguous(), *q.shape)
+
+
+def tile_q5_1(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> TiledWeight:
+    """GGUF's Q5_1 as stored: q [N, K] in 0..31, scale and low [N, K / 32]: w = low + q *
+    scale, both fp16. Per tile and group: q4_1's block of q & 15, then the fifth bits."""
+    low4 = tile_q4_1(q & 15, scale, low)  # (checks the shapes)
+    fifth = _fifth_bits(q, q.shape[0])
+    data = torch.cat([low4.data.view(*fifth.shape[:2], -1), fifth], dim=-1)
+    return TiledWeight("q5_1", data.contiguous(), *q.shape)
 
 
 def tile_q8_0(w: Q8_0Weight) -> TiledWeight:
@@ -357,20 +392,13 @@ def tile_q5_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torc
     super-block of 256 (Q5_K_BLOCK_BYTES): q4_k's header, then each sub-block's nibbles (q &
     15, as q4_k holds them: 256 bytes) followed by its fifth bits (64 bytes: byte 4 r + i holds
     at bit 2 c that of row r's column 8 c + i, at bit 2 c + 1 that of column 8 c + 4 + i)."""
-    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 31):
-        raise ValueError("Q5_K's weights must be in 0..31")
     low = tile_q4_k(q & 15, scales, mins, d, dmin)  # (checks the fields' shapes)
     n, k = q.shape
     s = k // SUPER_BLOCK
     tiles = low.data.shape[0]
     b = low.data.view(tiles, s, Q4_K_BLOCK_BYTES)
-    top = (_pad_rows(q.to(torch.uint8), n) >> 4).view(tiles, TILE, s, 8, 4, 2, 4)
-    top = top.permute(0, 2, 3, 1, 6, 4, 5)  # [tile, super, sub, row, i, chunk, half]
-    fifth = torch.zeros(top.shape[:5], dtype=torch.uint8)
-    for c in range(4):
-        for half in range(2):
-            fifth |= top[..., c, half] << (2 * c + half)
-    groups = torch.cat([b[..., 256:].reshape(tiles, s, 8, 256), fifth.reshape(tiles, s, 8, 64)], -1)
+    fifth = _fifth_bits(q, n).view(tiles, s, 8, 64)
+    groups = torch.cat([b[..., 256:].reshape(tiles, s, 8, 256), fifth], -1)
     data = torch.cat([b[..., :256], groups.reshape(tiles, s, 8 * 320)], -1)
     return TiledWeight("q5_k", data.contiguous(), n, k)
 
@@ -397,10 +425,13 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)
-REPACKS = {(2, "q4_0"), (2, "q4_1"), (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"),
-           (14, "q6_k"), (8, "q8_0")}
-_GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q6": 448, "q8_0": 576}
+# (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0)
+REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (12, "q4_1"), (12, "q4_k"),
+           (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0")}
+_GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576}
+_GROUP_HEADER = {"q4_0": 32, "q5_0": 32, "q4_1": 64, "q5_1": 64}  # bytes before the nibbles
+# the bit of a fifth-bits byte that chunk c's half h takes, [c, h]
+_FIFTH_AT = 2 * torch.arange(4)[:, None] + torch.arange(2)
 _SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
 
 
@@ -494,12 +525,16 @@ def unpack(w: TiledWeight) -> torch.Tensor:
             * scale.transpose(1, 2)[..., None]
         return dense.reshape(tiles * TILE, k)[:n]
     d = blocks[..., :32].contiguous().view(torch.float16).float()
-    if w.format == "q4_0":  # (low -8 d, exact)
-        low, nib = d * -8, blocks[..., 32:].contiguous().view(tiles, g, 4, TILE, 4)
+    at = _GROUP_HEADER[w.format]
+    if at == 32:  # q4_0, q5_0: low -8 d, -16 d (exact)
+        low = d * (-8 if w.format == "q4_0" else -16)
     else:
         low = blocks[..., 32:64].contiguous().view(torch.float16).float()
-        nib = blocks[..., 64:].contiguous().view(tiles, g, 4, TILE, 4)
+    nib = blocks[..., at:at + 256].contiguous().view(tiles, g, 4, TILE, 4)
     q = torch.stack([nib & 15, nib >> 4], dim=-1)  # [tile, group, chunk, row, i, half]
+    if w.format in ("q5_0", "q5_1"):
+        fifth = blocks[..., at + 256:].contiguous().view(tiles, g, 1, TILE, 4, 1)
+        q = q | (((fifth >> _FIFTH_AT.view(4, 1, 1, 2)) & 1) << 4)
     q = q.permute(0, 3, 1, 2, 5, 4).reshape(tiles, TILE, g, GROUP).float()
     dense = low.transpose(1, 2)[..., None] + q * d.transpose(1, 2)[..., None]
     return dense.reshape(tiles * TILE, k)[:n]
@@ -574,17 +609,23 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         q = blocks[tile[:, None, None], groups, quant].contiguous().view(torch.int8).float()
         return (q * scale).reshape(-1, k)
     # q4_1: [d fp16 x 16][low fp16 x 16][chunk 0..3][row][4 bytes: half 0 low nibble, 1 high]
-    # q4_0: [d fp16 x 16][chunk 0..3][row][4 bytes] (low -8 d)
+    # q4_0: [d fp16 x 16][chunk 0..3][row][4 bytes] (low -8 d); q5_1, q5_0 (low -16 d): the
+    # same, then [row][4 bytes of fifth bits]
     d = blocks[tile[:, None, None], groups, 2 * r + torch.arange(2)].contiguous()
     d = d.view(torch.float16).float()
-    if w.format == "q4_0":
-        low, at = d * -8, 32
+    at = _GROUP_HEADER[w.format]
+    if at == 32:
+        low = d * (-8 if w.format == "q4_0" else -16)
     else:
         low = blocks[tile[:, None, None], groups, 32 + 2 * r + torch.arange(2)].contiguous()
-        low, at = low.view(torch.float16).float(), 64
+        low = low.view(torch.float16).float()
     nib_bytes = at + (torch.arange(4)[:, None] * 64 + torch.arange(4)).reshape(-1) + 4 * r
     nib = blocks[tile[:, None, None], groups, nib_bytes].view(-1, g, 4, 1, 4)  # chunk, i
-    q = torch.cat([nib & 15, nib >> 4], dim=3).reshape(-1, g, GROUP).float()  # chunk,half,i
+    q = torch.cat([nib & 15, nib >> 4], dim=3)  # [n, group, chunk, half, i]
+    if w.format in ("q5_0", "q5_1"):
+        fifth = blocks[tile[:, None, None], groups, at + 256 + 4 * r + torch.arange(4)]
+        q = q | (((fifth.view(-1, g, 1, 1, 4) >> _FIFTH_AT.view(4, 2, 1)) & 1) << 4)
+    q = q.reshape(-1, g, GROUP).float()  # chunk, half, i
     return (low + q * d).reshape(-1, k)
 
 
@@ -619,9 +660,7 @@ def gemm(x: torch.Tensor, w: TiledWeight, out_dtype: torch.dtype = torch.float32
     return y
 
 
-_GEMM = {"q4_0": "rf_q4_0_gemm", "q4_1": "rf_q4_1_gemm", "q4_k": "rf_q4_k_gemm",
-         "q5_k": "rf_q5_k_gemm", "q6": "rf_q6_gemm", "q6_k": "rf_q6_k_gemm", "q8_0": "rf_q8_0_gemm",
-         "bf16": "rf_bf16_gemm"}
+_GEMM = {fmt: f"rf_{fmt}_gemm" for fmt in abi.FORMATS}  # (gemm.c: one entry point each)
 
 
 DEQUANT_BLOCK_BYTES = 1 << 20  # scratch of one block of dense rows (see gemm_dequant)

@@ -69,8 +69,7 @@ def load(level: str, tile: int, group: int) -> ctypes.CDLL | None:
         logger.warning("CPU kernels off (falling back to torch's): %s", exc)
         return None
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    for name in ("rf_q4_1_gemm", "rf_q4_k_gemm", "rf_q8_0_gemm", "rf_q6_gemm", "rf_q6_k_gemm",
-                 "rf_q5_k_gemm", "rf_q4_0_gemm", "rf_bf16_gemm"):
+    for name in (f"rf_{fmt}_gemm" for fmt in abi.FORMATS):
         getattr(lib, name).argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i32]
         getattr(lib, name).restype = None
     lib.rf_set_batch_int8_rows.argtypes = [i32]

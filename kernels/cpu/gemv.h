@@ -14,6 +14,8 @@
 #define MAX_ROWS 64 /* rows of x per product call (gemm.c; a 32-row one reads the weights once) */
 #define Q4_1_BLOCK (64 + 4 * 64) /* one tile x group: fp16 d[16], fp16 m[16], 256 B nibbles */
 #define Q4_0_BLOCK (32 + 4 * 64) /* one tile x group: fp16 d[16], 256 B nibbles (w = d (q - 8)) */
+#define Q5_0_BLOCK (Q4_0_BLOCK + 64) /* q4_0's, then the fifth bits (w = d (q - 16)) */
+#define Q5_1_BLOCK (Q4_1_BLOCK + 64) /* q4_1's, then the fifth bits (w = d q + m) */
 #define Q8_0_BLOCK (64 + 8 * 64) /* fp32 d[16], 8 quads x 16 rows x 4 int8 */
 #define Q6_BLOCK (64 + 6 * 64) /* fp16 d[2][16], 256 B low nibbles, 128 B high bit pairs */
 #define SUPER_BLOCK 256 /* q4_k's weights along k per d/dmin (GGUF's Q4_K super-block) */
@@ -45,7 +47,7 @@ typedef struct {
 enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
-       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7 };
+       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7, FORMAT_Q5_0 = 8, FORMAT_Q5_1 = 9 };
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -59,6 +61,8 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fmt) {
     return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK
          : fmt == FORMAT_Q4_0 ? Q4_0_BLOCK
+         : fmt == FORMAT_Q5_0 ? Q5_0_BLOCK
+         : fmt == FORMAT_Q5_1 ? Q5_1_BLOCK
          : fmt == FORMAT_Q6   ? Q6_BLOCK
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP
          : fmt == FORMAT_Q6_K ? Q6_K_GROUP
@@ -73,10 +77,19 @@ static inline int x_unsigned(int fmt) {
 
 static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
 
-/* q4_1 and q4_0: a group's fp16 d[16] (q4_1: then m[16]), then its nibbles; q4_0's low m is
- * -8 d (GGUF's Q4_0: w = d (q - 8)). */
-static inline int is_group_affine(int fmt) { return fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_0; }
-static inline int64_t group_header(int fmt) { return fmt == FORMAT_Q4_0 ? 32 : 64; }
+/* q4_1, q4_0, q5_1, q5_0: a group's fp16 d[16] (q4_1, q5_1: then m[16]), then its nibbles
+ * (q5_*: then their fifth bits, as q5_k's); q4_0's low m is -8 d (GGUF's Q4_0: w = d (q - 8)),
+ * q5_0's -16 d. */
+static inline int is_group_affine(int fmt) {
+    return fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1;
+}
+static inline int64_t group_header(int fmt) {
+    return fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 ? 32 : 64;
+}
+/* The formats whose values have a fifth bit (the 64 bytes after a group's nibbles). */
+static inline int has_fifth(int fmt) {
+    return fmt == FORMAT_Q5_K || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1;
+}
 
 /* q4_k and q5_k: a super-block's 8 groups of 32 under one header (fp16 d, dmin, six-bit
  * scales and mins: 256 bytes), then each group's q4_1 nibbles (256 bytes), q5_k's followed by
@@ -103,10 +116,10 @@ static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
  * splits x into exact 16-bit integers: two vpdpbusd per weight byte, which costs nothing while
  * the weights' reading bounds a product (one or two rows) but makes a batch's products
  * compute-bound (a 1B model's batch-8 step: 62 ms against a 16 ms bandwidth bound). From
- * rf_batch_int8_rows rows on (default 3; 0: never), q4_1, q4_k, q5_k and q6 (a Q4 model's
- * bytes) take x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2)
+ * rf_batch_int8_rows rows on (default 3; 0: never), the 4- and 5-bit formats and q6 (a Q4
+ * model's bytes) take x as int8 per group of 32 instead, llama.cpp's (and this project's AVX2)
  * precision: one vpdpbusd a weight byte; a batch's outputs then differ from each request's
- * alone by that rounding. q5_k, q6 and q6_k take int8 x from one row on (while
+ * alone by that rounding. The 5-bit formats, q6 and q6_k take int8 x from one row on (while
  * rf_batch_int8_rows > 0; kernels/cpu's INT8_X_FROM_ONE_ROW): their 16-bit products unpack
  * each weight quad before two or three vpdpbusd, which binds them to compute (q6 at ~40 GB/s:
  * a 1B's Q6_K head is a third of its step's bytes; q5_k at ~57 in L3, 84 with int8 x), where
@@ -114,7 +127,7 @@ static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
  * their x as int8. (The AVX2 build splits every x as int8.) */
 extern int rf_batch_int8_rows; /* gemm.c's, set by rf_set_batch_int8_rows */
 static inline int split_mode(int fmt, int64_t rows) {
-    const int int8_from_one_row = is_q6(fmt) || fmt == FORMAT_Q5_K;
+    const int int8_from_one_row = is_q6(fmt) || has_fifth(fmt);
     if (rf_batch_int8_rows > 0 && fmt != FORMAT_Q8_0 && (rows >= rf_batch_int8_rows || int8_from_one_row))
         return X_INT8;
     return x_unsigned(fmt) ? X_UNSIGNED16 : X_SIGNED16;
@@ -164,6 +177,10 @@ void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);

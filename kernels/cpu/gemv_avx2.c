@@ -20,7 +20,8 @@
  *   (The exact sum x in the m term, as the AVX-512 build takes it, would leave the error
  *   sum (w - m) (x - x'), and Q4_1's m sits near -max|w|: the default model's logits, int4
  *   decode step against fp32, came out with rms error 0.72 that way, 0.33 this way.)
- * - q4_0: as q4_1 with m = -8 d (no minimums stored).
+ * - q4_0: as q4_1 with m = -8 d (no minimums stored); q5_1, q5_0 (m = -16 d) as q4_1, q4_0
+ *   with q5_k's fifth bits.
  * - q4_k, q5_k: as q4_1 per group of 32, scale d sc and low -(dmin mn); q5_k's values (0..31)
  *   take their fifth bit from the 64 bytes after the group's nibbles. Its pair sums reach
  *   2 * 31 * 127 = 7874, so a chunk's two are widened to int32 at once (8 would overflow).
@@ -208,11 +209,13 @@ static inline __attribute__((always_inline)) void scale_group(
 static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
                                                             int h, __m256 *d, __m256 *mn) {
     *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-    *mn = fmt == FORMAT_Q4_0 ? _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f))
-                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0)
+        *mn = _mm256_mul_ps(*d, _mm256_set1_ps(fmt == FORMAT_Q4_0 ? -8.0f : -16.0f));
+    else
+        *mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
 }
 
-/* q4_1 and q4_0. */
+/* q4_1, q4_0, q5_1, q5_0. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
     const int S, const int M) {
@@ -224,12 +227,12 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         for (int u = 0; u < S; u++)
             prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
-        nibble_sums(nib, 0, g, xs, acc, S, M);
+        nibble_sums(nib, has_fifth(fmt), g, xs, acc, S, M);
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
                 __m256 d, mn;
                 group_d_m(fmt, blks[u] + off, h, &d, &mn);
-                scale_group(acc, 0, u, h, d, mn, xs, g, y, M);
+                scale_group(acc, has_fifth(fmt), u, h, d, mn, xs, g, y, M);
             }
     }
 }
@@ -496,6 +499,16 @@ void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
     quantized_tiles(FORMAT_Q4_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
+void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_0, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
@@ -651,7 +664,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(nib + 64 * c + 32 * h));
                     a = _mm256_and_si256(w, low4);
                     b = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                    if (fmt == FORMAT_Q5_K) {
+                    if (has_fifth(fmt)) {
                         const __m256i bits = _mm256_loadu_si256((const __m256i *)(nib + 256 + 32 * h));
                         a = _mm256_or_si256(a, fifth_bits(bits, c, 0));
                         b = _mm256_or_si256(b, fifth_bits(bits, c, 1));
@@ -735,6 +748,10 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_0)
             dequant_int_tile(FORMAT_Q4_0, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_0)
+            dequant_int_tile(FORMAT_Q5_0, w + t * G * Q5_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_1)
+            dequant_int_tile(FORMAT_Q5_1, w + t * G * Q5_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)

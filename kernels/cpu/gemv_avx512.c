@@ -17,6 +17,8 @@
  *   sum w x = m sum x + d s sum q X, with sum x kept exact in fp32.
  * - q4_0 (GGUF's Q4_0 as stored, 4.5 bits a weight): q4_1's without the minimums (fp16 d[16],
  *   then the nibbles): w = d (q - 8), so m = -8 d.
+ * - q5_0, q5_1 (GGUF's Q5_0 and Q5_1 as stored, 5.5 and 6 bits a weight): q4_0's and q4_1's,
+ *   each group's nibbles followed by their fifth bits as q5_k's; q5_0's m is -16 d.
  * - q8_0 (GGUF's Q8_0, the default model's tied embedding / head): per tile and group, 16
  *   fp32 scales d, then 8 quads of 64 bytes: byte 4r + i of quad p is q[r][4p + i] (int8).
  *   w = d q. Here x's bytes are the unsigned operand: X + 32768 = 256 hi + lo.
@@ -186,11 +188,13 @@ static inline __attribute__((always_inline)) void nibble_sums(
 static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
                                                             __m512 *d, __m512 *mn) {
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-    *mn = fmt == FORMAT_Q4_0 ? _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f))
-                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0)
+        *mn = _mm512_mul_ps(*d, _mm512_set1_ps(fmt == FORMAT_Q4_0 ? -8.0f : -16.0f));
+    else
+        *mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
 }
 
-/* q4_1 and q4_0. */
+/* q4_1, q4_0, q5_1, q5_0. */
 static inline __attribute__((always_inline)) void q4_1_tiles_streams(
     const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y,
     const int S, const int M) {
@@ -202,7 +206,7 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         for (int u = 0; u < S; u++)
             prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m512i qx[8 * ROW_BLOCK];
-        nibble_sums(nib, 0, g, xs, qx, S, M);
+        nibble_sums(nib, has_fifth(fmt), g, xs, qx, S, M);
         for (int u = 0; u < S; u++) {
             __m512 d, mn;
             group_d_m(fmt, blks[u] + off, &d, &mn);
@@ -387,7 +391,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
 #define INT8_ROWS 4 /* rows of x a pass (two streams of 4: 16 accumulators and 8 sums) */
 
 
-/* M rows of x (X_INT8) times S tiles of q4_1, q4_0, q4_k or q5_k read side by side (S x M <= 8): per
+/* M rows of x (X_INT8) times S tiles of the 4- and 5-bit formats read side by side (S x M <= 8): per
  * group, one vpdpbusd a row per 4 weights (nibbles unsigned, X signed), then y += d s sum qX
  * + m sum x' as the 16-bit path's (q4_k's d sc and -(dmin mn) likewise). y[u * M + m]. */
 static inline __attribute__((always_inline)) void nibble_int8_streams(
@@ -424,7 +428,7 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
                 const __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
                 __m512i w_lo = _mm512_and_si512(w, low4);
                 __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                if (fmt == FORMAT_Q5_K) {
+                if (has_fifth(fmt)) {
                     const __m512i bits = _mm512_loadu_si512(nib[u] + 256);
                     w_lo = add_fifth_bits(w_lo, bits, c, 0);
                     w_hi = add_fifth_bits(w_hi, bits, c, 1);
@@ -619,6 +623,16 @@ void rf_q4_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
     quantized_tiles(FORMAT_Q4_0, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
+void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_0, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q5_1, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
 void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q4_K, w, xs, y, y_bf16, M, N, K, t0, t1);
@@ -773,7 +787,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                 const __m512i w = _mm512_loadu_si512(nib + 64 * c);
                 a = _mm512_and_si512(w, low4);
                 b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                if (fmt == FORMAT_Q5_K) {
+                if (has_fifth(fmt)) {
                     const __m512i bits = _mm512_loadu_si512(nib + 256);
                     a = add_fifth_bits(a, bits, c, 0);
                     b = add_fifth_bits(b, bits, c, 1);
@@ -854,6 +868,10 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_1, w + t * G * Q4_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_0)
             dequant_int_tile(FORMAT_Q4_0, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_0)
+            dequant_int_tile(FORMAT_Q5_0, w + t * G * Q5_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q5_1)
+            dequant_int_tile(FORMAT_Q5_1, w + t * G * Q5_1_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6)
             dequant_int_tile(FORMAT_Q6, w + t * G * Q6_BLOCK, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q4_K)

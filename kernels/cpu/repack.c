@@ -7,6 +7,7 @@
  *   Q4_K       -> q4_k   as stored: d, dmin, the six-bit scales and mins, the nibbles
  *   Q5_K       -> q5_k   as stored: q4_k's fields and the fifth bits
  *   Q4_0       -> q4_0   as stored: d, the nibbles
+ *   Q5_0, Q5_1 -> q5_0, q5_1 as stored: d (Q5_1: m), the nibbles, the fifth bits
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
@@ -27,7 +28,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14 };
+enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 static inline uint32_t f32_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
@@ -120,22 +121,33 @@ static void write_q4_1(uint8_t *o, const uint8_t *q, const float *s, const float
         }
 }
 
-/* One (tile, group) of Q4_0 rows (raw: the tile's first row, row_bytes apart; `live` of them)
- * as q4_0: each row's d and its nibbles regrouped as q4_1 holds them, no arithmetic. */
-static void write_q4_0(uint8_t *o, const uint8_t *raw, int64_t row_bytes, int live, int64_t g) {
-    memset(o, 0, Q4_0_BLOCK);
-    uint8_t *nib = o + 32;
+/* One (tile, group) of Q4_0 / Q5_0 / Q5_1 rows (raw: the tile's first row, row_bytes apart;
+ * `live` of them) as q4_0 / q5_0 / q5_1: each row's d (and m) moved, its nibbles regrouped as
+ * q4_1 holds them and its fifth bits as q5_k holds them, no arithmetic. */
+static void write_group_as_stored(int src, uint8_t *o, const uint8_t *raw, int64_t row_bytes,
+                                  int live, int64_t g) {
+    const int64_t block = src == GGML_Q4_0 ? 18 : src == GGML_Q5_0 ? 22 : 24;
+    const int header = src == GGML_Q5_1 ? 64 : 32, five = src != GGML_Q4_0;
+    memset(o, 0, (size_t)(header + 256 + (five ? 64 : 0)));
+    uint8_t *nib = o + header, *fifth = nib + 256;
     for (int r = 0; r < live; r++) {
-        const uint8_t *b = raw + r * row_bytes + g * 18, *qs = b + 2;
+        const uint8_t *b = raw + r * row_bytes + g * block;
+        const uint8_t *qs = b + (src == GGML_Q4_0 ? 2 : src == GGML_Q5_0 ? 6 : 8);
+        uint32_t qh = 0; /* Q5_*: bit l is column l's fifth bit */
+        if (five) memcpy(&qh, b + (src == GGML_Q5_0 ? 2 : 4), 4);
         memcpy(o + 2 * r, b, 2);
-        /* Q4_0: column l < 16 is qs[l]'s low nibble, column 16 + l its high one; chunk c's
-         * byte 4 r + i holds columns 8 c + i (low nibble) and 8 c + 4 + i (high) */
+        if (src == GGML_Q5_1) memcpy(o + 32 + 2 * r, b + 2, 2);
+        /* column l < 16 is qs[l]'s low nibble, column 16 + l its high one; chunk c's byte
+         * 4 r + i holds columns 8 c + i (low nibble) and 8 c + 4 + i (high) */
         for (int c = 0; c < 4; c++)
             for (int i = 0; i < 4; i++) {
                 const int lo = 8 * c + i, hi = 8 * c + 4 + i;
                 const int v_lo = lo < 16 ? qs[lo] & 15 : qs[lo - 16] >> 4;
                 const int v_hi = hi < 16 ? qs[hi] & 15 : qs[hi - 16] >> 4;
                 nib[(c * TILE + r) * 4 + i] = (uint8_t)(v_lo | (v_hi << 4));
+                if (five) /* (q4_0 has no fifth bits: those bytes are the next group's) */
+                    fifth[4 * r + i] |= (uint8_t)((((qh >> lo) & 1) << (2 * c)) |
+                                                  (((qh >> hi) & 1) << (2 * c + 1)));
             }
     }
 }
@@ -245,6 +257,8 @@ static void write_k_tile(int fmt, uint8_t *o, const uint8_t *raw, int64_t rows, 
 static int64_t block_bytes(int src) {
     switch (src) {
     case GGML_Q4_0: return 18;
+    case GGML_Q5_0: return 22;
+    case GGML_Q5_1: return 24;
     case GGML_Q8_0: return 34;
     case GGML_Q4_K: return 144;
     case GGML_Q5_K: return 176;
@@ -255,6 +269,7 @@ static int64_t block_bytes(int src) {
 
 static int64_t group_bytes(int fmt) {
     return fmt == FORMAT_Q4_1 ? 320 : fmt == FORMAT_Q4_0 ? Q4_0_BLOCK
+         : fmt == FORMAT_Q5_0 ? Q5_0_BLOCK : fmt == FORMAT_Q5_1 ? Q5_1_BLOCK
          : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP : 0;
@@ -262,7 +277,8 @@ static int64_t group_bytes(int fmt) {
 
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
-           (src == GGML_Q4_0 && fmt == FORMAT_Q4_0) ||
+           (src == GGML_Q4_0 && fmt == FORMAT_Q4_0) || (src == GGML_Q5_0 && fmt == FORMAT_Q5_0) ||
+           (src == GGML_Q5_1 && fmt == FORMAT_Q5_1) ||
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
@@ -281,7 +297,7 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
     const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
-    if (fmt == FORMAT_Q4_0) {
+    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1) {
 #pragma omp parallel num_threads(nthreads)
         {
             int64_t t0, t1;
@@ -289,8 +305,8 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
             for (int64_t t = t0; t < t1; t++) {
                 const int live = rows - t * TILE < TILE ? (int)(rows - t * TILE) : TILE;
                 for (int64_t g = 0; g < G; g++)
-                    write_q4_0(out + t * tile_bytes + g * Q4_0_BLOCK, raw + t * TILE * row_bytes,
-                               row_bytes, live, g);
+                    write_group_as_stored(src, out + t * tile_bytes + g * group_bytes(fmt),
+                                          raw + t * TILE * row_bytes, row_bytes, live, g);
             }
         }
         return 0;

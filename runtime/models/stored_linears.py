@@ -8,28 +8,29 @@ level has them all):
   bench/results/scale-serving.md#2026-12-06-avx2-avx2-q4k);
 - Q5_K -> q5_k, as stored (q4_k's fields with 5-bit values: 5.5 bits a weight); a Q4_K part
   of a fused layer whose other part is Q5_K too, exactly (its fifth bits zero);
-- Q4_0 -> q4_0, as stored (fp16 d per 32, the 4-bit values: 4.5 bits a weight);
+- Q4_0 -> q4_0, as stored (fp16 d per 32, the 4-bit values: 4.5 bits a weight); Q5_0, Q5_1 ->
+  q5_0, q5_1, as stored (fp16 d (and m) per 32, the 5-bit values: 5.5 and 6 bits a weight);
 - Q4_1 -> q4_1 (groups of 32 with a scale and a low value, fp16); a Q4_0 part of a fused layer
   whose other part is not Q4_0 too (low -8 d, exactly), and a Q4_K part of one whose other part
   is Q4_0/Q4_1 (its sub-blocks of 32 are such groups, scale d*sc and
   low -dmin*m, held as fp16);
 - Q6_K -> q6_k, as stored (6-bit values, an int8 scale per 16 under an fp16 d per 256: 6.5625
   bits a weight);
-- Q3_K, Q5_0 -> q6 (6-bit symmetric values with a scale per 16: Q3_K's sub-blocks of 16 with
-  scale d*sc, Q5_0's q - 16 with scale d; the scales held as fp16), and Q6_K too in a fused
-  layer whose other parts are not Q6_K;
+- Q3_K -> q6 (6-bit symmetric values with a scale per 16: its sub-blocks of 16 with scale
+  d*sc, held as fp16), and Q6_K, Q5_0 and Q4_0 too in a fused layer beside a 6-bit part;
 - Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
   the scale d or d * sc per 32);
 - F32, F16, BF16 -> bf16 tiles;
-- every other type (Q5_1, Q2_K) -> q8_0: its blocks dequantized and requantized to
+- every other type (Q2_K) -> q8_0: its blocks dequantized and requantized to
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
 A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
-format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q4_1 > q4_0 > q4_k; q6_k only where
-every part is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6; q4_0 only where every
-part is Q4_0, else q4_1). With --quantization int4 every layer but the output head becomes
-q4_1, or q4_k (q4_0) where it is all Q4_K (Q4_0) (its stored values requantized to 4-bit
-groups where they are not 4-bit already). One log line says what became what, and why.
+format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q5_1 > q5_0 > q4_1 > q4_0 > q4_k; q6_k
+only where every part is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6; q4_0 and
+q5_0 only where every part is theirs, else q4_1 and q5_1, which hold Q4_0/Q5_0 exactly). With
+--quantization int4 every layer but the output head becomes q4_1, or q4_k (q4_0) where it is
+all Q4_K (Q4_0) (its stored values requantized to 4-bit groups where they are not 4-bit
+already). One log line says what became what, and why.
 
 The embedding becomes a TiledEmbedding over the same kind of tiles (the output head's, shared,
 when the model ties them), dequantizing the rows a batch looks up.
@@ -61,13 +62,18 @@ from .quant_linear import QuantLinear, keep_dense_copies, quantize_groups, tiled
 logger = logging.getLogger(__name__)
 
 _AFFINE_4BIT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K)  # q4_1 holds each
-_SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q5_0)
-_FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0)  # (Q4_0's q - 8, in a fused layer's q6)
+_SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K)
+# (Q4_0's q - 8 and Q5_0's q - 16 with scale d, in a fused layer's q6)
+_FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0, GGMLType.Q5_0)
+_FIVE_BIT_GROUPS = {GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1"}
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_k": 3, "q6_k": 4, "q6": 5, "q8_0": 6, "bf16": 7}
+_WIDTH = {"q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "q5_k": 5, "q6_k": 6, "q6": 7,
+          "q8_0": 8, "bf16": 9}
 _WHY = {"q4_k": "as stored",
         "q4_0": "as stored",
+        "q5_0": "as stored",
+        "q5_1": "as stored",
         "q5_k": "as stored",
         "q6_k": "as stored",
         "q4_1": "groups of 32 as stored, fp16 scales",
@@ -81,6 +87,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q4_k"
     if qtype == GGMLType.Q4_0:
         return "q4_0"
+    if qtype in _FIVE_BIT_GROUPS:
+        return _FIVE_BIT_GROUPS[qtype]
     if qtype in _AFFINE_4BIT:
         return "q4_1"
     if qtype == GGMLType.Q5_K:
@@ -106,7 +114,12 @@ def layer_format(types: set[GGMLType]) -> str:
         return "q6"
     if fmt == "q4_0" and types != {GGMLType.Q4_0}:
         return "q4_1"
+    if fmt == "q5_0" and types != {GGMLType.Q5_0}:
+        return "q5_1"  # (every other part is a narrower affine type: q5_1 holds it)
     return fmt
+
+
+_OFFSET = {GGMLType.Q4_0: 8, GGMLType.Q5_0: 16}  # w = d (q - offset)
 
 
 def why(qtype: GGMLType, fmt: str) -> str:
@@ -119,8 +132,14 @@ def why(qtype: GGMLType, fmt: str) -> str:
                 "(its six-bit scales cost more to unpack there than its 10% fewer bytes save)")
     if fmt == "q4_1" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: groups of 32, fp16 scales"
-    if fmt == "q4_1" and qtype == GGMLType.Q4_0:
-        return "a fused layer's widest part: its groups as stored, low -8 d"
+    if fmt in ("q4_1", "q5_1") and qtype in (GGMLType.Q4_0, GGMLType.Q5_0):
+        return f"a fused layer's widest part: its groups as stored, low -{_OFFSET[qtype]} d"
+    if fmt == "q5_1" and qtype == GGMLType.Q4_1:
+        return "a fused layer's widest part: its groups as stored"
+    if fmt == "q5_1" and qtype == GGMLType.Q4_K:
+        return "a fused layer's widest part: groups of 32, fp16 scales"
+    if fmt == "q6" and qtype == GGMLType.Q5_0:
+        return "a fused layer's widest part: its values kept exactly"
     if fmt == "q5_k" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: its values kept exactly"
     if nearest_format(qtype) != fmt:
@@ -183,9 +202,13 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q4_k":  # (every part Q4_K: the narrowest format)
         fields = zip(*(q4_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q4_k(*(torch.cat(column) for column in fields))
-    if fmt == "q4_0":  # (every part Q4_0: layer_format)
+    if fmt in ("q4_0", "q5_0"):  # (every part of that type: layer_format)
         fields = zip(*(affine_groups(p.raw, p.qtype, p.shape)[:2] for p in parts), strict=True)
-        return cpu_kernels.tile_q4_0(*(torch.cat(column) for column in fields))
+        tile = cpu_kernels.tile_q4_0 if fmt == "q4_0" else cpu_kernels.tile_q5_0
+        return tile(*(torch.cat(column) for column in fields))
+    if fmt == "q5_1":  # (every part an affine group type: layer_format)
+        fields = zip(*(affine_groups(p.raw, p.qtype, p.shape) for p in parts), strict=True)
+        return cpu_kernels.tile_q5_1(*(torch.cat(column) for column in fields))
     if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
         fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
         return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))

@@ -1,5 +1,6 @@
-"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q4_k,
-tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_bf16) with the fp32 weights each must hold."""
+"""Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q5_0,
+tile_q5_1, tile_q4_k, tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_bf16) with the fp32
+weights each must hold."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from radixflow.kernels import cpu
 
-INTEGER_FORMATS = ["q4_0", "q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0"]
+INTEGER_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0"]
 SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")  # whole super-blocks of 256 along k
 FORMATS = [*INTEGER_FORMATS, "bf16"]
 
@@ -35,6 +36,14 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         scale = scale * torch.where(torch.arange(k // 32) % 3 == 0, -1.0, 1.0)
         dense = (q - 8).float() * scale.repeat_interleave(32, 1)
         return cpu.tile_q4_0(q, scale), dense
+    if fmt in ("q5_0", "q5_1"):  # Q5_0's / Q5_1's: q in 0..31, fp16 d (and m)
+        q, scale, low = q4_1_groups(n, k, seed)
+        q = q + 16 * torch.randint(0, 2, q.shape, generator=torch.Generator().manual_seed(seed))
+        if fmt == "q5_0":
+            dense = (q - 16).float() * scale.repeat_interleave(32, 1)
+            return cpu.tile_q5_0(q, scale), dense
+        dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
+        return cpu.tile_q5_1(q, scale, low), dense
     if fmt == "q4_1":
         q, scale, low = q4_1_groups(n, k, seed)
         dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)

@@ -237,6 +237,8 @@ def test_gather_rows_is_unpack_indexed(fmt):
     w = torch.randn(37, 96)
     tiled = {"q4_1": lambda: cpu.tile_q4_1(*quantize_groups(w)),
              "q4_0": lambda: _weights("q4_0", 37, 96)[0],
+             "q5_0": lambda: _weights("q5_0", 37, 96)[0],
+             "q5_1": lambda: _weights("q5_1", 37, 96)[0],
              "q8_0": lambda: cpu.tile_q8_0(cpu.quantize_q8_0(w)),
              "q6": lambda: _weights("q6", 37, 96)[0],
              "q4_k": lambda: _weights("q4_k", 37, 256)[0],

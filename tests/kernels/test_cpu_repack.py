@@ -37,8 +37,11 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
     t, shape = gb.GGMLType[name], (raw.shape[0], k)
     if fmt == "q4_1":
         return cpu.tile_q4_1(*gb.affine_groups(raw, t, shape))
-    if fmt == "q4_0":
-        return cpu.tile_q4_0(*gb.affine_groups(raw, t, shape)[:2])
+    if fmt in ("q4_0", "q5_0"):
+        tile = cpu.tile_q4_0 if fmt == "q4_0" else cpu.tile_q5_0
+        return tile(*gb.affine_groups(raw, t, shape)[:2])
+    if fmt == "q5_1":
+        return cpu.tile_q5_1(*gb.affine_groups(raw, t, shape))
     if fmt == "q4_k":
         return cpu.tile_q4_k(*gb.q4_k_fields(raw, shape))
     if fmt == "q5_k":
@@ -51,7 +54,7 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
-                                           ("Q4_0", "q4_0"),
+                                           ("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
                                            ("Q8_0", "q8_0")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
@@ -63,19 +66,20 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     assert torch.equal(got.data.reshape(-1), want.data.reshape(-1))
 
 
-@pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q4_K", "q4_k"), ("Q5_K", "q5_k"),
-                                           ("Q6_K", "q6_k")])
+@pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
+                                           ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k")])
 def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
     """A type kept as stored: its own fields (Q6_K's d up to 65504: no fp16 product to
     overflow), its bytes a weight, and the values gguf dequantizes, bit for bit (Q4_0's d q -
-    8 d rounds once, as d (q - 8) does: an exact zero's sign aside), in the tiles, an
-    embedding lookup's rows and the C dequantization."""
+    8 d rounds once, as d (q - 8) does: an exact zero's sign aside; Q5_0's likewise), in the
+    tiles, an embedding lookup's rows and the C dequantization."""
     kind = gb.GGMLType[name]
     raw = _rows(name, 512, 3)
     got = cpu.repack(raw, int(kind), fmt, 512)
     want = gb.dequantize(raw, kind, (raw.shape[0], 512))
     ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
-    bits = (lambda t: t) if kind == gb.GGMLType.Q4_0 else (lambda t: t.view(torch.int32))
+    signed_zero = kind in (gb.GGMLType.Q4_0, gb.GGMLType.Q5_0)
+    bits = (lambda t: t) if signed_zero else (lambda t: t.view(torch.int32))
     assert torch.equal(bits(cpu.unpack(got)), bits(want))
     assert torch.equal(bits(cpu.gather_rows(got, ids)), bits(want[ids]))
     assert torch.equal(bits(cpu.dequantize(got, 0, 32, torch.float32)), bits(want[:32]))

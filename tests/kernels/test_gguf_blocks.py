@@ -178,21 +178,22 @@ def test_special_fp16_scales_of_k_quants(name):
     assert torch.equal(bits(got[kept]), bits(expected[kept]))
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q4_K", "Q4_0"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q4_K", "Q4_0", "Q5_0", "Q5_1"])
 def test_affine_groups_rebuild_dequantize(name):
     raw = covering_blocks(name, seed=3)
-    if name == "Q4_0":  # the zero-sign cases the docstring names: d = +0, -0 and d < 0
+    if name in ("Q4_0", "Q5_0"):  # the zero-sign cases the docstring names: d = +0, -0, d < 0
         raw[:4, 0:2] = np.array([0x0000, 0x8000, 0xBC00, 0x3C00], np.uint16).view(
             np.uint8).reshape(4, 2)
     rows, cols = 8, N_BLOCKS * gb.QUANT_SIZES[gb.GGMLType[name]][0] // 8
     q, scale, low = gb.affine_groups(torch.from_numpy(raw), name, (rows, cols))
-    assert q.dtype == torch.uint8 and q.shape == (rows, cols) and int(q.max()) <= 15
+    top = 31 if name.startswith("Q5") else 15
+    assert q.dtype == torch.uint8 and q.shape == (rows, cols) and int(q.max()) == top
     assert scale.dtype == low.dtype == torch.float32
     assert scale.shape == low.shape == (rows, cols // 32)
     rebuilt = (scale.repeat_interleave(32, 1) * q.float()) + low.repeat_interleave(32, 1)
     expected = gb.dequantize(raw, name, (rows, cols))
     assert torch.equal(bits(expected), bits(reference(raw, name)))
-    if name != "Q4_0":
+    if name not in ("Q4_0", "Q5_0"):
         assert torch.equal(bits(rebuilt), bits(expected))
         return
     assert torch.equal(rebuilt, expected)  # == on values: -0.0 == +0.0
@@ -231,7 +232,7 @@ def test_symmetric_6bit_groups_rebuild_dequantize(name):
 
 def test_group_forms_refuse_other_types_and_shapes():
     with pytest.raises(ValueError):
-        gb.affine_groups(covering_blocks("Q5_0", n=256), "Q5_0", (256, 32))
+        gb.affine_groups(covering_blocks("Q6_K", n=256), "Q6_K", (256, 256))
     with pytest.raises(ValueError):
         gb.symmetric_int8_groups(covering_blocks("Q4_0", n=256), "Q4_0", (256, 32))
     with pytest.raises(ValueError):

@@ -76,26 +76,32 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == "q4_0"
 
 
-def _six_bit_qtype(hf_name):
+def _five_bit_qtype(hf_name):
+    """Q5_0 for v and down, Q4_0 for the rest."""
     import gguf
 
     if "norm" in hf_name:
         return None
     if "v_proj" in hf_name or "down_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q5_0  # (Q6_K's and Q3_K's form: the gguf package
-    return gguf.GGMLQuantizationType.Q4_0  # quantizes Q5_0, not them; test_gguf_blocks)
+        return gguf.GGMLQuantizationType.Q5_0
+    return gguf.GGMLQuantizationType.Q4_0
 
 
-def test_six_bit_types_load_as_q6(tmp_path):
+def test_five_bit_groups_load_as_stored(tmp_path):
+    """Q5_0 stays Q5_0 (5.5 bits a weight); a fused layer of Q4_0 and Q5_0 parts takes q5_1,
+    which holds both exactly (low -8 d, -16 d)."""
     original = make_tiny_model(tmp_path / "hf", "llama")
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_six_bit_qtype)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_five_bit_qtype)
     folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
     runner, ours = _prefill_logits(folder, dtype="bfloat16")
     formats = runner.cpu_info()["weights"]
-    assert formats["down_proj"] == {"stored": "Q5_0", "format": "q6",
+    assert formats["down_proj"] == {"stored": "Q5_0", "format": "q5_0",
                                     "kernel": f"radixflow C {cpu_kernels.active_level()}"}
-    assert formats["qkv_proj"]["format"] == "q6"  # Q4_0 q/k beside a Q5_0 v
+    assert formats["qkv_proj"] == {"stored": "Q4_0+Q5_0", "format": "q5_1",
+                                   "kernel": f"radixflow C {cpu_kernels.active_level()}"}
     assert formats["gate_up_proj"]["format"] == "q4_0"
+    down = next(m for name, m in runner.model.named_modules() if name.endswith("0.mlp.down_proj"))
+    assert down.tiled.nbytes * 32 == down.in_features * down.out_features * 22  # as Q5_0
     _, dense = _prefill_logits(folder, dtype="float32", quantization="none")
     assert (ours - dense).abs().max() < 0.05 * dense.abs().max()
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
@@ -251,9 +257,9 @@ def test_q5_k_layers_load_as_stored(tmp_path):
     _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
-def test_q4_0_only_where_every_part_is_q4_0():
-    """q4_0 has no low value per group: a fused layer with a Q4_1 or Q4_K part takes q4_1,
-    which holds Q4_0's groups exactly (low -8 d)."""
+def test_q4_0_and_q5_0_only_where_every_part_is_theirs():
+    """q4_0 and q5_0 have no low value per group: a fused layer with another part takes q4_1
+    or q5_1, which hold their groups exactly (low -8 d, -16 d)."""
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.models.stored_linears import layer_format, why
 
@@ -263,6 +269,12 @@ def test_q4_0_only_where_every_part_is_q4_0():
     assert layer_format({GGMLType.Q4_0, GGMLType.Q6_K}) == "q6"
     assert why(GGMLType.Q4_0, "q4_0") == "as stored"
     assert "-8 d" in why(GGMLType.Q4_0, "q4_1")
+    assert layer_format({GGMLType.Q5_0}) == "q5_0"
+    assert layer_format({GGMLType.Q5_1}) == "q5_1"
+    assert layer_format({GGMLType.Q5_0, GGMLType.Q4_0}) == "q5_1"
+    assert layer_format({GGMLType.Q5_0, GGMLType.Q4_K}) == "q5_1"
+    assert layer_format({GGMLType.Q5_0, GGMLType.Q6_K}) == "q6"
+    assert "-16 d" in why(GGMLType.Q5_0, "q5_1") and "exactly" in why(GGMLType.Q5_0, "q6")
 
 
 def test_q5_k_takes_q4_k_parts_but_no_others():
@@ -296,7 +308,8 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k",
+                                 "q8_0", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
@@ -319,8 +332,9 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
             return StoredTensor(GGMLType.Q5_K, rows, k, torch.from_numpy(quantize_q4_k(w, 5)))
         if fmt == "q6_k":
             return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
-        raw = gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
-        return StoredTensor(GGMLType.Q4_0, rows, k, torch.from_numpy(raw.copy()))
+        kind = {"q5_0": "Q5_0", "q5_1": "Q5_1"}.get(fmt, "Q4_0")
+        raw = gguf.quantize(w, gguf.GGMLQuantizationType[kind])
+        return StoredTensor(GGMLType[kind], rows, k, torch.from_numpy(raw.copy()))
 
     parts = [stored(96, 0), stored(64, 1), stored(40, 2)]  # whole tiles, then 2.5 tiles
     whole = stored_linears._tile_chunk(parts, fmt)
