@@ -476,6 +476,22 @@ def q4_k_fields(raw, shape, qtype=GGMLType.Q4_K) -> tuple[torch.Tensor, ...]:
             f.dmin.reshape(rows, cols // QK_K))
 
 
+def iq4_fields(raw, qtype, shape) -> tuple[torch.Tensor, ...]:
+    """IQ4_NL's / IQ4_XS's fields per row as stored (kernels.cpu.tile_iq4_nl's, tile_iq4_xs's
+    arguments): q uint8 [rows, cols] indices in 0..15, then IQ4_NL: d float32 [rows, cols/32]
+    (d * kvalues[q] == dequantize); IQ4_XS: scales int8 [rows, cols/32] in -32..31 and d float32
+    [rows, cols/256] ((d * scales) * kvalues[q] == dequantize)."""
+    t = ggml_type(qtype)
+    if t not in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
+        raise ValueError(f"iq4_fields reads IQ4_NL and IQ4_XS, not {t.name}")
+    f = unpack(raw, t)
+    rows, cols = _rows_cols(shape, f.qs.numel(), t)
+    if t == GGMLType.IQ4_NL:
+        return f.qs.reshape(rows, cols), f.d.reshape(rows, cols // GROUP)
+    return (f.qs.reshape(rows, cols), f.scales.reshape(rows, cols // GROUP),
+            f.d.reshape(rows, cols // QK_K))
+
+
 def q6_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
     """Q6_K's fields per row as stored (kernels.cpu.tile_q6_k's arguments): q int8 [rows, cols]
     in -32..31, scales int8 [rows, cols/16], d float32 [rows, cols/256];
@@ -509,5 +525,6 @@ def symmetric_6bit_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
 
 
 __all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "SIX_BIT_GROUP",
-           "GGMLType", "affine_groups", "dequantize", "ggml_type", "q4_k_fields", "q6_k_fields",
+           "GGMLType", "affine_groups", "dequantize", "ggml_type", "iq4_fields", "q4_k_fields",
+           "q6_k_fields",
            "row_bytes", "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]

@@ -2,8 +2,9 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in ten formats: GGUF's Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K and Q6_K as stored (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k), q6
+side by side: see gemv_avx512.c's header comment) in twelve formats: GGUF's Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as stored (q4_0, q4_1, q5_0, q5_1, q8_0,
+q4_k, q5_k, q6_k, iq4_nl, iq4_xs), q6
 (6-bit symmetric values with an fp16 scale per 16: GGUF's Q3_K), and bf16; step_<level>.c
 holds the decode step's attention, SiLU and argmax, and a request's causal prefill attention
 (prefill.py). gemm.c (Python's entry points to the products) and decode.c are the same at
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..gguf_blocks import KVALUES_IQ4NL
 from . import abi, build
 from .features import cpu_features
 
@@ -142,7 +144,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6 q6_k q8_0 bf16
+    format: str  # q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6 q6_k q8_0 iq4_nl iq4_xs bf16
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -202,6 +204,18 @@ def tile_q4_0(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
     blocks = as_q4_1.data.view(as_q4_1.data.shape[0], k // GROUP, -1)
     data = torch.cat([blocks[..., :32], blocks[..., 64:]], dim=-1)
     return TiledWeight("q4_0", data.contiguous(), n, k)
+
+
+# GGUF's IQ4_NL / IQ4_XS values (ggml's kvalues_iq4nl): a weight is its scale times the value
+# its 4-bit index picks (gemv.h's IQ4_VALUES)
+IQ4_VALUES = torch.tensor(KVALUES_IQ4NL, dtype=torch.float32)
+
+
+def tile_iq4_nl(q: torch.Tensor, scale: torch.Tensor) -> TiledWeight:
+    """GGUF's IQ4_NL as stored: q [N, K] indices in 0..15, scale [N, K / 32] fp16 values d;
+    w = d * IQ4_VALUES[q]. q4_0's layout (4.5 bits a weight)."""
+    as_q4_0 = tile_q4_0(q, scale)  # (checks the shapes and the range)
+    return TiledWeight("iq4_nl", as_q4_0.data, as_q4_0.n, as_q4_0.k)
 
 
 def _fifth_bits(q: torch.Tensor, n: int) -> torch.Tensor:
@@ -403,6 +417,30 @@ def tile_q5_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torc
     return TiledWeight("q5_k", data.contiguous(), n, k)
 
 
+IQ4_XS_BLOCK_BYTES = 2208  # one tile x super-block: 4.31 bits a weight (GGUF's IQ4_XS: 4.25)
+
+
+def tile_iq4_xs(q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> TiledWeight:
+    """GGUF's IQ4_XS as stored: q [N, K] indices in 0..15, scales [N, K / 32] in -32..31 (its
+    six-bit ls - 32), d [N, K / 256] fp16 values; w = (d * sc) * IQ4_VALUES[q], as ggml
+    computes it (exact in float32). Per 16-row tile and super-block of 256
+    (IQ4_XS_BLOCK_BYTES): fp16 d[16], the int8 scales (128 bytes: byte 16 j + r holds row r's
+    group j), then the 8 groups' nibbles as q4_k holds them."""
+    n, k = q.shape
+    if scales.shape != (n, k // GROUP):
+        raise ValueError(f"expected scales of shape [{n}, {k // GROUP}], got {tuple(scales.shape)}")
+    if scales.numel() and (int(scales.min()) < -32 or int(scales.max()) > 31):
+        raise ValueError("IQ4_XS's scales must be in -32..31")
+    zeros = torch.zeros(n, k // GROUP, dtype=torch.uint8)
+    as_q4_k = tile_q4_k(q, zeros, zeros, d, torch.zeros_like(d))  # (checks q and d)
+    tiles, s = as_q4_k.data.shape[0], k // SUPER_BLOCK
+    b = as_q4_k.data.view(tiles, s, Q4_K_BLOCK_BYTES)
+    sc = _pad_rows(scales.to(torch.int8), n).view(tiles, TILE, s, 8).permute(0, 2, 3, 1)
+    data = torch.cat([b[..., :32], sc.contiguous().view(torch.uint8).reshape(tiles, s, 128),
+                      b[..., 256:]], -1)
+    return TiledWeight("iq4_xs", data.contiguous(), n, k)
+
+
 def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_low: torch.Tensor,
                  sc_high: torch.Tensor, mn_high: torch.Tensor, nib: torch.Tensor,
                  fifth: torch.Tensor | None = None) -> torch.Tensor:
@@ -425,14 +463,19 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0)
+# (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
 REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (12, "q4_1"), (12, "q4_k"),
-           (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0")}
-_GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576}
-_GROUP_HEADER = {"q4_0": 32, "q5_0": 32, "q4_1": 64, "q5_1": 64}  # bytes before the nibbles
+           (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"), (20, "iq4_nl"), (23, "iq4_xs")}
+_GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576,
+                "iq4_nl": 288}
+# bytes before the nibbles
+_GROUP_HEADER = {"q4_0": 32, "q5_0": 32, "iq4_nl": 32, "q4_1": 64, "q5_1": 64}
+# the low of a group without stored minimums, in units of its d (iq4_nl: none)
+_LOW_PER_D = {"q4_0": -8, "q5_0": -16, "iq4_nl": 0}
 # the bit of a fifth-bits byte that chunk c's half h takes, [c, h]
 _FIFTH_AT = 2 * torch.arange(4)[:, None] + torch.arange(2)
-_SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES}
+_SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES,
+                      "iq4_xs": IQ4_XS_BLOCK_BYTES}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -499,6 +542,16 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         dense = _q4_k_values(halves(0), halves(32), rows_of(64, 128, 4), rows_of(128, 192, 4),
                              rows_of(192, 224, 2), rows_of(224, 256, 2), nib, fifth)
         return dense.reshape(tiles * TILE, k)[:n]
+    if w.format == "iq4_xs":  # -> [tile, row, super-block, group, ...]
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, IQ4_XS_BLOCK_BYTES)
+        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
+        sc = b[..., 32:160].contiguous().view(torch.int8).view(tiles, s, 8, TILE)
+        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 8]
+        nib = b[..., 160:].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        q = torch.stack([nib & 15, nib >> 4], dim=-2).flatten(-3)  # [t, row, s, 8, 32]
+        dense = scale[..., None] * IQ4_VALUES[q.long()]
+        return dense.reshape(tiles * TILE, k)[:n]
     if w.format == "q6_k":  # -> [tile, row, super-block, group, ...] fields of each row
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
@@ -526,8 +579,8 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         return dense.reshape(tiles * TILE, k)[:n]
     d = blocks[..., :32].contiguous().view(torch.float16).float()
     at = _GROUP_HEADER[w.format]
-    if at == 32:  # q4_0, q5_0: low -8 d, -16 d (exact)
-        low = d * (-8 if w.format == "q4_0" else -16)
+    if at == 32:  # q4_0, q5_0, iq4_nl: low -8 d, -16 d, none (exact)
+        low = d * _LOW_PER_D[w.format]
     else:
         low = blocks[..., 32:64].contiguous().view(torch.float16).float()
     nib = blocks[..., at:at + 256].contiguous().view(tiles, g, 4, TILE, 4)
@@ -535,8 +588,11 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format in ("q5_0", "q5_1"):
         fifth = blocks[..., at + 256:].contiguous().view(tiles, g, 1, TILE, 4, 1)
         q = q | (((fifth >> _FIFTH_AT.view(4, 1, 1, 2)) & 1) << 4)
-    q = q.permute(0, 3, 1, 2, 5, 4).reshape(tiles, TILE, g, GROUP).float()
-    dense = low.transpose(1, 2)[..., None] + q * d.transpose(1, 2)[..., None]
+    q = q.permute(0, 3, 1, 2, 5, 4).reshape(tiles, TILE, g, GROUP)
+    if w.format == "iq4_nl":  # (no low: d v alone, as ggml's bits, zeros' signs included)
+        dense = IQ4_VALUES[q.long()] * d.transpose(1, 2)[..., None]
+    else:
+        dense = low.transpose(1, 2)[..., None] + q.float() * d.transpose(1, 2)[..., None]
     return dense.reshape(tiles * TILE, k)[:n]
 
 
@@ -576,6 +632,20 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
             fifth = fifth.view(-1, s, 8, 4)
         return _q4_k_values(halves(0), halves(32), per_row(64, 4), per_row(128, 4),
                             per_row(192, 2), per_row(224, 2), nib, fifth).reshape(-1, k)
+    if w.format == "iq4_xs":  # fields of each id's row, per super-block
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, IQ4_XS_BLOCK_BYTES)
+        r = row[:, None, None]
+        supers = torch.arange(s)[None, :, None]
+        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
+        d = d.view(torch.float16).float()  # [n, s, 1]
+        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(8) + r].contiguous()
+        scale = d * sc.view(torch.int8).float()  # [n, s, 8]
+        group = 160 + 256 * torch.arange(8)[:, None, None]
+        nib_bytes = (group + 64 * torch.arange(4)[:, None] + torch.arange(4)).reshape(-1)
+        nib = b[tile[:, None, None], supers, nib_bytes + 4 * r].view(-1, s, 8, 4, 1, 4)
+        q = torch.cat([nib & 15, nib >> 4], dim=-2).flatten(-3)  # [n, s, 8, 32]
+        return (scale[..., None] * IQ4_VALUES[q.long()]).reshape(-1, k)
     if w.format == "q6_k":  # fields of each id's row, per super-block and group
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
@@ -615,7 +685,7 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     d = d.view(torch.float16).float()
     at = _GROUP_HEADER[w.format]
     if at == 32:
-        low = d * (-8 if w.format == "q4_0" else -16)
+        low = d * _LOW_PER_D[w.format]
     else:
         low = blocks[tile[:, None, None], groups, 32 + 2 * r + torch.arange(2)].contiguous()
         low = low.view(torch.float16).float()
@@ -625,8 +695,10 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format in ("q5_0", "q5_1"):
         fifth = blocks[tile[:, None, None], groups, at + 256 + 4 * r + torch.arange(4)]
         q = q | (((fifth.view(-1, g, 1, 1, 4) >> _FIFTH_AT.view(4, 2, 1)) & 1) << 4)
-    q = q.reshape(-1, g, GROUP).float()  # chunk, half, i
-    return (low + q * d).reshape(-1, k)
+    q = q.reshape(-1, g, GROUP)  # chunk, half, i
+    if w.format == "iq4_nl":
+        return (IQ4_VALUES[q.long()] * d).reshape(-1, k)
+    return (low + q.float() * d).reshape(-1, k)
 
 
 # ---- products ----

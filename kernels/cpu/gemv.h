@@ -29,6 +29,10 @@
                                       16 weights: byte 16 s + r, row r's s-th), then 8 groups
                                       of q6's nibbles and high bit pairs (GGUF's Q6_K bits) */
 #define Q6_K_GROUP (Q6_K_BLOCK / 8)
+#define IQ4_XS_BLOCK (160 + 8 * 256) /* one tile x super-block: fp16 d[16], the int8 scales of its
+                                        8 groups (ls - 32: byte 16 j + r, row r's j-th), then 8
+                                        groups of q4_1 nibbles: indices into IQ4_VALUES */
+#define IQ4_XS_GROUP (IQ4_XS_BLOCK / 8)
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
  * AVX-512: x ~= scale[g] * (256 hi + lo) (X_SIGNED16), or scale[g] * (256 hi + lo - 32768)
@@ -47,7 +51,15 @@ typedef struct {
 enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
-       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7, FORMAT_Q5_0 = 8, FORMAT_Q5_1 = 9 };
+       FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7, FORMAT_Q5_0 = 8, FORMAT_Q5_1 = 9,
+       FORMAT_IQ4_NL = 10, FORMAT_IQ4_XS = 11 };
+
+/* GGUF's IQ4_NL and IQ4_XS: a weight is its scale times IQ4_VALUES[its 4-bit index] (ggml's
+ * kvalues_iq4nl). The levels look the values up with a byte shuffle: AVX-512 as value + 128
+ * (unsigned, 1..241, with the group's low -128 d), AVX2 as the signed value. */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                      1,    13,   25,  38,  53,  69,  89,  113};
+static inline int has_lut(int fmt) { return fmt == FORMAT_IQ4_NL || fmt == FORMAT_IQ4_XS; }
 
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u;
@@ -60,13 +72,14 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 /* Bytes of a tiled integer weight's tile (K / GROUP groups; q4_k's per group on average). */
 static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fmt) {
     return fmt == FORMAT_Q4_1 ? Q4_1_BLOCK
-         : fmt == FORMAT_Q4_0 ? Q4_0_BLOCK
+         : fmt == FORMAT_Q4_0 || fmt == FORMAT_IQ4_NL ? Q4_0_BLOCK
          : fmt == FORMAT_Q5_0 ? Q5_0_BLOCK
          : fmt == FORMAT_Q5_1 ? Q5_1_BLOCK
          : fmt == FORMAT_Q6   ? Q6_BLOCK
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP
          : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP
+         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP
                               : Q8_0_BLOCK;
 }
 
@@ -77,32 +90,40 @@ static inline int x_unsigned(int fmt) {
 
 static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
 
-/* q4_1, q4_0, q5_1, q5_0: a group's fp16 d[16] (q4_1, q5_1: then m[16]), then its nibbles
- * (q5_*: then their fifth bits, as q5_k's); q4_0's low m is -8 d (GGUF's Q4_0: w = d (q - 8)),
- * q5_0's -16 d. */
+/* q4_1, q4_0, q5_1, q5_0, iq4_nl: a group's fp16 d[16] (q4_1, q5_1: then m[16]), then its
+ * nibbles (q5_*: then their fifth bits, as q5_k's); q4_0's low m is -8 d (GGUF's Q4_0: w =
+ * d (q - 8)), q5_0's -16 d; iq4_nl's nibbles are indices into IQ4_VALUES (GGUF's IQ4_NL, laid
+ * out as q4_0). */
 static inline int is_group_affine(int fmt) {
-    return fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1;
+    return fmt == FORMAT_Q4_1 || fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1 ||
+           fmt == FORMAT_IQ4_NL;
 }
 static inline int64_t group_header(int fmt) {
-    return fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 ? 32 : 64;
+    return fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_IQ4_NL ? 32 : 64;
 }
 /* The formats whose values have a fifth bit (the 64 bytes after a group's nibbles). */
 static inline int has_fifth(int fmt) {
     return fmt == FORMAT_Q5_K || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1;
 }
 
-/* q4_k and q5_k: a super-block's 8 groups of 32 under one header (fp16 d, dmin, six-bit
- * scales and mins: 256 bytes), then each group's q4_1 nibbles (256 bytes), q5_k's followed by
- * its fifth bits (64 bytes: byte 4 r + i holds, at bit 2 c, that of column 8 c + i of row r and,
- * at bit 2 c + 1, that of column 8 c + 4 + i: chunk c's two nibble halves). */
-static inline int is_k_affine(int fmt) { return fmt == FORMAT_Q4_K || fmt == FORMAT_Q5_K; }
-static inline int64_t k_block_bytes(int fmt) { return fmt == FORMAT_Q5_K ? Q5_K_BLOCK : Q4_K_BLOCK; }
+/* q4_k, q5_k and iq4_xs: a super-block's 8 groups of 32 under one header (q4_k, q5_k: fp16 d,
+ * dmin, six-bit scales and mins: 256 bytes; iq4_xs: fp16 d, int8 scales: 160 bytes), then each
+ * group's q4_1 nibbles (256 bytes), q5_k's followed by its fifth bits (64 bytes: byte 4 r + i
+ * holds, at bit 2 c, that of column 8 c + i of row r and, at bit 2 c + 1, that of column
+ * 8 c + 4 + i: chunk c's two nibble halves). */
+static inline int is_k_affine(int fmt) {
+    return fmt == FORMAT_Q4_K || fmt == FORMAT_Q5_K || fmt == FORMAT_IQ4_XS;
+}
+static inline int64_t k_block_bytes(int fmt) {
+    return fmt == FORMAT_Q5_K ? Q5_K_BLOCK : fmt == FORMAT_IQ4_XS ? IQ4_XS_BLOCK : Q4_K_BLOCK;
+}
+static inline int64_t k_header_bytes(int fmt) { return fmt == FORMAT_IQ4_XS ? 160 : 256; }
 static inline int64_t k_group_bytes(int fmt) { return fmt == FORMAT_Q5_K ? 320 : 256; }
 static inline const uint8_t *k_header(int fmt, const uint8_t *tile, int64_t g) {
     return tile + (g / 8) * k_block_bytes(fmt);
 }
 static inline const uint8_t *k_nibbles(int fmt, const uint8_t *tile, int64_t g) {
-    return k_header(fmt, tile, g) + 256 + k_group_bytes(fmt) * (g % 8);
+    return k_header(fmt, tile, g) + k_header_bytes(fmt) + k_group_bytes(fmt) * (g % 8);
 }
 
 /* Group g's 6-bit values in a q6 or q6_k tile: its 256 bytes of low nibbles, then its 128 of
@@ -182,6 +203,10 @@ void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_iq4_xs_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q6_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_bf16_gemm_tiles(const uint8_t *w, const uint16_t *x, void *y, int y_bf16, int64_t M,

@@ -25,6 +25,9 @@
  * - q4_k, q5_k: as q4_1 per group of 32, scale d sc and low -(dmin mn); q5_k's values (0..31)
  *   take their fifth bit from the 64 bytes after the group's nibbles. Its pair sums reach
  *   2 * 31 * 127 = 7874, so a chunk's two are widened to int32 at once (8 would overflow).
+ * - iq4_nl, iq4_xs: a byte shuffle looks the nibbles up in IQ4_VALUES (signed, -127..113), and
+ *   they multiply as q8_0's bytes do (the sign moved onto X: |X| unsigned), each pair sum
+ *   widened at once; w = d v (iq4_xs: d sc v), no low.
  * - q8_0: w = d q with q signed, so the sign moves onto q: |X| is the unsigned operand and
  *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
  *   too much to add two in int16: each is widened by vpmaddwd at once.
@@ -153,13 +156,19 @@ static inline __attribute__((always_inline)) __m256i fifth_bits(__m256i bits, in
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
 
+/* Whether a format's group sums are int32 (wide_sums) rather than int16: the 5-bit formats'
+ * and the looked-up values'. */
+static inline int wide_sums(int fmt) { return has_fifth(fmt) || has_lut(fmt); }
+
 /* The sums of one group's products for M rows of x (group g) and S streams' nibbles (nib[u]:
- * the group's 4 chunks of 64 bytes, as q4_1 holds them): acc[u][m][half], int16 (five: q5_k's
- * values, their fifth bits the 64 bytes after the nibbles, int32). */
+ * the group's 4 chunks of 64 bytes, as q4_1 holds them; q5_*: their fifth bits the 64 bytes
+ * after them; iq4_*: indices into IQ4_VALUES): acc[u][m][half], int16, or int32 (wide_sums). */
 static inline __attribute__((always_inline)) void nibble_sums(
-    const uint8_t *const *nib, const int five, int64_t g, const split_x *xs,
+    const uint8_t *const *nib, const int fmt, int64_t g, const split_x *xs,
     __m256i acc[8][ROW_BLOCK][2], const int S, const int M) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int five = has_fifth(fmt), lut = has_lut(fmt);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
     for (int u = 0; u < S; u++)
         for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
     /* a loop, not unrolled: unrolled, GCC regroups the group's int16 sums into a tree
@@ -167,9 +176,11 @@ static inline __attribute__((always_inline)) void nibble_sums(
 #pragma GCC unroll 1
     for (int c = 0; c < 4; c++) {
         __m256i x0[ROW_BLOCK], x1[ROW_BLOCK]; /* X[8c .. 8c+3], X[8c+4 .. 8c+7] */
+        __m256i a0[ROW_BLOCK], a1[ROW_BLOCK]; /* (lut: their magnitudes) */
         for (int m = 0; m < M; m++) {
             const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
             x0[m] = _mm256_set1_epi32(xq[0]), x1[m] = _mm256_set1_epi32(xq[1]);
+            if (lut) a0[m] = _mm256_abs_epi8(x0[m]), a1[m] = _mm256_abs_epi8(x1[m]);
         }
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
@@ -180,6 +191,16 @@ static inline __attribute__((always_inline)) void nibble_sums(
                     const __m256i bits = _mm256_loadu_si256((const __m256i *)(nib[u] + 256 + 32 * h));
                     w_lo = _mm256_or_si256(w_lo, fifth_bits(bits, c, 0));
                     w_hi = _mm256_or_si256(w_hi, fifth_bits(bits, c, 1));
+                }
+                if (lut) {
+                    w_lo = _mm256_shuffle_epi8(table, w_lo), w_hi = _mm256_shuffle_epi8(table, w_hi);
+                    for (int m = 0; m < M; m++) {
+                        const __m256i p0 = _mm256_maddubs_epi16(a0[m], _mm256_sign_epi8(w_lo, x0[m]));
+                        const __m256i p1 = _mm256_maddubs_epi16(a1[m], _mm256_sign_epi8(w_hi, x1[m]));
+                        acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_add_epi32(
+                            _mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                    }
+                    continue;
                 }
                 for (int m = 0; m < M; m++) {
                     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w_lo, x0[m]),
@@ -192,24 +213,26 @@ static inline __attribute__((always_inline)) void nibble_sums(
 }
 
 /* y += d s qx + mn sum for a group's sums (one stream u, half h of its rows; int16, or int32
- * where five). */
+ * where wide_sums; the looked-up values have no mn). */
 static inline __attribute__((always_inline)) void scale_group(
-    __m256i acc[8][ROW_BLOCK][2], const int five, int u, int h, __m256 d, __m256 mn,
+    __m256i acc[8][ROW_BLOCK][2], const int fmt, int u, int h, __m256 d, __m256 mn,
     const split_x *xs, int64_t g, __m256 *y, const int M) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int m = 0; m < M; m++) {
         __m256 *out = y + 2 * (u * M + m) + h;
-        __m256 qx = _mm256_cvtepi32_ps(five ? acc[u][m][h] : _mm256_madd_epi16(acc[u][m][h], ones));
+        __m256 qx = _mm256_cvtepi32_ps(wide_sums(fmt) ? acc[u][m][h] : _mm256_madd_epi16(acc[u][m][h], ones));
         *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
-        *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
+        if (!has_lut(fmt)) *out = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m].sum[g]), *out);
     }
 }
 
-/* A q4_1 or q4_0 group's d and m for rows 8h .. 8h + 7 (blk: the group's block). */
+/* A q4_1, q4_0, q5_*, iq4_nl group's d and m for rows 8h .. 8h + 7 (blk: the group's block). */
 static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
                                                             int h, __m256 *d, __m256 *mn) {
     *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0)
+    if (fmt == FORMAT_IQ4_NL)
+        *mn = _mm256_setzero_ps();
+    else if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0)
         *mn = _mm256_mul_ps(*d, _mm256_set1_ps(fmt == FORMAT_Q4_0 ? -8.0f : -16.0f));
     else
         *mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
@@ -227,12 +250,12 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         for (int u = 0; u < S; u++)
             prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][half]: int16 sums of the group */
-        nibble_sums(nib, has_fifth(fmt), g, xs, acc, S, M);
+        nibble_sums(nib, fmt, g, xs, acc, S, M);
         for (int u = 0; u < S; u++)
             for (int h = 0; h < 2; h++) {
                 __m256 d, mn;
                 group_d_m(fmt, blks[u] + off, h, &d, &mn);
-                scale_group(acc, has_fifth(fmt), u, h, d, mn, xs, g, y, M);
+                scale_group(acc, fmt, u, h, d, mn, xs, g, y, M);
             }
     }
 }
@@ -250,41 +273,46 @@ static inline __attribute__((always_inline)) __m256 six_bit8(const uint8_t *low,
     return _mm256_cvtepi32_ps(_mm256_or_si256(l, _mm256_slli_epi32(t, 4)));
 }
 
-/* A group's scale d sc and low -(dmin mn) for rows 8h .. 8h + 7 of a q4_k super-block (its
- * header hd), both exact in fp32. */
-static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *hd, int j, int h,
-                                                              __m256 *d, __m256 *mn) {
+/* Group j's scale and low for rows 8h .. 8h + 7 of a super-block (its header hd): q4_k, q5_k:
+ * d sc and -(dmin mn); iq4_xs: d sc and none. All exact in fp32. */
+static inline __attribute__((always_inline)) void k_scales(const int fmt, const uint8_t *hd, int j,
+                                                           int h, __m256 *d, __m256 *mn) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    *d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
-                       six_bit8(hd + 64, hd + 192, j, h));
+    const __m256 d16 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
+    if (fmt == FORMAT_IQ4_XS) {
+        const __m128i sc = _mm_loadl_epi64((const __m128i *)(hd + 32 + 16 * j + 8 * h));
+        *d = _mm256_mul_ps(d16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        *mn = _mm256_setzero_ps();
+        return;
+    }
+    *d = _mm256_mul_ps(d16, six_bit8(hd + 64, hd + 192, j, h));
     *mn = _mm256_xor_ps(sign, _mm256_mul_ps(
         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h))),
         six_bit8(hd + 128, hd + 224, j, h)));
 }
 
-/* q4_k and q5_k: as q4_1's, a super-block's 8 groups under one header. */
+/* q4_k, q5_k and iq4_xs: as q4_1's, a super-block's 8 groups under one header (k_scales). */
 static inline __attribute__((always_inline)) void k_affine_tiles_streams(
     const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
     const int S, const int M) {
-    const int five = fmt == FORMAT_Q5_K;
-    const int64_t group_bytes = k_group_bytes(fmt);
+    const int64_t group_bytes = k_group_bytes(fmt), header = k_header_bytes(fmt);
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < G / 8; sb++) {
         const int64_t base = sb * k_block_bytes(fmt);
         for (int j = 0; j < 8; j++) {
-            const int64_t g = 8 * sb + j, off = base + 256 + group_bytes * j;
+            const int64_t g = 8 * sb + j, off = base + header + group_bytes * j;
             const uint8_t *nib[8];
             for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
-                prefetch(blks[u] + (j ? off : base), j ? group_bytes : 256 + group_bytes);
+                prefetch(blks[u] + (j ? off : base), j ? group_bytes : header + group_bytes);
                 nib[u] = blks[u] + off;
             }
             __m256i acc[8][ROW_BLOCK][2];
-            nibble_sums(nib, five, g, xs, acc, S, M);
+            nibble_sums(nib, fmt, g, xs, acc, S, M);
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
                     __m256 d, mn;
-                    q4_k_scales(blks[u] + base, j, h, &d, &mn);
-                    scale_group(acc, five, u, h, d, mn, xs, g, y, M);
+                    k_scales(fmt, blks[u] + base, j, h, &d, &mn);
+                    scale_group(acc, fmt, u, h, d, mn, xs, g, y, M);
                 }
         }
     }
@@ -519,6 +547,16 @@ void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
+void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_IQ4_NL, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_iq4_xs_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_IQ4_XS, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
@@ -614,7 +652,7 @@ static inline void put_row(void *out, int out_bf16, int64_t K, int64_t a, int64_
 static inline __attribute__((always_inline)) void dequant_row(
     const int fmt, __m128i bytes, const float *ds, const float *ms, int r, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = is_group_affine(fmt) || is_k_affine(fmt);
+    const int nibbles = (is_group_affine(fmt) || is_k_affine(fmt)) && !has_lut(fmt);
     const __m256i q = nibbles ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ds[r]));
     if (nibbles) v = _mm256_add_ps(_mm256_set1_ps(ms[r]), v);
@@ -636,7 +674,7 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
             nib = k_nibbles(fmt, tile, g);
             for (int h = 0; h < 2; h++) {
                 __m256 d, mn;
-                q4_k_scales(hd, (int)(g % 8), h, &d, &mn);
+                k_scales(fmt, hd, (int)(g % 8), h, &d, &mn);
                 _mm256_storeu_ps(ds + 8 * h, d), _mm256_storeu_ps(ms + 8 * h, mn);
             }
         } else if (is_q6(fmt)) { /* ms holds the second half's scales */
@@ -668,6 +706,10 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                         const __m256i bits = _mm256_loadu_si256((const __m256i *)(nib + 256 + 32 * h));
                         a = _mm256_or_si256(a, fifth_bits(bits, c, 0));
                         b = _mm256_or_si256(b, fifth_bits(bits, c, 1));
+                    } else if (has_lut(fmt)) {
+                        const __m256i table = _mm256_broadcastsi128_si256(
+                            _mm_loadu_si128((const __m128i *)IQ4_VALUES));
+                        a = _mm256_shuffle_epi8(table, a), b = _mm256_shuffle_epi8(table, b);
                     }
                 } else if (is_q6(fmt)) {
                     a = q6_quad(q6_bits(fmt, tile, g), 2 * c, h);
@@ -760,6 +802,10 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_IQ4_NL)
+            dequant_int_tile(FORMAT_IQ4_NL, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_IQ4_XS)
+            dequant_int_tile(FORMAT_IQ4_XS, w + t * G * IQ4_XS_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

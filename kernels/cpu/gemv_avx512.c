@@ -19,6 +19,12 @@
  *   then the nibbles): w = d (q - 8), so m = -8 d.
  * - q5_0, q5_1 (GGUF's Q5_0 and Q5_1 as stored, 5.5 and 6 bits a weight): q4_0's and q4_1's,
  *   each group's nibbles followed by their fifth bits as q5_k's; q5_0's m is -16 d.
+ * - iq4_nl (GGUF's IQ4_NL as stored, 4.5 bits a weight): q4_0's layout, the nibbles indices
+ *   into IQ4_VALUES (gemv.h). A byte shuffle turns them into value + 128 (1..241, unsigned),
+ *   multiplied as q4_0's nibbles with m = -128 d.
+ * - iq4_xs (GGUF's IQ4_XS as stored, 4.31 bits a weight): per tile and super-block of 256,
+ *   fp16 d[16] and the int8 scales of its 8 groups (ls - 32), then each group's nibbles as
+ *   q4_k's: a group's d is d sc (exact in fp32), its values iq4_nl's.
  * - q8_0 (GGUF's Q8_0, the default model's tied embedding / head): per tile and group, 16
  *   fp32 scales d, then 8 quads of 64 bytes: byte 4r + i of quad p is q[r][4p + i] (int8).
  *   w = d q. Here x's bytes are the unsigned operand: X + 32768 = 256 hi + lo.
@@ -141,13 +147,35 @@ static inline __attribute__((always_inline)) __m512i add_fifth_bits(__m512i q, _
     return _mm512_ternarylogic_epi32(q, b, _mm512_set1_epi8(0x10), 0xF8); /* q | (b & 16) */
 }
 
+/* iq4_nl's and iq4_xs's values + 128 in each 128-bit lane: a byte shuffle's table. */
+static inline __m512i iq4_table(void) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)IQ4_VALUES), _mm_set1_epi8((char)0x80));
+    return _mm512_broadcast_i32x4(v);
+}
+
+/* A chunk's 64 weight bytes as the products' unsigned operand: nibbles (fmt's fifth bits
+ * added as 16, or looked up in iq4_table); half 0: the low nibbles, 1: the high ones. */
+static inline __attribute__((always_inline)) void nibble_values(
+    const int fmt, const uint8_t *nib, int c, __m512i *w_lo, __m512i *w_hi) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), w = _mm512_loadu_si512(nib + 64 * c);
+    *w_lo = _mm512_and_si512(w, low4);
+    *w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+    if (has_fifth(fmt)) {
+        const __m512i bits = _mm512_loadu_si512(nib + 256);
+        *w_lo = add_fifth_bits(*w_lo, bits, c, 0);
+        *w_hi = add_fifth_bits(*w_hi, bits, c, 1);
+    } else if (has_lut(fmt)) {
+        *w_lo = _mm512_shuffle_epi8(iq4_table(), *w_lo);
+        *w_hi = _mm512_shuffle_epi8(iq4_table(), *w_hi);
+    }
+}
+
 /* The integer sums q X of one group of 32 for M rows of x (rows of group g) and S streams'
- * nibbles (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them; five: q5_k's, their
- * fifth bits the 64 bytes after them): qx[u * M + m]. */
+ * nibbles (nib[u]: the group's 4 chunks of 64 bytes, as q4_1 holds them; q5_*: their fifth
+ * bits the 64 bytes after them): qx[u * M + m]. */
 static inline __attribute__((always_inline)) void nibble_sums(
-    const uint8_t *const *nib, const int five, int64_t g, const split_x *xs, __m512i *qx,
+    const uint8_t *const *nib, const int fmt, int64_t g, const split_x *xs, __m512i *qx,
     const int S, const int M) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i hi[8][ROW_BLOCK][2], lo[8][ROW_BLOCK][2]; /* [stream][row][nibble half] */
     for (int u = 0; u < S; u++)
         for (int m = 0; m < M; m++)
@@ -161,14 +189,8 @@ static inline __attribute__((always_inline)) void nibble_sums(
             l0[m] = _mm512_set1_epi32(l[0]), l1[m] = _mm512_set1_epi32(l[1]);
         }
         for (int u = 0; u < S; u++) {
-            __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
-            __m512i w_lo = _mm512_and_si512(w, low4);
-            __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-            if (five) {
-                const __m512i bits = _mm512_loadu_si512(nib[u] + 256);
-                w_lo = add_fifth_bits(w_lo, bits, c, 0);
-                w_hi = add_fifth_bits(w_hi, bits, c, 1);
-            }
+            __m512i w_lo, w_hi;
+            nibble_values(fmt, nib[u], c, &w_lo, &w_hi);
             for (int m = 0; m < M; m++) {
                 hi[u][m][0] = _mm512_dpbusd_epi32(hi[u][m][0], w_lo, h0[m]);
                 lo[u][m][0] = _mm512_dpbusd_epi32(lo[u][m][0], w_lo, l0[m]);
@@ -184,12 +206,12 @@ static inline __attribute__((always_inline)) void nibble_sums(
                 _mm512_add_epi32(lo[u][m][0], lo[u][m][1]));
 }
 
-/* A q4_1 or q4_0 group's d and m (blk: the group's block). */
+/* A q4_1, q4_0, q5_*, iq4_nl group's d and m (blk: the group's block). */
 static inline __attribute__((always_inline)) void group_d_m(const int fmt, const uint8_t *blk,
                                                             __m512 *d, __m512 *mn) {
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0)
-        *mn = _mm512_mul_ps(*d, _mm512_set1_ps(fmt == FORMAT_Q4_0 ? -8.0f : -16.0f));
+    if (group_header(fmt) == 32) /* q4_0, q5_0, iq4_nl */
+        *mn = _mm512_mul_ps(*d, _mm512_set1_ps(fmt == FORMAT_Q4_0 ? -8.0f : fmt == FORMAT_Q5_0 ? -16.0f : -128.0f));
     else
         *mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
 }
@@ -206,7 +228,7 @@ static inline __attribute__((always_inline)) void q4_1_tiles_streams(
         for (int u = 0; u < S; u++)
             prefetch(blks[u] + off, block), nib[u] = blks[u] + off + group_header(fmt);
         __m512i qx[8 * ROW_BLOCK];
-        nibble_sums(nib, has_fifth(fmt), g, xs, qx, S, M);
+        nibble_sums(nib, fmt, g, xs, qx, S, M);
         for (int u = 0; u < S; u++) {
             __m512 d, mn;
             group_d_m(fmt, blks[u] + off, &d, &mn);
@@ -232,8 +254,25 @@ static inline __attribute__((always_inline)) __m512 six_bit16(const uint8_t *low
     return _mm512_cvtepi32_ps(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)));
 }
 
-/* q4_k and q5_k: as q4_1's, a super-block's 8 groups under one header: a group's scale is d sc
- * and its low -(dmin mn), both exact in fp32 (fp16 times a six-bit integer). */
+/* Group j's scale and low in a super-block (its header h): q4_k, q5_k: d sc and -(dmin mn);
+ * iq4_xs: d sc and -128 d sc. All exact in fp32 (fp16 times a six-bit integer, times 128). */
+static inline __attribute__((always_inline)) void k_scales(const int fmt, const uint8_t *h, int j,
+                                                           __m512 *d, __m512 *low) {
+    const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    if (fmt == FORMAT_IQ4_XS) {
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h + 32 + 16 * j)));
+        *d = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(sc));
+        *low = _mm512_mul_ps(*d, _mm512_set1_ps(-128.0f));
+        return;
+    }
+    *d = _mm512_mul_ps(d16, six_bit16(h + 64, h + 192, j));
+    *low = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
+                         six_bit16(h + 128, h + 224, j));
+    *low = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(*low),
+                                                _mm512_set1_epi32((int)0x80000000)));
+}
+
+/* q4_k, q5_k and iq4_xs: as q4_1's, a super-block's 8 groups under one header (k_scales). */
 static inline __attribute__((always_inline)) void k_affine_tiles_streams(
     const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m512 *y,
     const int S, const int M) {
@@ -242,24 +281,22 @@ static inline __attribute__((always_inline)) void k_affine_tiles_streams(
     for (int64_t sb = 0; sb < G / 8; sb++) {
         const int64_t base = sb * k_block_bytes(fmt);
         for (int j = 0; j < 8; j++) {
-            const int64_t g = 8 * sb + j, off = base + 256 + group_bytes * j;
+            const int64_t header = k_header_bytes(fmt), g = 8 * sb + j;
+            const int64_t off = base + header + group_bytes * j;
             const uint8_t *nib[8];
             for (int u = 0; u < S; u++) { /* (the header with the first sub-block: every byte once) */
-                prefetch(blks[u] + (j ? off : base), j ? group_bytes : 256 + group_bytes);
+                prefetch(blks[u] + (j ? off : base), j ? group_bytes : header + group_bytes);
                 nib[u] = blks[u] + off;
             }
             __m512i qx[8 * ROW_BLOCK];
-            nibble_sums(nib, fmt == FORMAT_Q5_K, g, xs, qx, S, M);
+            nibble_sums(nib, fmt, g, xs, qx, S, M);
             for (int u = 0; u < S; u++) {
-                const uint8_t *h = blks[u] + base;
-                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-                __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
-                d = _mm512_mul_ps(d, six_bit16(h + 64, h + 192, j));
-                dmin = _mm512_mul_ps(dmin, six_bit16(h + 128, h + 224, j));
+                __m512 d, low;
+                k_scales(fmt, blks[u] + base, j, &d, &low);
                 for (int m = 0; m < M; m++) {
                     __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
                     y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
-                    y[u * M + m] = _mm512_fnmadd_ps(dmin, _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
+                    y[u * M + m] = _mm512_fmadd_ps(low, _mm512_set1_ps(xs[m].sum[g]), y[u * M + m]);
                 }
             }
         }
@@ -397,7 +434,6 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
 static inline __attribute__((always_inline)) void nibble_int8_streams(
     const int fmt, const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y,
     const int S, const int M) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *nib[8];
@@ -408,12 +444,8 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
                 const int j = (int)(g % 8);
                 const int64_t group_bytes = k_group_bytes(fmt);
                 nib[u] = k_nibbles(fmt, tiles[u], g);
-                prefetch(j ? nib[u] : h, j ? group_bytes : 256 + group_bytes);
-                d[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
-                                     six_bit16(h + 64, h + 192, j));
-                mn[u] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
-                                      six_bit16(h + 128, h + 224, j));
-                mn[u] = _mm512_sub_ps(_mm512_setzero_ps(), mn[u]);
+                prefetch(j ? nib[u] : h, j ? group_bytes : k_header_bytes(fmt) + group_bytes);
+                k_scales(fmt, h, j, &d[u], &mn[u]);
             } else {
                 const uint8_t *blk = tiles[u] + g * group_bytes_of(fmt);
                 prefetch(blk, group_bytes_of(fmt));
@@ -425,14 +457,8 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
         for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++)
             for (int u = 0; u < S; u++) {
-                const __m512i w = _mm512_loadu_si512(nib[u] + 64 * c);
-                __m512i w_lo = _mm512_and_si512(w, low4);
-                __m512i w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                if (has_fifth(fmt)) {
-                    const __m512i bits = _mm512_loadu_si512(nib[u] + 256);
-                    w_lo = add_fifth_bits(w_lo, bits, c, 0);
-                    w_hi = add_fifth_bits(w_hi, bits, c, 1);
-                }
+                __m512i w_lo, w_hi;
+                nibble_values(fmt, nib[u], c, &w_lo, &w_hi);
                 for (int m = 0; m < M; m++) {
                     const int32_t *xq = (const int32_t *)(xs[m].hi + g * GROUP + 8 * c);
                     acc[u * M + m] = _mm512_dpbusd_epi32(acc[u * M + m], w_lo, _mm512_set1_epi32(xq[0]));
@@ -643,6 +669,16 @@ void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
+void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_IQ4_NL, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_iq4_xs_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                          int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_IQ4_XS, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
 void rf_q8_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q8_0, w, xs, y, y_bf16, M, N, K, t0, t1);
@@ -733,10 +769,11 @@ static inline void put_pair(void *out, int out_bf16, int64_t K, int64_t a, int64
 static inline __attribute__((always_inline)) void dequant_pair(
     const int fmt, __m128i bytes, const __m512 *dp, const __m512 *mp, int j, void *out,
     int out_bf16, int64_t K, int64_t row0, int64_t rows, int64_t col) {
-    const int nibbles = is_group_affine(fmt) || is_k_affine(fmt);
+    const int nibbles = (is_group_affine(fmt) || is_k_affine(fmt)) && !has_lut(fmt);
     __m512i q = nibbles ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
     /* q4_1: d q is exact in fp32 (4-bit q, fp16 d), so the fused m + d q rounds once, as
-     * unpack's sum of the product does (q4_k: (d sc) q with a six-bit sc, exact too) */
+     * unpack's sum of the product does (q4_k: (d sc) q with a six-bit sc, exact too); iq4_*
+     * (signed values here) and q8_0: one product */
     const __m512 v = nibbles ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), dp[j], mp[j])
                                         : _mm512_mul_ps(_mm512_cvtepi32_ps(q), dp[j]);
     put_pair(out, out_bf16, K, row0 + 2 * j, rows, col, v);
@@ -750,21 +787,13 @@ static inline __attribute__((always_inline)) void dequant_pair(
 static inline __attribute__((always_inline)) void dequant_int_tile(
     const int fmt, const uint8_t *tile, int64_t G, void *out, int out_bf16, int64_t K,
     int64_t row0, int64_t rows) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *blk = tile + g * group_bytes_of(fmt), *nib = blk + group_header(fmt);
         __m512 d, m = _mm512_setzero_ps(), dp[8], mp[8];
-        if (is_k_affine(fmt)) { /* d sc and -(dmin mn): exact products, as unpack's */
-            const uint8_t *h = k_header(fmt, tile, g);
-            const int j = (int)(g % 8);
+        if (is_k_affine(fmt)) { /* exact products, as unpack's */
             nib = k_nibbles(fmt, tile, g);
-            d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
-                              six_bit16(h + 64, h + 192, j));
-            m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
-                              six_bit16(h + 128, h + 224, j));
-            m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m),
-                                                     _mm512_set1_epi32((int)0x80000000)));
+            k_scales(fmt, k_header(fmt, tile, g), (int)(g % 8), &d, &m);
         } else if (is_q6(fmt)) { /* m holds the second half's scales */
             d = q6_scales(fmt, tile, g, 0);
             m = q6_scales(fmt, tile, g, 1);
@@ -784,13 +813,10 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
         for (int c = 0; c < 4; c++) {
             __m512i a, b; /* dword r: row r's columns 8c..8c+3 (a) and 8c+4..8c+7 (b) */
             if (is_group_affine(fmt) || is_k_affine(fmt)) {
-                const __m512i w = _mm512_loadu_si512(nib + 64 * c);
-                a = _mm512_and_si512(w, low4);
-                b = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                if (has_fifth(fmt)) {
-                    const __m512i bits = _mm512_loadu_si512(nib + 256);
-                    a = add_fifth_bits(a, bits, c, 0);
-                    b = add_fifth_bits(b, bits, c, 1);
+                nibble_values(fmt, nib, c, &a, &b);
+                if (has_lut(fmt)) { /* v + 128 -> v (int8), so d v's zeros keep their signs */
+                    a = _mm512_xor_si512(a, _mm512_set1_epi8((char)0x80));
+                    b = _mm512_xor_si512(b, _mm512_set1_epi8((char)0x80));
                 }
             } else if (is_q6(fmt)) {
                 a = q6_quad(q6_bits(fmt, tile, g), 2 * c);
@@ -880,6 +906,10 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_IQ4_NL)
+            dequant_int_tile(FORMAT_IQ4_NL, w + t * G * Q4_0_BLOCK, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_IQ4_XS)
+            dequant_int_tile(FORMAT_IQ4_XS, w + t * G * IQ4_XS_GROUP, G, out, out_bf16, K, row0, rows);
         else
             dequant_int_tile(FORMAT_Q8_0, w + t * G * Q8_0_BLOCK, G, out, out_bf16, K, row0, rows);
     }

@@ -8,6 +8,8 @@
  *   Q5_K       -> q5_k   as stored: q4_k's fields and the fifth bits
  *   Q4_0       -> q4_0   as stored: d, the nibbles
  *   Q5_0, Q5_1 -> q5_0, q5_1 as stored: d (Q5_1: m), the nibbles, the fifth bits
+ *   IQ4_NL     -> iq4_nl as stored: d, the nibbles (indices into IQ4_VALUES)
+ *   IQ4_XS     -> iq4_xs as stored: d, each group's ls - 32 as int8, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
@@ -28,7 +30,8 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14 };
+enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13,
+       GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 static inline uint32_t f32_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
@@ -121,34 +124,65 @@ static void write_q4_1(uint8_t *o, const uint8_t *q, const float *s, const float
         }
 }
 
-/* One (tile, group) of Q4_0 / Q5_0 / Q5_1 rows (raw: the tile's first row, row_bytes apart;
- * `live` of them) as q4_0 / q5_0 / q5_1: each row's d (and m) moved, its nibbles regrouped as
- * q4_1 holds them and its fifth bits as q5_k holds them, no arithmetic. */
+/* Row r's 32 values of a group of GGUF's 4-bit layout (qs: 16 bytes, column l < 16 qs[l]'s low
+ * nibble, column 16 + l its high one) as q4_1 holds nibbles: chunk c's byte 4 r + i holds
+ * columns 8 c + i (low nibble) and 8 c + 4 + i (high). */
+static void regroup_nibbles(uint8_t *nib, const uint8_t *qs, int r) {
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 4; i++) {
+            const int lo = 8 * c + i, hi = 8 * c + 4 + i;
+            const int v_lo = lo < 16 ? qs[lo] & 15 : qs[lo - 16] >> 4;
+            const int v_hi = hi < 16 ? qs[hi] & 15 : qs[hi - 16] >> 4;
+            nib[(c * TILE + r) * 4 + i] = (uint8_t)(v_lo | (v_hi << 4));
+        }
+}
+
+/* One (tile, group) of Q4_0 / Q5_0 / Q5_1 / IQ4_NL rows (raw: the tile's first row, row_bytes
+ * apart; `live` of them) as q4_0 / q5_0 / q5_1 / iq4_nl: each row's d (and m) moved, its
+ * nibbles regrouped as q4_1 holds them and its fifth bits as q5_k holds them, no arithmetic. */
 static void write_group_as_stored(int src, uint8_t *o, const uint8_t *raw, int64_t row_bytes,
                                   int live, int64_t g) {
-    const int64_t block = src == GGML_Q4_0 ? 18 : src == GGML_Q5_0 ? 22 : 24;
-    const int header = src == GGML_Q5_1 ? 64 : 32, five = src != GGML_Q4_0;
+    const int five = src == GGML_Q5_0 || src == GGML_Q5_1;
+    const int64_t block = src == GGML_Q5_0 ? 22 : src == GGML_Q5_1 ? 24 : 18;
+    const int header = src == GGML_Q5_1 ? 64 : 32;
     memset(o, 0, (size_t)(header + 256 + (five ? 64 : 0)));
     uint8_t *nib = o + header, *fifth = nib + 256;
     for (int r = 0; r < live; r++) {
         const uint8_t *b = raw + r * row_bytes + g * block;
-        const uint8_t *qs = b + (src == GGML_Q4_0 ? 2 : src == GGML_Q5_0 ? 6 : 8);
+        const uint8_t *qs = b + (src == GGML_Q5_0 ? 6 : src == GGML_Q5_1 ? 8 : 2);
         uint32_t qh = 0; /* Q5_*: bit l is column l's fifth bit */
         if (five) memcpy(&qh, b + (src == GGML_Q5_0 ? 2 : 4), 4);
         memcpy(o + 2 * r, b, 2);
         if (src == GGML_Q5_1) memcpy(o + 32 + 2 * r, b + 2, 2);
-        /* column l < 16 is qs[l]'s low nibble, column 16 + l its high one; chunk c's byte
-         * 4 r + i holds columns 8 c + i (low nibble) and 8 c + 4 + i (high) */
-        for (int c = 0; c < 4; c++)
-            for (int i = 0; i < 4; i++) {
-                const int lo = 8 * c + i, hi = 8 * c + 4 + i;
-                const int v_lo = lo < 16 ? qs[lo] & 15 : qs[lo - 16] >> 4;
-                const int v_hi = hi < 16 ? qs[hi] & 15 : qs[hi - 16] >> 4;
-                nib[(c * TILE + r) * 4 + i] = (uint8_t)(v_lo | (v_hi << 4));
-                if (five) /* (q4_0 has no fifth bits: those bytes are the next group's) */
+        regroup_nibbles(nib, qs, r);
+        if (five) /* (q4_0 has no fifth bits: those bytes are the next group's) */
+            for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 4; i++) {
+                    const int lo = 8 * c + i, hi = 8 * c + 4 + i;
                     fifth[4 * r + i] |= (uint8_t)((((qh >> lo) & 1) << (2 * c)) |
                                                   (((qh >> hi) & 1) << (2 * c + 1)));
+                }
+    }
+}
+
+/* One tile of IQ4_XS rows [16 t, 16 t + 16) (those at or past `rows` zeros) as iq4_xs: per
+ * super-block each row's d moved, each group's six-bit ls as the int8 ls - 32, the nibbles
+ * regrouped (sub-block j: qs[16 j ..], GGUF's 4-bit layout), no arithmetic. */
+static void write_iq4_xs_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
+    const int64_t row_bytes = K / 256 * 136;
+    memset(o, 0, (size_t)(K / 256 * IQ4_XS_BLOCK));
+    for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
+        const uint8_t *b = raw + (t * TILE + r) * row_bytes;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += 136) {
+            uint8_t *h = o + sb * IQ4_XS_BLOCK;
+            const int scales_h = b[2] | (b[3] << 8);
+            memcpy(h + 2 * r, b, 2);
+            for (int j = 0; j < 8; j++) {
+                const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
+                h[32 + 16 * j + r] = (uint8_t)(int8_t)(ls - 32);
+                regroup_nibbles(h + 160 + 256 * j, b + 8 + 16 * j, r);
             }
+        }
     }
 }
 
@@ -263,6 +297,8 @@ static int64_t block_bytes(int src) {
     case GGML_Q4_K: return 144;
     case GGML_Q5_K: return 176;
     case GGML_Q6_K: return 210;
+    case GGML_IQ4_NL: return 18;
+    case GGML_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -272,7 +308,8 @@ static int64_t group_bytes(int fmt) {
          : fmt == FORMAT_Q5_0 ? Q5_0_BLOCK : fmt == FORMAT_Q5_1 ? Q5_1_BLOCK
          : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
-         : fmt == FORMAT_Q5_K ? Q5_K_GROUP : 0;
+         : fmt == FORMAT_Q5_K ? Q5_K_GROUP : fmt == FORMAT_IQ4_NL ? Q4_0_BLOCK
+         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
@@ -281,7 +318,8 @@ static int pair_ok(int src, int fmt) {
            (src == GGML_Q5_1 && fmt == FORMAT_Q5_1) ||
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
-           (src == GGML_Q8_0 && fmt == FORMAT_Q8_0);
+           (src == GGML_Q8_0 && fmt == FORMAT_Q8_0) ||
+           (src == GGML_IQ4_NL && fmt == FORMAT_IQ4_NL) || (src == GGML_IQ4_XS && fmt == FORMAT_IQ4_XS);
 }
 
 /* raw: `rows` rows of K / (values per block) blocks of GGML type `src`; out: ceil(rows / TILE)
@@ -290,14 +328,15 @@ static int pair_ok(int src, int fmt) {
  * scratch memory could not be had. */
 int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
                   int nthreads) {
-    const int64_t per_block = (src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K) ? 256 : 32;
+    const int64_t per_block =
+        (src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K || src == GGML_IQ4_XS) ? 256 : 32;
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
     const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
-    if (fmt == FORMAT_Q4_0 || fmt == FORMAT_Q5_0 || fmt == FORMAT_Q5_1) {
+    if (is_group_affine(fmt) && fmt != FORMAT_Q4_1) { /* q4_0, q5_0, q5_1, iq4_nl */
 #pragma omp parallel num_threads(nthreads)
         {
             int64_t t0, t1;
@@ -316,7 +355,10 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
         {
             int64_t t0, t1;
             thread_range(tiles, &t0, &t1);
-            for (int64_t t = t0; t < t1; t++) write_k_tile(fmt, out + t * tile_bytes, raw, rows, K, t);
+            for (int64_t t = t0; t < t1; t++) {
+                if (fmt == FORMAT_IQ4_XS) write_iq4_xs_tile(out + t * tile_bytes, raw, rows, K, t);
+                else write_k_tile(fmt, out + t * tile_bytes, raw, rows, K, t);
+            }
         }
         return 0;
     }

@@ -265,9 +265,10 @@ class Q6Linear(QuantLinear):
 
 
 class StoredNibblesLinear(QuantLinear):
-    """GGUF's Q4_K, Q5_K, Q4_0, Q5_0 or Q5_1 as stored (4- or 5-bit values; q4_k, q5_k: six-bit
-    scales and mins per 32 under an fp16 d and dmin per 256; q4_0, q5_0, q5_1: an fp16 d (and
-    m) per 32): made from tiles only (QuantLinear.from_tiled)."""
+    """GGUF's Q4_K, Q5_K, Q4_0, Q5_0, Q5_1, IQ4_NL or IQ4_XS as stored (4- or 5-bit values;
+    q4_k, q5_k: six-bit scales and mins per 32 under an fp16 d and dmin per 256; q4_0, q5_0,
+    q5_1, iq4_nl: an fp16 d (and m) per 32; iq4_xs: six-bit scales under an fp16 d per 256):
+    made from tiles only (QuantLinear.from_tiled)."""
 
     int8_blockwise_above = NIBBLES_INT8_BLOCKWISE_ABOVE
 
@@ -278,7 +279,8 @@ class StoredNibblesLinear(QuantLinear):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    stored = dict.fromkeys(("q4_0", "q4_k", "q5_0", "q5_1", "q5_k"), StoredNibblesLinear)
+    stored = dict.fromkeys(("q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "iq4_nl", "iq4_xs"),
+                           StoredNibblesLinear)
     kind = {**stored, "q4_1": Int4Linear, "q6": Q6Linear, "q6_k": Q6Linear, "q8_0": Q8_0Linear,
             "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)

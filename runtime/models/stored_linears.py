@@ -18,8 +18,12 @@ level has them all):
   bits a weight);
 - Q3_K -> q6 (6-bit symmetric values with a scale per 16: its sub-blocks of 16 with scale
   d*sc, held as fp16), and Q6_K, Q5_0 and Q4_0 too in a fused layer beside a 6-bit part;
-- Q8_0 -> q8_0, exactly; IQ4_NL, IQ4_XS -> q8_0 exactly too (their 4-bit codes' int8 values,
-  the scale d or d * sc per 32);
+- IQ4_NL -> iq4_nl, as stored (fp16 d per 32, the 4-bit indices into IQ4's 16 values: 4.5
+  bits a weight); IQ4_XS -> iq4_xs, as stored (an fp16 d per 256, a six-bit scale per 32, the
+  indices: 4.31 bits a weight, GGUF's 4.25); in a fused layer beside another type -> q8_0,
+  exactly (their indices' int8 values, the scale d or d * sc per 32: no narrower format holds
+  both);
+- Q8_0 -> q8_0, exactly;
 - F32, F16, BF16 -> bf16 tiles;
 - every other type (Q2_K) -> q8_0: its blocks dequantized and requantized to
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
@@ -30,7 +34,7 @@ only where every part is Q6_K, q5_k only where every part is Q5_K or Q4_K, else 
 q5_0 only where every part is theirs, else q4_1 and q5_1, which hold Q4_0/Q5_0 exactly). With
 --quantization int4 every layer but the output head becomes q4_1, or q4_k (q4_0) where it is
 all Q4_K (Q4_0) (its stored values requantized to 4-bit groups where they are not 4-bit
-already). One log line says what became what, and why.
+already; iq4_nl and iq4_xs stay). One log line says what became what, and why.
 
 The embedding becomes a TiledEmbedding over the same kind of tiles (the output head's, shared,
 when the model ties them), dequantizing the rows a batch looks up.
@@ -48,6 +52,7 @@ from radixflow.kernels import cpu as cpu_kernels
 from radixflow.kernels.gguf_blocks import (
     GGMLType,
     affine_groups,
+    iq4_fields,
     q4_k_fields,
     q6_k_fields,
     symmetric_6bit_groups,
@@ -67,10 +72,14 @@ _SYMMETRIC_6BIT = (GGMLType.Q6_K, GGMLType.Q3_K)
 _FITS_6BIT = (*_SYMMETRIC_6BIT, GGMLType.Q4_0, GGMLType.Q5_0)
 _FIVE_BIT_GROUPS = {GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1"}
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-_INT8_VALUES = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)  # exactly q8_0
-_WIDTH = {"q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "q5_k": 5, "q6_k": 6, "q6": 7,
-          "q8_0": 8, "bf16": 9}
-_WHY = {"q4_k": "as stored",
+_IQ4 = {GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs"}
+_INT8_VALUES = (GGMLType.Q8_0, *_IQ4)  # exactly q8_0
+# (iq4_*: only where every part is that type: layer_format)
+_WIDTH = {"iq4_xs": -2, "iq4_nl": -1, "q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4,
+          "q5_k": 5, "q6_k": 6, "q6": 7, "q8_0": 8, "bf16": 9}
+_WHY = {"iq4_nl": "as stored",
+        "iq4_xs": "as stored",
+        "q4_k": "as stored",
         "q4_0": "as stored",
         "q5_0": "as stored",
         "q5_1": "as stored",
@@ -89,6 +98,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q4_0"
     if qtype in _FIVE_BIT_GROUPS:
         return _FIVE_BIT_GROUPS[qtype]
+    if qtype in _IQ4:
+        return _IQ4[qtype]
     if qtype in _AFFINE_4BIT:
         return "q4_1"
     if qtype == GGMLType.Q5_K:
@@ -106,7 +117,10 @@ def layer_format(types: set[GGMLType]) -> str:
     """The format of a layer whose parts are stored in `types`: the widest of theirs, q6_k only
     where every part is Q6_K (its int8 scales under one d per 256 cannot hold another type's
     groups as they are: q6's fp16 scale per 16 can), q5_k only where every part is Q5_K or
-    Q4_K (the same fields), else q6."""
+    Q4_K (the same fields), else q6; iq4_nl and iq4_xs only where every part is that type, else
+    q8_0 (or wider), which holds their values exactly."""
+    if len(types) > 1 and types & _IQ4.keys():
+        return max(["q8_0", *(nearest_format(t) for t in types - _IQ4.keys())], key=_WIDTH.get)
     fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
     if fmt == "q6_k" and types != {GGMLType.Q6_K}:
         return "q6"
@@ -142,10 +156,10 @@ def why(qtype: GGMLType, fmt: str) -> str:
         return "a fused layer's widest part: its values kept exactly"
     if fmt == "q5_k" and qtype == GGMLType.Q4_K:
         return "a fused layer's widest part: its values kept exactly"
+    if fmt == "q8_0" and qtype in _IQ4:
+        return "beside another type in a fused layer: its indices' int8 values exactly"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
-    if fmt == "q8_0" and qtype in (GGMLType.IQ4_NL, GGMLType.IQ4_XS):
-        return "exact: its codes' int8 values, a scale per 32"
     if fmt == "q8_0" and qtype != GGMLType.Q8_0:
         return f"no {qtype.name} kernel yet: requantized to 8-bit groups of 32"
     return _WHY[fmt]
@@ -212,6 +226,10 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
         fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
         return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))
+    if fmt in ("iq4_nl", "iq4_xs"):  # (every part of that type: layer_format)
+        fields = zip(*(iq4_fields(p.raw, p.qtype, p.shape) for p in parts), strict=True)
+        tile = cpu_kernels.tile_iq4_nl if fmt == "iq4_nl" else cpu_kernels.tile_iq4_xs
+        return tile(*(torch.cat(column) for column in fields))
     if fmt == "q6_k":  # (every part Q6_K: layer_format)
         fields = zip(*(q6_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q6_k(*(torch.cat(column) for column in fields))
@@ -288,7 +306,8 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         types = {weights.stored_type(n) for n in names}
         if int4 and path != "lm_head":
             nearest = {nearest_format(t) for t in types}
-            fmt = nearest.pop() if nearest in ({"q4_k"}, {"q4_0"}) else "q4_1"
+            fmt = (nearest.pop() if nearest in ({"q4_k"}, {"q4_0"}, {"iq4_nl"}, {"iq4_xs"})
+                   else "q4_1")
         else:
             fmt = layer_format(types)
         biases = by_param.get(f"{path}.bias", {})

@@ -88,3 +88,35 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     blocks = np.concatenate([ql.reshape(rows, cols // 256, 128), qh.reshape(rows, cols // 256, 64),
                              sc.view(np.uint8), d[..., None].view(np.uint8)], axis=-1)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def quantize_iq4(w: np.ndarray, xs: bool = False) -> np.ndarray:
+    """float32 [rows, cols] -> IQ4_NL blocks (cols a multiple of 32: uint8 [rows, cols / 32 *
+    18]) or, xs, IQ4_XS blocks (cols a multiple of 256: [rows, cols / 256 * 136]): each weight
+    the nearest of its group's scale times the 16 values (not llama.cpp's search), for test
+    files."""
+    rows, cols = w.shape
+    values = np.array(gb.KVALUES_IQ4NL, dtype=np.float32)
+    groups = w.astype(np.float32).reshape(rows, -1, 32)
+    step = np.abs(groups).max(-1) / 127  # per group of 32
+    safe = lambda v: np.where(v != 0, v, 1)  # noqa: E731
+    if xs:  # a d per 256 and a six-bit ls per 32 (scale d (ls - 32), here ls - 32 >= 0)
+        per_super = step.reshape(rows, cols // 256, 8)
+        d = (per_super.max(-1) / 31).astype(np.float16)
+        sc = np.clip(np.rint(per_super / safe(d.astype(np.float32))[..., None]), 0, 31)
+        scale = (d.astype(np.float32)[..., None] * sc).reshape(rows, -1)
+    else:
+        d = step.astype(np.float16)
+        scale = d.astype(np.float32)
+    q = np.abs(groups[..., None] / safe(scale)[..., None, None] - values).argmin(-1)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)  # [rows, groups, 16]
+    if not xs:
+        blocks = np.concatenate([d[..., None].view(np.uint8), qs], axis=-1)
+        return np.ascontiguousarray(blocks.reshape(rows, -1))
+    ls = (sc + 32).astype(np.uint16)  # [rows, supers, 8]
+    scales_h = np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=-1)
+    scales_l = ((ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)).astype(np.uint8)
+    blocks = np.concatenate([d[..., None].view(np.uint8),
+                             scales_h.astype(np.uint16)[..., None].view(np.uint8), scales_l,
+                             qs.reshape(rows, cols // 256, 128)], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))

@@ -1,6 +1,6 @@
 """Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q5_0,
-tile_q5_1, tile_q4_k, tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_bf16) with the fp32
-weights each must hold."""
+tile_q5_1, tile_q4_k, tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_iq4_nl, tile_iq4_xs,
+tile_bf16) with the fp32 weights each must hold."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import torch
 
 from radixflow.kernels import cpu
 
-INTEGER_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0"]
-SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")  # whole super-blocks of 256 along k
+INTEGER_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k", "q8_0", "iq4_nl",
+                   "iq4_xs"]
+SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k", "iq4_xs")  # whole super-blocks of 256 along k
 FORMATS = [*INTEGER_FORMATS, "bf16"]
 
 
 def cases(formats: list[str], shapes: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
-    """(format, n, k) for each format and each shape whose k it holds (q4_k, q5_k, q6_k: whole
-    super-blocks of 256)."""
+    """(format, n, k) for each format and each shape whose k it holds (q4_k, q5_k, q6_k,
+    iq4_xs: whole super-blocks of 256)."""
     return [(f, n, k) for f in formats for n, k in shapes
             if f not in SUPER_BLOCK_FORMATS or k % 256 == 0]
 
@@ -44,6 +45,19 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
             return cpu.tile_q5_0(q, scale), dense
         dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)
         return cpu.tile_q5_1(q, scale, low), dense
+    if fmt == "iq4_nl":  # IQ4_NL's: indices 0..15 into the values, an fp16 d of either sign
+        q, scale, _ = q4_1_groups(n, k, seed)
+        scale = scale * torch.where(torch.arange(k // 32) % 3 == 0, -1.0, 1.0)
+        dense = cpu.IQ4_VALUES[q] * scale.repeat_interleave(32, 1)
+        return cpu.tile_iq4_nl(q, scale), dense
+    if fmt == "iq4_xs":  # IQ4_XS's fields: scales ls - 32 in -32..31 (the extremes too)
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.randint(0, 16, (n, k), generator=gen)
+        sc = torch.randint(-32, 32, (n, k // 32), generator=gen)
+        sc[:, 0], sc[:, -1] = -32, 31
+        d = (torch.rand(n, k // 256, generator=gen) * 2e-4).half().float()
+        scale = (d.repeat_interleave(8, 1) * sc.float()).repeat_interleave(32, 1)
+        return cpu.tile_iq4_xs(q, sc, d), cpu.IQ4_VALUES[q] * scale
     if fmt == "q4_1":
         q, scale, low = q4_1_groups(n, k, seed)
         dense = low.repeat_interleave(32, 1) + q * scale.repeat_interleave(32, 1)

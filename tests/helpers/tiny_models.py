@@ -259,6 +259,11 @@ def write_tiny_gguf(hf_folder: Path, dest: Path, qtype_of=None) -> Path:
             from helpers.gguf_test_blocks import quantize_q6_k
 
             data = quantize_q6_k(data.reshape(-1, data.shape[-1]))
+        elif qtype in (gguf.GGMLQuantizationType.IQ4_NL, gguf.GGMLQuantizationType.IQ4_XS):
+            from helpers.gguf_test_blocks import quantize_iq4
+
+            data = quantize_iq4(data.reshape(-1, data.shape[-1]),
+                                xs=qtype == gguf.GGMLQuantizationType.IQ4_XS)
         elif qtype is not None:
             data = gguf.quants.quantize(data, qtype)
         writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), data,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiled_weights import FORMATS, cases
+from helpers.tiled_weights import FORMATS, SUPER_BLOCK_FORMATS, cases
 from helpers.tiled_weights import tiled_weights as _weights
 
 from radixflow.kernels import cpu
@@ -77,7 +77,7 @@ def test_bad_ranges_are_named(level):
 def test_blockwise_product_is_x_times_the_unpacked_weights(level, fmt, m, block):
     """n = 200 and k = 160 (q4_k: 256) are no multiples of a block of 64 rows (nor of the
     default's)."""
-    n, k = 200, 256 if fmt in ("q4_k", "q5_k", "q6_k") else 160
+    n, k = 200, 256 if fmt in SUPER_BLOCK_FORMATS else 160
     tiled, _ = _weights(fmt, n, k, seed=m)
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=gen).bfloat16()

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from helpers.tiled_weights import FORMATS, INTEGER_FORMATS, cases
+from helpers.tiled_weights import FORMATS, INTEGER_FORMATS, SUPER_BLOCK_FORMATS, cases
 from helpers.tiled_weights import tiled_weights as _weights
 
 from radixflow.kernels import cpu
@@ -110,7 +110,7 @@ def test_gemm_matches_reference(level, fmt, n, k, m):
 @pytest.mark.parametrize("n", [16 * 12 * 2 + 16 * 5, 3000])  # whole stream sets and a rest
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_or_two_rows_read_tiles_in_streams_and_match(level, fmt, n, m):
-    k = 512 if fmt in ("q4_k", "q5_k", "q6_k") else 96
+    k = 512 if fmt in SUPER_BLOCK_FORMATS else 96
     tiled, dense = _weights(fmt, n, k, seed=n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
     _assert_within(cpu.gemm(x, tiled), cpu.reference(x, tiled),
@@ -244,6 +244,8 @@ def test_gather_rows_is_unpack_indexed(fmt):
              "q4_k": lambda: _weights("q4_k", 37, 256)[0],
              "q5_k": lambda: _weights("q5_k", 37, 256)[0],
              "q6_k": lambda: _weights("q6_k", 37, 256)[0],
+             "iq4_nl": lambda: _weights("iq4_nl", 37, 96)[0],
+             "iq4_xs": lambda: _weights("iq4_xs", 37, 256)[0],
              "bf16": lambda: cpu.tile_bf16(w)}[fmt]()
     ids = torch.tensor([0, 5, 36, 16, 17, 5])
     assert torch.equal(cpu.gather_rows(tiled, ids).view(torch.int32),

@@ -50,13 +50,17 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
         return cpu.tile_q6_k(*gb.q6_k_fields(raw, shape))
     if fmt == "q6":
         return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
+    if fmt in ("iq4_nl", "iq4_xs"):
+        tile = cpu.tile_iq4_nl if fmt == "iq4_nl" else cpu.tile_iq4_xs
+        return tile(*gb.iq4_fields(raw, t, shape))
     return cpu.tile_q8_0(cpu.Q8_0Weight(*gb.symmetric_int8_groups(raw, t, shape)))
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
                                            ("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
-                                           ("Q8_0", "q8_0")])
+                                           ("Q8_0", "q8_0"), ("IQ4_NL", "iq4_nl"),
+                                           ("IQ4_XS", "iq4_xs")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     raw = _rows(name, k, drop, small_scales=fmt == "q6")
@@ -67,24 +71,29 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
-                                           ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k")])
+                                           ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k"),
+                                           ("IQ4_NL", "iq4_nl"), ("IQ4_XS", "iq4_xs")])
 def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
     """A type kept as stored: its own fields (Q6_K's d up to 65504: no fp16 product to
-    overflow), its bytes a weight, and the values gguf dequantizes, bit for bit (Q4_0's d q -
-    8 d rounds once, as d (q - 8) does: an exact zero's sign aside; Q5_0's likewise), in the
+    overflow), its bytes a weight (iq4_xs: 4.31 bits where the file has 4.25), and the values
+    gguf dequantizes, bit for bit (Q4_0's d q - 8 d rounds once, as d (q - 8) does: an exact
+    zero's sign aside; Q5_0's and IQ4's likewise, at AVX-512 d (v + 128) - 128 d), in the
     tiles, an embedding lookup's rows and the C dequantization."""
     kind = gb.GGMLType[name]
     raw = _rows(name, 512, 3)
     got = cpu.repack(raw, int(kind), fmt, 512)
     want = gb.dequantize(raw, kind, (raw.shape[0], 512))
     ids = torch.tensor([0, 7, 16, raw.shape[0] - 1])
-    signed_zero = kind in (gb.GGMLType.Q4_0, gb.GGMLType.Q5_0)
+    signed_zero = kind in (gb.GGMLType.Q4_0, gb.GGMLType.Q5_0, gb.GGMLType.IQ4_NL,
+                           gb.GGMLType.IQ4_XS)
     bits = (lambda t: t) if signed_zero else (lambda t: t.view(torch.int32))
     assert torch.equal(bits(cpu.unpack(got)), bits(want))
     assert torch.equal(bits(cpu.gather_rows(got, ids)), bits(want[ids]))
     assert torch.equal(bits(cpu.dequantize(got, 0, 32, torch.float32)), bits(want[:32]))
     block, size = gb.QUANT_SIZES[kind]
-    assert got.nbytes == -(-raw.shape[0] // 16) * 16 * 512 * size // block  # as the file
+    per_file_byte = (cpu.IQ4_XS_BLOCK_BYTES, 16 * size) if fmt == "iq4_xs" else (1, 1)
+    assert got.nbytes == (-(-raw.shape[0] // 16) * 16 * 512 * size // block
+                          * per_file_byte[0] // per_file_byte[1])  # as the file
 
 
 def test_q6_scales_over_fp16_are_refused_as_tile_q6_refuses(level):

@@ -309,20 +309,20 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k",
-                                 "q8_0", "bf16"])
+                                 "q8_0", "iq4_nl", "iq4_xs", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
     end on a tile's edge and a last one that does not."""
     import gguf
     import numpy as np
-    from helpers.gguf_test_blocks import quantize_q4_k, quantize_q6_k
+    from helpers.gguf_test_blocks import quantize_iq4, quantize_q4_k, quantize_q6_k
 
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
-    k = 256 if fmt in ("q4_k", "q5_k", "q6_k") else 64
+    k = 256 if fmt in ("q4_k", "q5_k", "q6_k", "iq4_xs") else 64
 
     def stored(rows, seed):
         w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
@@ -332,6 +332,9 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
             return StoredTensor(GGMLType.Q5_K, rows, k, torch.from_numpy(quantize_q4_k(w, 5)))
         if fmt == "q6_k":
             return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
+        if fmt in ("iq4_nl", "iq4_xs"):
+            raw = quantize_iq4(w, xs=fmt == "iq4_xs")
+            return StoredTensor(GGMLType[fmt.upper()], rows, k, torch.from_numpy(raw))
         kind = {"q5_0": "Q5_0", "q5_1": "Q5_1"}.get(fmt, "Q4_0")
         raw = gguf.quantize(w, gguf.GGMLQuantizationType[kind])
         return StoredTensor(GGMLType[kind], rows, k, torch.from_numpy(raw.copy()))
@@ -346,9 +349,70 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     assert torch.equal(cpu_kernels.unpack(uneven)[:40], cpu_kernels.unpack(whole)[160:])
 
 
+def _iq4_qtype(hf_name):
+    """IQ4_XS for q, k, gate and up, IQ4_NL for v, o and down (a fused q/k/v of both: q8_0),
+    Q8_0 for the embedding."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "embed" in hf_name:
+        return gguf.GGMLQuantizationType.Q8_0
+    if any(p in hf_name for p in ("v_proj", "o_proj", "down_proj")):
+        return gguf.GGMLQuantizationType.IQ4_NL
+    return gguf.GGMLQuantizationType.IQ4_XS
+
+
+def test_iq4_layers_load_as_stored(tmp_path):
+    """IQ4_NL and IQ4_XS stay as stored (4.5 and 4.31 bits a weight: the file's 4.25 plus an
+    int8 per group for the six-bit scale), each weight what gguf dequantizes; a fused layer of
+    both takes q8_0, which holds each exactly; the same logits as the file dequantized and run
+    dense, in the torch forward and the C decode step."""
+    from radixflow.kernels import gguf_blocks as gb
+    from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
+
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_iq4_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    kernel = f"radixflow C {cpu_kernels.active_level()}"
+    assert formats["gate_up_proj"] == {"stored": "IQ4_XS", "format": "iq4_xs", "kernel": kernel}
+    assert formats["down_proj"] == {"stored": "IQ4_NL", "format": "iq4_nl", "kernel": kernel}
+    assert formats["qkv_proj"] == {"stored": "IQ4_NL+IQ4_XS", "format": "q8_0", "kernel": kernel}
+    modules = dict(runner.model.named_modules())
+    down, gate_up, qkv = (next(m for name, m in modules.items() if name.endswith(f"0.{part}"))
+                          for part in ("mlp.down_proj", "mlp.gate_up_proj", "self_attn.qkv_proj"))
+    assert down.tiled.nbytes * 32 == down.in_features * down.out_features * 18  # as IQ4_NL
+    assert gate_up.tiled.nbytes * 256 == gate_up.in_features * gate_up.out_features * 138
+    weights = GGUFWeights.of_folder(folder)
+    for module, names in ((down, ["mlp.down_proj"]), (gate_up, ["mlp.gate_proj", "mlp.up_proj"]),
+                          (qkv, [f"self_attn.{p}_proj" for p in "qkv"])):
+        want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
+            weights.tensor(f"model.layers.0.{name}.weight") for name in names)])
+        got = cpu_kernels.unpack(module.tiled)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    _assert_runs_as_the_dense_file(folder, runner, ours)
+
+
+def test_iq4_as_stored_only_where_every_part_is_that_type():
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.models.stored_linears import layer_format, nearest_format, why
+
+    for kind, fmt in ((GGMLType.IQ4_NL, "iq4_nl"), (GGMLType.IQ4_XS, "iq4_xs")):
+        assert nearest_format(kind) == layer_format({kind}) == fmt
+        assert why(kind, fmt) == "as stored" and "exactly" in why(kind, "q8_0")
+        assert layer_format({kind, GGMLType.Q4_K}) == "q8_0"
+        assert layer_format({kind, GGMLType.Q6_K}) == "q8_0"
+        assert layer_format({kind, GGMLType.F16}) == "bf16"
+    assert layer_format({GGMLType.IQ4_NL, GGMLType.IQ4_XS}) == "q8_0"
+
+
 @pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
-def test_iq4_layers_load_into_q8_0_exactly(name):
-    """IQ4's 4-bit codes index int8 values: q8_0 holds them and their scales as they are."""
+def test_iq4_layers_fit_q8_0_exactly(name):
+    """IQ4's 4-bit codes index int8 values: q8_0 (a fused layer beside another type) holds them
+    and their scales as they are."""
     from helpers.gguf_test_blocks import covering_blocks
 
     from radixflow.kernels.gguf_blocks import QUANT_SIZES, GGMLType, dequantize
@@ -359,8 +423,6 @@ def test_iq4_layers_load_into_q8_0_exactly(name):
     block, size = QUANT_SIZES[kind]
     raw = torch.from_numpy(covering_blocks(name, n=512)).reshape(32, -1)  # 32 rows
     stored = StoredTensor(kind, 32, raw.shape[1] // size * block, raw)
-    assert stored_linears.nearest_format(kind) == "q8_0"
-    assert stored_linears.why(kind, "q8_0").startswith("exact")
     tiled = stored_linears._tile([stored], "q8_0")
     expected = dequantize(raw, kind, stored.shape)
     assert torch.equal(cpu_kernels.unpack(tiled).view(torch.int32), expected.view(torch.int32))
