@@ -28,8 +28,11 @@ PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attenti
 
 
 class _Weight(ctypes.Structure):
-    _fields_ = [("format", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("data", ctypes.c_void_p)]
+    """rf_weight: a tiled weight, or the first part of a chain (`next`: the rows after)."""
+
+
+_Weight._fields_ = [("format", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                    ("data", ctypes.c_void_p), ("next", ctypes.POINTER(_Weight))]
 
 
 class _Moe(ctypes.Structure):

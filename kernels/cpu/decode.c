@@ -62,6 +62,8 @@ typedef struct {
     float *x, *xf, *qkv, *o, *gate_up, *scores, *partial, *shared;
     uint16_t *xb, *qb;
     split_x xs[MAX_BATCH]; /* each row of the input split for the integer kernels */
+    split_x part_xs[MAX_PARTS - 1][MAX_BATCH]; /* ... for a chain's later parts (rf_weight) */
+    float *part_out; /* a chain's products, each part's rows apart, before they are placed */
     int64_t rows;          /* the step's batch: how its products' inputs are split */
     /* mixture of experts (all NULL for a dense model) */
     float *logits, *route_w, *gate_w, *pair_w; /* [row][logit], [row][choice], [row], [slot] */
@@ -108,6 +110,22 @@ static int64_t widest_input(const rf_model *m) {
     return w > m->heads * m->head_dim ? w : m->heads * m->head_dim;
 }
 
+/* The widest output of a layer's products (qkv, o, gate_up, down): a chain's part_out rows. */
+static int64_t widest_output(const rf_model *m) {
+    const int64_t qkv = (m->heads + 2 * m->kv_heads) * m->head_dim;
+    const int64_t w = 2 * m->inter > m->hidden ? 2 * m->inter : m->hidden;
+    return w > qkv ? w : qkv;
+}
+
+/* Whether any layer's product weights is a chain (they need part_out and part_xs). */
+static int has_chains(const rf_model *m) {
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const rf_layer *L = m->layers + l;
+        if (L->qkv.next || L->o.next || L->gate_up.next || L->down.next) return 1;
+    }
+    return 0;
+}
+
 /* Carves the scratch into buffers; returns how many floats it takes. */
 static int64_t layout(const rf_model *m, float *base, buffers *b) {
     const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim, w = widest_input(m);
@@ -122,6 +140,16 @@ static int64_t layout(const rf_model *m, float *base, buffers *b) {
         TAKE(xs[r].sum, float, w / GROUP + 1);
         TAKE(xs[r].hi, int8_t, w / 4 + 1);
         TAKE(xs[r].lo, int8_t, w / 4 + 1);
+    }
+    if (has_chains(m)) {
+        for (int64_t p = 0; p < MAX_PARTS - 1; p++)
+            for (int64_t r = 0; r < B; r++) {
+                TAKE(part_xs[p][r].scale, float, w / GROUP + 1);
+                TAKE(part_xs[p][r].sum, float, w / GROUP + 1);
+                TAKE(part_xs[p][r].hi, int8_t, w / 4 + 1);
+                TAKE(part_xs[p][r].lo, int8_t, w / 4 + 1);
+            }
+        TAKE(part_out, float, B * widest_output(m));
     }
     TAKE(qkv, float, B * (q + 2 * kv));
     TAKE(o, float, B * m->hidden);
@@ -216,7 +244,12 @@ static void prepare_input(const rf_model *m, int64_t format, int64_t rows, int64
 }
 
 static void set_input(const rf_model *m, const rf_weight *w, buffers *b, int64_t r) {
-    prepare_input(m, w->format, b->rows, w->k, b->xf + r * w->k, b->xb + r * w->k, b->xs + r);
+    float *xf = b->xf + r * w->k;
+    prepare_input(m, w->format, b->rows, w->k, xf, b->xb + r * w->k, b->xs + r);
+    int64_t p = 0; /* a chain's later parts: xf (rounded above) split for each one's format */
+    for (const rf_weight *part = w->next; part; part = part->next, p++)
+        if (part->format != FORMAT_BF16)
+            rf_split_x(xf, w->k, split_mode((int)part->format, b->rows), &b->part_xs[p][r]);
 }
 
 /* Row r's residual stream through an RMSNorm into the input of a product with w. */
@@ -258,11 +291,31 @@ static void product_tiles(const rf_weight *w, const split_x *xs, const uint16_t 
         rf_bf16_gemm_tiles(w->data, xb, y, 0, M, w->n, w->k, t0, t1);
 }
 
-/* This thread's tiles of y = w x for B rows (y: B rows of w->n), input readied before. */
+/* This thread's tiles of y = w x for B rows (y: B rows of w's n, a chain's parts' summed),
+ * input readied before (set_input). A chain's tiles are split over the threads as one
+ * weight's; a thread's tiles of a part go to that part's rows of part_out, then into their
+ * columns of y (every column by the thread that computed it: no barrier between). */
 static void gemv_part(const rf_weight *w, const buffers *b, int64_t B, float *y) {
-    int64_t t0, t1;
-    thread_range(tiles_of(w), &t0, &t1);
-    product_tiles(w, b->xs, b->xb, B, y, t0, t1);
+    int64_t t0, t1, tiles = 0, N = 0;
+    for (const rf_weight *part = w; part; part = part->next) tiles += tiles_of(part), N += part->n;
+    thread_range(tiles, &t0, &t1);
+    if (!w->next) {
+        product_tiles(w, b->xs, b->xb, B, y, t0, t1);
+        return;
+    }
+    int64_t first = 0, col = 0, p = 0; /* the part's first tile and column */
+    for (const rf_weight *part = w; part; part = part->next, p++) {
+        const int64_t lo = t0 > first ? t0 - first : 0;
+        const int64_t hi = t1 - first < tiles_of(part) ? t1 - first : tiles_of(part);
+        if (lo < hi) {
+            float *out = b->part_out + col * B; /* [B][part->n] */
+            product_tiles(part, p ? b->part_xs[p - 1] : b->xs, b->xb, B, out, lo, hi);
+            const int64_t c0 = lo * TILE, c1 = hi * TILE < part->n ? hi * TILE : part->n;
+            for (int64_t r = 0; r < B; r++)
+                memcpy(y + r * N + col + c0, out + r * part->n + c0, sizeof(float) * (size_t)(c1 - c0));
+        }
+        first += tiles_of(part), col += part->n;
+    }
 }
 
 /* ---- mixture of experts ---- */

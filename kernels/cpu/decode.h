@@ -10,9 +10,16 @@
 #define MAX_HEAD_DIM 512
 #define SHARED_CHUNK 64 /* keys per block of a shared prefix's product (rf_attend_shared) */
 
-typedef struct {
+#define MAX_PARTS 3 /* formats in one product's weight (a fused q/k/v's parts stored apart) */
+
+/* A weight [n][k] in one tiled format; or, where `next` is set, its first n rows, the weight
+ * `next` holding the rows after them (a fused layer whose parts are stored in different
+ * types, each kept in its own format: at most MAX_PARTS in a chain, every part's n but the
+ * last's a multiple of TILE). Only a layer's qkv, o, gate_up and down may be chains. */
+typedef struct rf_weight {
     int64_t format, n, k;
     const uint8_t *data;
+    const struct rf_weight *next;
 } rf_weight;
 
 /* A mixture-of-experts layer's MLP (decode.c's moe_*): each row's router logits (fp32), a

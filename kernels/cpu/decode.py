@@ -16,11 +16,12 @@ alone, never over a shared prefix.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from . import TiledWeight, _library, limits
+from . import TILE, TiledWeight, _library, limits
 from .abi import FORMATS, PROFILE_PHASES, Limits, _Layer, _Model, _Moe, _Weight
 
 # Shared prefixes shorter than this attend per request: below it the per-request path costs
@@ -92,26 +93,61 @@ class LayerWeights:
     q_norm: torch.Tensor | None  # fp32 [head_dim]
     k_norm: torch.Tensor | None
     qkv_bias: torch.Tensor | None  # fp32 [q + 2 kv]
-    qkv: TiledWeight
-    o: TiledWeight
-    gate_up: TiledWeight | None  # gate rows, then up rows (None in a MoE layer)
-    down: TiledWeight | None
+    # each a TiledWeight, or a fused layer's parts stored apart (Parts: rows in order)
+    qkv: TiledWeight | Parts
+    o: TiledWeight | Parts
+    gate_up: TiledWeight | Parts | None  # gate rows, then up rows (None in a MoE layer)
+    down: TiledWeight | Parts | None
     k_cache: torch.Tensor  # bf16 [slots, kv_heads, head_dim], written in place
     v_cache: torch.Tensor
     moe: MoeWeights | None = None  # the MLP of a mixture-of-experts layer, else gate_up, down
     window: int = 0  # a sliding window: each row attends its last `window` keys; 0: all
 
     def weights(self) -> list[TiledWeight]:
-        return [self.qkv, self.o, *(self.moe.weights() if self.moe else [self.gate_up,
-                                                                          self.down])]
+        mlp = self.moe.weights() if self.moe else [self.gate_up, self.down]
+        return [part for w in (self.qkv, self.o, *mlp) for part in _parts(w)]
+
+
+# a fused layer whose parts are kept in different formats: its rows, part after part
+Parts = tuple[TiledWeight, ...]
+
+
+def _parts(w: TiledWeight | Parts | None) -> Parts:
+    return () if w is None else (w,) if isinstance(w, TiledWeight) else tuple(w)
+
+
+def check_parts(parts: Parts, max_parts: int = 3) -> str | None:
+    """Why decode.c cannot read `parts` as one chain of weights (decode.h's rf_weight), or
+    None."""
+    if not 1 <= len(parts) <= max_parts:
+        return f"{len(parts)} parts in one weight (at most {max_parts})"
+    if len({p.k for p in parts}) != 1:
+        return "parts with different in_features"
+    if any(p.n % TILE for p in parts[:-1]):
+        return f"a part of {[p.n for p in parts]} rows that is not whole tiles of {TILE}"
+    return None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _weight(w: TiledWeight | None) -> _Weight:
-    return _Weight() if w is None else _Weight(FORMATS[w.format], w.n, w.k, w.data.data_ptr())
+def _weight(w: TiledWeight | Parts | None, keep: list | None = None) -> _Weight:
+    """The C structure of a weight; a chain's later parts are appended to `keep` (the C side
+    points into them)."""
+    parts = _parts(w)
+    if not parts:
+        return _Weight()
+    if len(parts) > 1 and (reason := check_parts(parts)):
+        raise ValueError(f"decode.c cannot read these parts as one weight: {reason}")
+    after = None
+    for p in reversed(parts[1:]):
+        after = _Weight(FORMATS[p.format], p.n, p.k, p.data.data_ptr(),
+                        None if after is None else ctypes.pointer(after))
+        keep.append(after)
+    head = parts[0]
+    return _Weight(FORMATS[head.format], head.n, head.k, head.data.data_ptr(),
+                   None if after is None else ctypes.pointer(after))
 
 
 def _moe(moe: MoeWeights) -> tuple[_Moe, tuple]:
@@ -172,10 +208,12 @@ class DecodeStep:
         self.shape, self.max_context, self.max_batch = shape, max_context, max_batch
         self._keep = (layers, final_norm, head)  # the C side holds raw pointers into these
         self._moes = moes = [None if lw.moe is None else _moe(lw.moe) for lw in layers]
+        self._chains: list[_Weight] = []  # chains' later parts (the layers point at them)
+        chain = functools.partial(_weight, keep=self._chains)
         self._layers = (_Layer * len(layers))(*[
             _Layer(_ptr(lw.attn_norm), _ptr(lw.ffn_norm), _ptr(lw.q_norm), _ptr(lw.k_norm),
-                   _ptr(lw.qkv_bias), _weight(lw.qkv), _weight(lw.o), _weight(lw.gate_up),
-                   _weight(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache),
+                   _ptr(lw.qkv_bias), chain(lw.qkv), chain(lw.o), chain(lw.gate_up),
+                   chain(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache),
                    None if moe is None else ctypes.pointer(moe[0]), lw.window)
             for lw, moe in zip(layers, moes)])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,

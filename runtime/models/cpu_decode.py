@@ -29,12 +29,14 @@ from ..memory_pool import KVPool
 from .feed_forward import FeedForward
 from .llama import LlamaForCausalLM, RMSNorm
 from .moe import SparseMoe
-from .quant_linear import QuantLinear
+from .quant_linear import QuantLinear, StackedLinear
 
 logger = logging.getLogger(__name__)
 
 
-def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | None:
+def _tiled(linear: torch.nn.Module) -> cpu_kernels.TiledWeight | cpu_decode.Parts | None:
+    if isinstance(linear, StackedLinear):
+        return None if cpu_decode.check_parts(linear.tiled_parts) else linear.tiled_parts
     return linear.tiled if isinstance(linear, QuantLinear) else None
 
 

@@ -276,6 +276,26 @@ class StoredNibblesLinear(QuantLinear):
         return cpu_kernels.gemm(rows, self.tiled, self._out_dtype(rows))
 
 
+class StackedLinear(nn.Module):
+    """A fused layer (q/k/v, gate/up) whose parts are stored in different types, each part kept
+    in its own tiled format: `parts` (tiled QuantLinears, in row order) side by side. The C
+    decode step reads them as one chain of weights (kernels/cpu/decode.h's rf_weight)."""
+
+    def __init__(self, parts: list[QuantLinear], bias: torch.Tensor | None):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = bias  # the whole layer's (each part adds its rows' share)
+
+    @property
+    def tiled_parts(self) -> tuple[cpu_kernels.TiledWeight, ...]:
+        return tuple(p.tiled for p in self.parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""

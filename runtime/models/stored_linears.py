@@ -28,7 +28,9 @@ level has them all):
 - every other type (Q2_K) -> q8_0: its blocks dequantized and requantized to
   8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
   group's largest weight).
-A fused layer (q/k/v, gate/up) whose parts are stored in different types takes the widest
+A fused layer (q/k/v, gate/up) whose parts take different formats keeps each run of parts
+in its own (a StackedLinear: a Q4_K_M's Q4_K q/k as q4_k beside its Q6_K v as q6_k), where
+the runs end on a tile's edge; otherwise (and within a run of one format) it takes the widest
 format of its parts (bf16 > q8_0 > q6 > q6_k > q5_k > q5_1 > q5_0 > q4_1 > q4_0 > q4_k; q6_k
 only where every part is Q6_K, q5_k only where every part is Q5_K or Q4_K, else q6; q4_0 and
 q5_0 only where every part is theirs, else q4_1 and q5_1, which hold Q4_0/Q5_0 exactly). With
@@ -62,7 +64,13 @@ from radixflow.kernels.gguf_blocks import (
 from .. import host_memory
 from ..model_loader.gguf_tensors import CHUNK_ROWS, GGUFWeights, StoredTensor
 from .llama import _map_hf_name
-from .quant_linear import QuantLinear, keep_dense_copies, quantize_groups, tiled_linear
+from .quant_linear import (
+    QuantLinear,
+    StackedLinear,
+    keep_dense_copies,
+    quantize_groups,
+    tiled_linear,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -302,40 +310,52 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
         parts = by_param.get(f"{path}.weight")
         if not parts:
             raise ValueError(f"the GGUF has no weights for {path}")
-        names = [parts[s] for s in sorted(parts, key=_SHARD_ORDER.get)]
-        types = {weights.stored_type(n) for n in names}
-        if int4 and path != "lm_head":
-            nearest = {nearest_format(t) for t in types}
-            fmt = (nearest.pop() if nearest in ({"q4_k"}, {"q4_0"}, {"iq4_nl"}, {"iq4_xs"})
-                   else "q4_1")
-        else:
-            fmt = layer_format(types)
+        shards = sorted(parts, key=_SHARD_ORDER.get)
         biases = by_param.get(f"{path}.bias", {})
-        bias_names = [biases[s] for s in sorted(biases, key=_SHARD_ORDER.get)]
-        plan.append((parent, child, path, names, fmt, bias_names))
-        consumed.update(names, bias_names)
+        groups = [] if int4 else _groups_apart(weights, [parts[s] for s in shards])
+        if not groups:  # one format for the whole layer
+            names = [parts[s] for s in shards]
+            types = {weights.stored_type(n) for n in names}
+            if int4 and path != "lm_head":
+                nearest = {nearest_format(t) for t in types}
+                fmt = (nearest.pop() if nearest in ({"q4_k"}, {"q4_0"}, {"iq4_nl"}, {"iq4_xs"})
+                       else "q4_1")
+            else:
+                fmt = layer_format(types)
+            groups = [(names, fmt)]
+        by_name = {parts[s]: biases.get(s) for s in shards}
+        groups = [(names, fmt, [by_name[n] for n in names if by_name[n]]) for names, fmt in groups]
+        plan.append((parent, child, path, groups))
+        consumed.update(*(names + bias_names for names, _, bias_names in groups))
         copies += 2 * child_numel(parent, child)
     dense_copy = dtype == torch.bfloat16 and keep_dense_copies(dense_weights, copies)
 
     made: Counter = Counter()
     head_tiles = None
-    for parent, child, path, names, fmt, bias_names in plan:  # one layer's bytes at a time
-        stored = [weights.tensor(n) for n in names]
-        tiled = _tile_or_wider(stored, fmt)
-        host_memory.release_freed()  # the layer's blocks: else glibc keeps ~0.6 GB of them at 8B
-        fmt = tiled.format
-        bias = (torch.cat([weights.tensor(n).dequantize().reshape(-1) for n in bias_names])
-                if bias_names else None)
-        layer = tiled_linear(tiled, bias, dtype)
-        layer.wants_dense_copy = dense_copy and path != "lm_head"  # (add_dense_copies_)
-        if path == "lm_head":  # many rows' logits (prompt logprobs, scoring) from exact x
-            layer.int8_blockwise_above = layer.blockwise_above
-        layer.stored_as = "+".join(sorted({t.qtype.name for t in stored}))
-        setattr(parent, child, layer)
-        for t in stored:
-            made[(t.qtype.name, fmt, why(t.qtype, fmt))] += 1
+    for parent, child, path, groups in plan:  # one layer's bytes at a time
+        layers = []
+        for names, fmt, bias_names in groups:
+            stored = [weights.tensor(n) for n in names]
+            tiled = _tile_or_wider(stored, fmt)
+            host_memory.release_freed()  # the layer's blocks: else glibc keeps ~0.6 GB at 8B
+            bias = (torch.cat([weights.tensor(n).dequantize().reshape(-1) for n in bias_names])
+                    if bias_names else None)
+            layer = tiled_linear(tiled, bias, dtype)
+            layer.wants_dense_copy = dense_copy and path != "lm_head"  # (add_dense_copies_)
+            if path == "lm_head":  # many rows' logits (prompt logprobs, scoring) from exact x
+                layer.int8_blockwise_above = layer.blockwise_above
+            layer.stored_as = "+".join(sorted({t.qtype.name for t in stored}))
+            for t in stored:
+                made[(t.qtype.name, tiled.format, why(t.qtype, tiled.format))] += 1
+            layers.append(layer)
+        if len(layers) == 1:
+            setattr(parent, child, layers[0])
+        else:
+            biases = [layer.bias for layer in layers]
+            bias = torch.cat(biases) if all(b is not None for b in biases) else None
+            setattr(parent, child, StackedLinear(layers, bias))
         if path == "lm_head":
-            head_tiles = (tiled, layer.stored_as)
+            head_tiles = (layers[0].tiled, layers[0].stored_as)
     embed_name = by_param["embed_tokens.weight"][None]
     if tied and head_tiles is not None:
         tiles, stored_as = head_tiles
@@ -348,6 +368,30 @@ def load_stored_linears_(model: nn.Module, weights: GGUFWeights, *, dtype: torch
     logger.info("weights from the GGUF as stored: %s", "; ".join(
         f"{n} {src} -> {fmt} ({reason})" for (src, fmt, reason), n in sorted(made.items())))
     return consumed
+
+
+MAX_PARTS = 3  # formats in one fused layer (decode.h's MAX_PARTS)
+
+
+def _groups_apart(weights: GGUFWeights, names: list[str]) -> list[tuple[list[str], str]]:
+    """A fused layer's parts (names in row order) in runs of one format each, where they take
+    different formats (a Q4_K_M's Q4_K q/k beside its Q6_K v; an IQ4_XS file's q/k beside Q5_K
+    v): each run kept in its own, the layer a StackedLinear, instead of one format wide enough
+    for all. [] where one format suits them all, or the runs cannot stand apart (more than
+    MAX_PARTS, or a run that does not end on a tile's edge)."""
+    runs: list[tuple[list[str], str]] = []
+    for name in names:
+        fmt = nearest_format(weights.stored_type(name))
+        if runs and runs[-1][1] == fmt:
+            runs[-1][0].append(name)
+        else:
+            runs.append(([name], fmt))
+    if not 1 < len(runs) <= MAX_PARTS:
+        return []
+    rows = [sum(weights.hf_shape(n)[0] for n in run) for run, _ in runs]
+    if any(r % cpu_kernels.TILE for r in rows[:-1]):
+        return []
+    return [(run, layer_format({weights.stored_type(n) for n in run})) for run, _ in runs]
 
 
 def child_numel(parent: nn.Module, child: str) -> int:
@@ -375,7 +419,7 @@ def weight_formats(model: nn.Module) -> dict[str, dict[str, str]]:
         tiled = getattr(module, "tiled", None)
         if tiled is None or not isinstance(module, (QuantLinear, TiledEmbedding)):
             continue
-        role = path.rsplit(".", 1)[-1]
+        role = next(p for p in reversed(path.split(".")) if p != "parts" and not p.isdigit())
         entry = groups.setdefault(role, {"stored": set(), "format": set(), "kernel": set()})
         entry["stored"].update(getattr(module, "stored_as", "dense").split("+"))
         entry["format"].add(tiled.format)

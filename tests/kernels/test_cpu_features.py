@@ -132,7 +132,7 @@ def test_a_structure_changed_on_one_side_only_is_refused(cpu_level, monkeypatch)
         _fields_ = [*abi._Weight._fields_, ("extra", ctypes.c_int64)]
 
     monkeypatch.setattr(abi, "_Weight", Longer)
-    with pytest.raises(RuntimeError, match="sizeof_weight 32 vs 40"):
+    with pytest.raises(RuntimeError, match="sizeof_weight 40 vs 48"):
         abi.check(cpu._library(), cpu.TILE, cpu.GROUP)
 
 
