@@ -2,9 +2,9 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in twelve formats: GGUF's Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as stored (q4_0, q4_1, q5_0, q5_1, q8_0,
-q4_k, q5_k, q6_k, iq4_nl, iq4_xs), q6
+side by side: see gemv_avx512.c's header comment) in thirteen formats: GGUF's Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as stored (q4_0, q4_1, q5_0, q5_1,
+q8_0, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs), q6
 (6-bit symmetric values with an fp16 scale per 16: GGUF's Q3_K), and bf16; step_<level>.c
 holds the decode step's attention, SiLU and argmax, and a request's causal prefill attention
 (prefill.py). gemm.c (Python's entry points to the products) and decode.c are the same at
@@ -52,7 +52,7 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 _batch_int8_rows = 3  # (gemm.c's default)
 # the formats whose products take x as int8 from one row on while batch int8 is on (gemv.h's
 # split_mode: their 16-bit products are compute-bound)
-INT8_X_FROM_ONE_ROW = ("q5_0", "q5_1", "q5_k", "q6", "q6_k")
+INT8_X_FROM_ONE_ROW = ("q5_0", "q5_1", "q5_k", "q6", "q6_k", "q3_k")
 _levels_loaded: set[str] = set()  # the levels _library_for was asked for
 
 
@@ -144,7 +144,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6 q6_k q8_0 iq4_nl iq4_xs bf16
+    format: str  # q4_0 q4_1 q5_0 q5_1 q3_k q4_k q5_k q6 q6_k q8_0 iq4_nl iq4_xs bf16
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -339,12 +339,63 @@ def tile_q6_k(q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> TiledWe
     if int(scales.min()) < -128 or int(scales.max()) > 127:
         raise ValueError("Q6_K's scales must be int8")
     bits, tiles = _q6_bits(q, n)
+    data = torch.cat([_k6_header(scales, d, n, tiles), bits.reshape(tiles, s, 8 * 384)], dim=-1)
+    return TiledWeight("q6_k", data.contiguous(), n, k)
+
+
+def _k6_header(scales: torch.Tensor, d: torch.Tensor, n: int, tiles: int) -> torch.Tensor:
+    """q6_k's and q3_k's header per tile and super-block: fp16 d[16], then the int8 scales
+    (byte 16 s + r: row r's s-th): uint8 [tiles, super-blocks, 288]."""
+    s = d.shape[1]
     dh = _pad_rows(d.to(torch.float16), n).view(tiles, TILE, s).permute(0, 2, 1)
     sc = _pad_rows(scales.to(torch.int8), n).view(tiles, TILE, s, 16).permute(0, 2, 3, 1)
-    data = torch.cat([dh.contiguous().view(torch.uint8).reshape(tiles, s, 32),
-                      sc.contiguous().view(torch.uint8).reshape(tiles, s, 256),
-                      bits.reshape(tiles, s, 8 * 384)], dim=-1)
-    return TiledWeight("q6_k", data.contiguous(), n, k)
+    return torch.cat([dh.contiguous().view(torch.uint8).reshape(tiles, s, 32),
+                      sc.contiguous().view(torch.uint8).reshape(tiles, s, 256)], dim=-1)
+
+
+Q3_K_BLOCK_BYTES = 1824  # one tile x super-block: 3.5625 bits a weight (GGUF's Q3_K: 3.4375)
+
+
+def tile_q3_k(q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> TiledWeight:
+    """GGUF's Q3_K as stored: q [N, K] int8 in -4..3, scales [N, K / 16] int8 in -32..31, d
+    [N, K / 256] fp16 values; w = (d * sc) * q in float32, as ggml computes it. Per 16-row tile
+    and super-block of 256 (Q3_K_BLOCK_BYTES): q6_k's header, then each group's q + 4 as its
+    low bit pairs (128 bytes, laid out as q6's high bit pairs) and its third bits (64 bytes:
+    bit p of byte 4 r + i holds that of row r's column 4 p + i)."""
+    n, k = q.shape
+    _check_weight_shape(n, k, SUPER_BLOCK)
+    s, g = k // SUPER_BLOCK, k // GROUP
+    for name, t, cols in (("scales", scales, k // SIX_BIT_GROUP), ("d", d, s)):
+        if t.shape != (n, cols):
+            raise ValueError(f"expected {name} of shape [{n}, {cols}], got {tuple(t.shape)}")
+    if q.numel() and (int(q.min()) < -4 or int(q.max()) > 3):
+        raise ValueError("3-bit weights must be in -4..3")
+    if scales.numel() and (int(scales.min()) < -32 or int(scales.max()) > 31):
+        raise ValueError("Q3_K's scales must be in -32..31")
+    u = _pad_rows((q.to(torch.int16) + 4).to(torch.uint8), n)
+    tiles = u.shape[0] // TILE
+    # low bit pairs: [tile, row, group, h, j, i] -> [tile, group, h, row, i, j] (as _q6_bits)
+    low = (u & 3).view(tiles, TILE, g, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    pairs = low[..., 0] | (low[..., 1] << 2) | (low[..., 2] << 4) | (low[..., 3] << 6)
+    # third bits: [tile, row, group, p, i] -> [tile, group, row, i, p]
+    third = (u >> 2).view(tiles, TILE, g, 8, 4).permute(0, 2, 1, 4, 3)
+    thirds = torch.zeros(third.shape[:-1], dtype=torch.uint8)
+    for p in range(8):
+        thirds |= third[..., p] << p
+    bits = torch.cat([pairs.reshape(tiles, g, 128), thirds.reshape(tiles, g, 64)], -1)
+    data = torch.cat([_k6_header(scales, d, n, tiles), bits.reshape(tiles, s, 8 * 192)], dim=-1)
+    return TiledWeight("q3_k", data.contiguous(), n, k)
+
+
+def _q3_values(scale: torch.Tensor, pairs: torch.Tensor, thirds: torch.Tensor) -> torch.Tensor:
+    """A q3_k group's weights [..., 32] in k order from a row's fields: scale [..., 2] float32
+    (d * sc per half group), pairs [..., 2 halves, 4] and thirds [..., 4] bytes."""
+    j = torch.arange(4)
+    low = (pairs[..., :, None, :] >> (2 * j)[:, None]) & 3  # [..., h, j, i]
+    at = (4 * torch.arange(2)[:, None] + j)[..., None]  # quad p = 4 h + j
+    high = (thirds[..., None, None, :] >> at) & 1
+    q = (low | (high << 2)).flatten(-3).to(torch.int16) - 4  # column 16 h + 4 j + i
+    return q.float() * scale.repeat_interleave(SIX_BIT_GROUP, dim=-1)
 
 
 SUPER_BLOCK = 256  # q4_k's weights per fp16 d/dmin pair along k (GGUF's Q4_K super-block)
@@ -463,9 +514,10 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
-REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (12, "q4_1"), (12, "q4_k"),
-           (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"), (20, "iq4_nl"), (23, "iq4_xs")}
+# (Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
+REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (11, "q3_k"), (12, "q4_1"),
+           (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"), (20, "iq4_nl"),
+           (23, "iq4_xs")}
 _GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576,
                 "iq4_nl": 288}
 # bytes before the nibbles
@@ -475,7 +527,7 @@ _LOW_PER_D = {"q4_0": -8, "q5_0": -16, "iq4_nl": 0}
 # the bit of a fifth-bits byte that chunk c's half h takes, [c, h]
 _FIFTH_AT = 2 * torch.arange(4)[:, None] + torch.arange(2)
 _SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES,
-                      "iq4_xs": IQ4_XS_BLOCK_BYTES}
+                      "iq4_xs": IQ4_XS_BLOCK_BYTES, "q3_k": Q3_K_BLOCK_BYTES}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -562,6 +614,17 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         nib = bits[..., :256].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         twos = bits[..., 256:].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         dense = _q6_values(scale.reshape(tiles, TILE, s, 8, 2), nib, twos)
+        return dense.reshape(tiles * TILE, k)[:n]
+    if w.format == "q3_k":  # -> [tile, row, super-block, group, ...] fields of each row
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q3_K_BLOCK_BYTES)
+        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
+        sc = b[..., 32:288].contiguous().view(torch.int8).view(tiles, s, 16, TILE)
+        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 16]
+        bits = b[..., 288:].reshape(tiles, s, 8, 192)
+        pairs = bits[..., :128].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        thirds = bits[..., 128:].reshape(tiles, s, 8, TILE, 4).permute(0, 3, 1, 2, 4)
+        dense = _q3_values(scale.reshape(tiles, TILE, s, 8, 2), pairs, thirds)
         return dense.reshape(tiles * TILE, k)[:n]
     g = k // GROUP
     blocks = w.data.view(tiles, g, -1)
@@ -661,6 +724,21 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         nib = b[tile[:, None, None], supers, nib_bytes + 4 * r].view(-1, s, 8, 4, 4)
         twos = b[tile[:, None, None], supers, two_bytes + 4 * r].view(-1, s, 8, 2, 4)
         return _q6_values(scale.view(-1, s, 8, 2), nib, twos).reshape(-1, k)
+    if w.format == "q3_k":  # fields of each id's row, per super-block and group
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q3_K_BLOCK_BYTES)
+        r = row[:, None, None]
+        supers = torch.arange(s)[None, :, None]
+        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
+        d = d.view(torch.float16).float()  # [n, s, 1]
+        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(16) + r].contiguous()
+        scale = d * sc.view(torch.int8).float()  # [n, s, 16]
+        group = 288 + 192 * torch.arange(8)[:, None, None]
+        pair_bytes = (group + 64 * torch.arange(2)[:, None] + torch.arange(4)).reshape(-1)
+        third_bytes = (group[:, 0] + 128 + torch.arange(4)).reshape(-1)
+        pairs = b[tile[:, None, None], supers, pair_bytes + 4 * r].view(-1, s, 8, 2, 4)
+        thirds = b[tile[:, None, None], supers, third_bytes + 4 * r].view(-1, s, 8, 4)
+        return _q3_values(scale.view(-1, s, 8, 2), pairs, thirds).reshape(-1, k)
     blocks = w.data.view(tiles, g, -1)
     r = row[:, None, None]
     groups = torch.arange(g)[None, :, None]

@@ -29,6 +29,10 @@
                                       16 weights: byte 16 s + r, row r's s-th), then 8 groups
                                       of q6's nibbles and high bit pairs (GGUF's Q6_K bits) */
 #define Q6_K_GROUP (Q6_K_BLOCK / 8)
+#define Q3_K_BLOCK (288 + 8 * 192) /* one tile x super-block: q6_k's header (fp16 d[16], int8
+                                      scales per 16), then 8 groups of q + 4's low bit pairs (as
+                                      q6's high ones) and their third bits (GGUF's Q3_K) */
+#define Q3_K_GROUP (Q3_K_BLOCK / 8)
 #define IQ4_XS_BLOCK (160 + 8 * 256) /* one tile x super-block: fp16 d[16], the int8 scales of its
                                         8 groups (ls - 32: byte 16 j + r, row r's j-th), then 8
                                         groups of q4_1 nibbles: indices into IQ4_VALUES */
@@ -52,7 +56,7 @@ enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
        FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7, FORMAT_Q5_0 = 8, FORMAT_Q5_1 = 9,
-       FORMAT_IQ4_NL = 10, FORMAT_IQ4_XS = 11 };
+       FORMAT_IQ4_NL = 10, FORMAT_IQ4_XS = 11, FORMAT_Q3_K = 12 };
 
 /* GGUF's IQ4_NL and IQ4_XS: a weight is its scale times IQ4_VALUES[its 4-bit index] (ggml's
  * kvalues_iq4nl). The levels look the values up with a byte shuffle: AVX-512 as value + 128
@@ -80,15 +84,26 @@ static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fm
          : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP
          : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP
+         : fmt == FORMAT_Q3_K ? Q3_K_GROUP
                               : Q8_0_BLOCK;
 }
 
 /* Whether rf_split_x makes x the unsigned operand (the formats whose weights are signed bytes). */
 static inline int x_unsigned(int fmt) {
-    return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K;
+    return fmt == FORMAT_Q8_0 || fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K || fmt == FORMAT_Q3_K;
 }
 
-static inline int is_q6(int fmt) { return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K; }
+/* q6, q6_k and q3_k: symmetric values (q6: -32..31, q3_k: -4..3) with a scale per half group
+ * of 16, unpacked a quad at a time into signed bytes (the q6 products); q6_k and q3_k hold
+ * their scales as q6_k's header does (is_k6). */
+static inline int is_q6(int fmt) {
+    return fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K || fmt == FORMAT_Q3_K;
+}
+static inline int is_k6(int fmt) { return fmt == FORMAT_Q6_K || fmt == FORMAT_Q3_K; }
+static inline int64_t k6_block_bytes(int fmt) { return fmt == FORMAT_Q3_K ? Q3_K_BLOCK : Q6_K_BLOCK; }
+static inline int64_t q6_group_bits(int fmt) { return fmt == FORMAT_Q3_K ? 192 : 384; }
+/* What makes a q6-family value unsigned (q + offset: the int8 products' operand). */
+static inline int q6_offset(int fmt) { return fmt == FORMAT_Q3_K ? 4 : 32; }
 
 /* q4_1, q4_0, q5_1, q5_0, iq4_nl: a group's fp16 d[16] (q4_1, q5_1: then m[16]), then its
  * nibbles (q5_*: then their fifth bits, as q5_k's); q4_0's low m is -8 d (GGUF's Q4_0: w =
@@ -126,11 +141,13 @@ static inline const uint8_t *k_nibbles(int fmt, const uint8_t *tile, int64_t g) 
     return k_header(fmt, tile, g) + k_header_bytes(fmt) + k_group_bytes(fmt) * (g % 8);
 }
 
-/* Group g's 6-bit values in a q6 or q6_k tile: its 256 bytes of low nibbles, then its 128 of
- * high bit pairs (the same two fields in both). */
+/* Group g's values in a q6, q6_k or q3_k tile: q6, q6_k: its 256 bytes of low nibbles, then
+ * its 128 of high bit pairs (the same two fields in both); q3_k: q + 4's low bit pairs (128
+ * bytes, as q6's high ones), then its third bits (64 bytes: bit p of byte 4 r + i, that of
+ * row r's column 4 p + i). */
 static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
-    return fmt == FORMAT_Q6_K ? tile + (g / 8) * Q6_K_BLOCK + 288 + 384 * (g % 8)
-                              : tile + g * Q6_BLOCK + 64;
+    return is_k6(fmt) ? tile + (g / 8) * k6_block_bytes(fmt) + 288 + q6_group_bits(fmt) * (g % 8)
+                      : tile + g * Q6_BLOCK + 64;
 }
 
 /* How to split x for a product of `rows` rows with a weight of format fmt. The AVX-512 build
@@ -202,6 +219,8 @@ void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                           int64_t N, int64_t K, int64_t t0, int64_t t1);

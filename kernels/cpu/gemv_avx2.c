@@ -32,7 +32,7 @@
  *   sign(q, X) the signed one (the products are unchanged). A pair sum reaches 2 * 127 * 127,
  *   too much to add two in int16: each is widened by vpmaddwd at once.
  * - q6: each quad unpacked into q8_0's (int8 q in -32..31) and multiplied as q8_0's, one
- *   half group (4 quads, one fp16 scale per row) at a time.
+ *   half group (4 quads, one fp16 scale per row) at a time; q6_k and q3_k (-4..3) likewise.
  * - bf16: each dword (w[2p], w[2p + 1]) of a row becomes two fp32 values (a bf16 is the top
  *   half of an fp32), multiplied by x's fp32-widened bf16 values with FMA: exact products,
  *   fp32 sums.
@@ -362,8 +362,18 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
 
 /* Quad p (0..7) of a q6 or q6_k group (bits: q6_bits), rows 8h .. 8h + 7, as q8_0 holds its
  * quads (int8 q). */
-static inline __attribute__((always_inline)) __m256i q6_quad(const uint8_t *bits, int p, int h) {
+/* Quad p of rows 8h .. 8h + 7 of a q6-family group (bits: q6_bits) as signed bytes q (q6:
+ * -32..31, q3_k: -4..3). */
+static inline __attribute__((always_inline)) __m256i q6_quad(const int fmt, const uint8_t *bits,
+                                                             int p, int h) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    if (fmt == FORMAT_Q3_K) { /* (epi16 shifts: the masks drop what crosses a byte) */
+        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(bits + 64 * (p >> 2) + 32 * h));
+        const __m256i third = _mm256_loadu_si256((const __m256i *)(bits + 128 + 32 * h));
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(pairs, 2 * (p & 3)), two);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(third, p), _mm256_set1_epi8(1));
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), _mm256_set1_epi8(4));
+    }
     const __m256i l = _mm256_loadu_si256((const __m256i *)(bits + 64 * (p >> 1) + 32 * h));
     const __m256i t = _mm256_loadu_si256((const __m256i *)(bits + 256 + 64 * (p >> 2) + 32 * h));
     const __m256i nib = _mm256_and_si256(p & 1 ? _mm256_srli_epi16(l, 4) : l, low4);
@@ -371,12 +381,12 @@ static inline __attribute__((always_inline)) __m256i q6_quad(const uint8_t *bits
     return _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
 }
 
-/* The scales of half `half` of group g for rows 8h .. 8h + 7 of a q6 or q6_k tile: q6's fp16,
- * q6_k's d sc (an fp16 times an int8: exact in fp32). */
+/* The scales of half `half` of group g for rows 8h .. 8h + 7 of a q6-family tile: q6's fp16,
+ * q6_k's and q3_k's d sc (an fp16 times an int8: exact in fp32). */
 static inline __attribute__((always_inline)) __m256 q6_scales(const int fmt, const uint8_t *tile,
                                                               int64_t g, int half, int h) {
-    if (fmt == FORMAT_Q6_K) {
-        const uint8_t *hd = tile + (g / 8) * Q6_K_BLOCK;
+    if (is_k6(fmt)) {
+        const uint8_t *hd = tile + (g / 8) * k6_block_bytes(fmt);
         const __m128i sc = _mm_loadl_epi64(
             (const __m128i *)(hd + 32 + 16 * (2 * (g % 8) + half) + 8 * h));
         return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
@@ -386,15 +396,16 @@ static inline __attribute__((always_inline)) __m256 q6_scales(const int fmt, con
         _mm_loadu_si128((const __m128i *)(tile + g * Q6_BLOCK + 32 * half + 16 * h)));
 }
 
-/* A q6 or q6_k tile's bytes for group g ahead of use (q6_k's header with its first group). */
+/* A q6-family tile's bytes for group g ahead of use (q6_k's, q3_k's header with its first
+ * group). */
 static inline __attribute__((always_inline)) void q6_prefetch(const int fmt, const uint8_t *tile,
                                                               int64_t g) {
     if (fmt == FORMAT_Q6) {
         prefetch(tile + g * Q6_BLOCK, Q6_BLOCK);
         return;
     }
-    if (g % 8 == 0) prefetch(tile + (g / 8) * Q6_K_BLOCK, 288);
-    prefetch(q6_bits(fmt, tile, g), 384);
+    if (g % 8 == 0) prefetch(tile + (g / 8) * k6_block_bytes(fmt), 288);
+    prefetch(q6_bits(fmt, tile, g), q6_group_bits(fmt));
 }
 
 /* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. q6_k folds each half
@@ -413,16 +424,16 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
             __m256i by[8][2]; /* what vpmaddwd multiplies the pairs by: 1, or q6_k's sc */
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    if (fmt != FORMAT_Q6_K) {
+                    if (!is_k6(fmt)) {
                         by[u][h] = ones;
                         continue;
                     }
-                    const uint8_t *sc = blks[u] + (g / 8) * Q6_K_BLOCK + 32 + 16 * (2 * (g % 8) + half);
+                    const uint8_t *sc = blks[u] + (g / 8) * k6_block_bytes(fmt) + 32 + 16 * (2 * (g % 8) + half);
                     const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * h)));
                     by[u][h] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
                                                _mm256_slli_epi32(v, 16)); /* (sc, sc) a row */
                 }
-            if (fmt != FORMAT_Q6_K || half == 0)
+            if (!is_k6(fmt) || half == 0)
                 for (int u = 0; u < S; u++)
                     for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1 /* as q4_1's chunks */
@@ -434,19 +445,19 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                 }
                 for (int u = 0; u < S; u++)
                     for (int h = 0; h < 2; h++) {
-                        const __m256i w = q6_quad(bits[u], p, h);
+                        const __m256i w = q6_quad(fmt, bits[u], p, h);
                         for (int m = 0; m < M; m++) {
                             __m256i pairs = _mm256_maddubs_epi16(xabs[m], _mm256_sign_epi8(w, xq[m]));
                             acc[u][m][h] = _mm256_add_epi32(acc[u][m][h], _mm256_madd_epi16(pairs, by[u][h]));
                         }
                     }
             }
-            if (fmt == FORMAT_Q6_K && half == 0) continue; /* the group's second half adds on */
+            if (is_k6(fmt) && half == 0) continue; /* the group's second half adds on */
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    const __m256 d = fmt == FORMAT_Q6_K
+                    const __m256 d = is_k6(fmt)
                         ? _mm256_cvtph_ps(_mm_loadu_si128(
-                              (const __m128i *)(blks[u] + (g / 8) * Q6_K_BLOCK + 16 * h)))
+                              (const __m128i *)(blks[u] + (g / 8) * k6_block_bytes(fmt) + 16 * h)))
                         : q6_scales(fmt, blks[u], g, half, h);
                     for (int m = 0; m < M; m++) {
                         __m256 *out = y + 2 * (u * M + m) + h;
@@ -545,6 +556,11 @@ void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q3_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -712,8 +728,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                         a = _mm256_shuffle_epi8(table, a), b = _mm256_shuffle_epi8(table, b);
                     }
                 } else if (is_q6(fmt)) {
-                    a = q6_quad(q6_bits(fmt, tile, g), 2 * c, h);
-                    b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1, h);
+                    a = q6_quad(fmt, q6_bits(fmt, tile, g), 2 * c, h);
+                    b = q6_quad(fmt, q6_bits(fmt, tile, g), 2 * c + 1, h);
                 } else {
                     a = _mm256_loadu_si256((const __m256i *)(blk + 64 + 128 * c + 32 * h));
                     b = _mm256_loadu_si256((const __m256i *)(blk + 128 + 128 * c + 32 * h));
@@ -800,6 +816,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6_K)
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q3_K)
+            dequant_int_tile(FORMAT_Q3_K, w + t * G * Q3_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_IQ4_NL)

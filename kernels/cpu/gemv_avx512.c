@@ -38,6 +38,9 @@
  * - q6_k (GGUF's Q6_K as stored, 6.56 bits a weight): per tile and super-block of 256, fp16
  *   d[16] and the int8 scales of its 16 half groups (byte 16 s + r: row r's s-th), then each
  *   group's nibbles and high bit pairs as q6's; a half group's scale is d sc, exact in fp32.
+ * - q3_k (GGUF's Q3_K as stored, 3.56 bits a weight): q6_k's header, then each group's q + 4
+ *   (0..7) as low bit pairs (q6's high bit pairs' layout) and third bits (gemv.h: q6_bits);
+ *   its quads unpack into q6's signed bytes (-4..3).
  * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
  *   by bf16 x pairs: exact products, fp32 sums.
  *
@@ -348,21 +351,37 @@ static inline __attribute__((always_inline)) void q8_0_tiles_streams(
 
 /* Quad p (0..7) of a q6 or q6_k group (bits: q6_bits) as q8_0 holds its quads: byte 4r + i is
  * q[r][4p + i]. */
-static inline __attribute__((always_inline)) __m512i q6_quad(const uint8_t *bits, int p) {
+/* Quad p (columns 4p .. 4p + 3, byte 4 r + i: row r's column 4p + i) of a q6-family group
+ * (bits: q6_bits) as q + q6_offset: unsigned, 0..63 (q3_k: 0..7). */
+static inline __attribute__((always_inline)) __m512i q6_unsigned(const int fmt, const uint8_t *bits,
+                                                                 int p) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    if (fmt == FORMAT_Q3_K) { /* (epi16 shifts: the masks drop what crosses a byte) */
+        const __m512i pairs = _mm512_loadu_si512(bits + 64 * (p >> 2));
+        const __m512i third = _mm512_loadu_si512(bits + 128);
+        const __m512i low = _mm512_and_si512(_mm512_srli_epi16(pairs, 2 * (p & 3)), two);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(third, p), _mm512_set1_epi8(1));
+        return _mm512_or_si512(low, _mm512_slli_epi16(high, 2));
+    }
     const __m512i l = _mm512_loadu_si512(bits + 64 * (p >> 1));
     const __m512i h = _mm512_loadu_si512(bits + 256 + 64 * (p >> 2));
     const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
     const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
-    return _mm512_sub_epi8(_mm512_or_si512(nib, _mm512_slli_epi16(top, 4)), _mm512_set1_epi8(32));
+    return _mm512_or_si512(nib, _mm512_slli_epi16(top, 4));
 }
 
-/* The scales of half `half` of group g for a q6 or q6_k tile's 16 rows: q6's fp16, q6_k's d sc
- * (an fp16 times an int8: exact in fp32). */
+/* ... as signed bytes q (q6: -32..31, q3_k: -4..3). */
+static inline __attribute__((always_inline)) __m512i q6_quad(const int fmt, const uint8_t *bits,
+                                                             int p) {
+    return _mm512_sub_epi8(q6_unsigned(fmt, bits, p), _mm512_set1_epi8((char)q6_offset(fmt)));
+}
+
+/* The scales of half `half` of group g for a q6-family tile's 16 rows: q6's fp16, q6_k's and
+ * q3_k's d sc (an fp16 times an int8: exact in fp32). */
 static inline __attribute__((always_inline)) __m512 q6_scales(const int fmt, const uint8_t *tile,
                                                               int64_t g, int half) {
-    if (fmt == FORMAT_Q6_K) {
-        const uint8_t *h = tile + (g / 8) * Q6_K_BLOCK;
+    if (is_k6(fmt)) {
+        const uint8_t *h = tile + (g / 8) * k6_block_bytes(fmt);
         const __m128i sc = _mm_loadu_si128((const __m128i *)(h + 32 + 16 * (2 * (g % 8) + half)));
         return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
                              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
@@ -370,15 +389,16 @@ static inline __attribute__((always_inline)) __m512 q6_scales(const int fmt, con
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + g * Q6_BLOCK + 32 * half)));
 }
 
-/* A q6 or q6_k tile's bytes for group g ahead of use (q6_k's header with its first group). */
+/* A q6-family tile's bytes for group g ahead of use (q6_k's, q3_k's header with its first
+ * group). */
 static inline __attribute__((always_inline)) void q6_prefetch(const int fmt, const uint8_t *tile,
                                                               int64_t g) {
     if (fmt == FORMAT_Q6) {
         prefetch(tile + g * Q6_BLOCK, Q6_BLOCK);
         return;
     }
-    if (g % 8 == 0) prefetch(tile + (g / 8) * Q6_K_BLOCK, 288);
-    prefetch(q6_bits(fmt, tile, g), 384);
+    if (g % 8 == 0) prefetch(tile + (g / 8) * k6_block_bytes(fmt), 288);
+    prefetch(q6_bits(fmt, tile, g), q6_group_bits(fmt));
 }
 
 /* As q8_0_tiles_streams, a half group (4 quads, one scale) at a time. */
@@ -402,7 +422,7 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
                     l[m] = _mm512_set1_epi32(((const int32_t *)(xs[m].lo + g * GROUP))[p]);
                 }
                 for (int u = 0; u < S; u++) {
-                    const __m512i w = q6_quad(q6_bits(fmt, blks[u], g), p);
+                    const __m512i w = q6_quad(fmt, q6_bits(fmt, blks[u], g), p);
                     qsum[u] = _mm512_dpbusd_epi32(qsum[u], ones, w);
                     for (int m = 0; m < M; m++) {
                         hi[u][m] = _mm512_dpbusd_epi32(hi[u][m], h[m], w);
@@ -475,23 +495,24 @@ static inline __attribute__((always_inline)) void nibble_int8_streams(
     }
 }
 
-/* q6 for x split as int8: each quad unpacked as q + 32 (0..63, the unsigned operand), one
- * vpdpbusd a row per 4 weights; per half group (one scale) y += d s (sum (q + 32) X - 32 sum X),
- * sum X from the split (half_sums). As nibble_int8_streams otherwise. */
+/* q6 (q6_k, q3_k) for x split as int8: each quad unpacked as q + 32 (q3_k: q + 4), the
+ * unsigned operand, one vpdpbusd a row per 4 weights; per half group (one scale) y += d s
+ * (sum (q + 32) X - 32 sum X), sum X from the split (half_sums). As nibble_int8_streams
+ * otherwise. */
 static inline __attribute__((always_inline)) void q6_int8_streams(
     const int fmt, const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y,
     const int S, const int M) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    const int offset = q6_offset(fmt);
     float sb_scales[2][256] __attribute__((aligned(64))); /* q6_k: [stream][half group][row] */
     for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         /* q6_k for one or two rows: the group's sc-weighted integer sums, both halves, and one
          * conversion (a mullo a row a half: for more rows the scales' conversion, shared by
          * the rows, costs less) */
-        const int integer_sc = fmt == FORMAT_Q6_K && M <= 2;
+        const int integer_sc = is_k6(fmt) && M <= 2;
         const uint8_t *bits[2];
         __m512i qxg[8];
-        if (fmt == FORMAT_Q6_K && !integer_sc && g % 8 == 0) /* the super-block's d sc, once */
+        if (is_k6(fmt) && !integer_sc && g % 8 == 0) /* the super-block's d sc, once */
             for (int u = 0; u < S; u++)
                 for (int i = 0; i < 16; i++)
                     _mm512_store_ps(sb_scales[u] + 16 * i, q6_scales(fmt, tiles[u], g + i / 2, i % 2));
@@ -502,32 +523,28 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
             for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
             for (int p = 4 * half; p < 4 * half + 4; p++)
                 for (int u = 0; u < S; u++) {
-                    const __m512i l = _mm512_loadu_si512(bits[u] + 64 * (p >> 1));
-                    const __m512i h = _mm512_loadu_si512(bits[u] + 256 + 64 * (p >> 2));
-                    const __m512i nib = _mm512_and_si512(p & 1 ? _mm512_srli_epi16(l, 4) : l, low4);
-                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (p & 3)), two);
-                    const __m512i q = _mm512_or_si512(nib, _mm512_slli_epi16(top, 4));
+                    const __m512i q = q6_unsigned(fmt, bits[u], p);
                     for (int m = 0; m < M; m++)
                         acc[u * M + m] = _mm512_dpbusd_epi32(
                             acc[u * M + m], q, _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]));
                 }
             for (int u = 0; u < S; u++) {
                 if (integer_sc) { /* sc (q X) in int32: |.| < 2^25 a group */
-                    const uint8_t *sc = tiles[u] + (g / 8) * Q6_K_BLOCK + 32 + 16 * (2 * (g % 8) + half);
+                    const uint8_t *sc = tiles[u] + (g / 8) * k6_block_bytes(fmt) + 32 + 16 * (2 * (g % 8) + half);
                     const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
                     for (int m = 0; m < M; m++) {
                         const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
-                        const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
+                        const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(offset * sx));
                         qxg[u * M + m] = _mm512_add_epi32(qxg[u * M + m], _mm512_mullo_epi32(qx, s));
                     }
                     continue;
                 }
-                const __m512 d = fmt == FORMAT_Q6_K
+                const __m512 d = is_k6(fmt)
                     ? _mm512_load_ps(sb_scales[u] + 16 * (2 * (g % 8) + half))
                     : q6_scales(fmt, tiles[u], g, half);
                 for (int m = 0; m < M; m++) {
                     const int32_t sx = ((const int16_t *)xs[m].lo)[2 * g + half];
-                    const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(32 * sx));
+                    const __m512i qx = _mm512_sub_epi32(acc[u * M + m], _mm512_set1_epi32(offset * sx));
                     const __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qx), _mm512_set1_ps(xs[m].scale[g]));
                     y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
                 }
@@ -536,7 +553,7 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
         if (integer_sc) /* y += d s sum_half sc q X: one conversion a group */
             for (int u = 0; u < S; u++) {
                 const __m512 d = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(tiles[u] + (g / 8) * Q6_K_BLOCK)));
+                    _mm256_loadu_si256((const __m256i *)(tiles[u] + (g / 8) * k6_block_bytes(fmt))));
                 for (int m = 0; m < M; m++) {
                     const __m512 dqx = _mm512_mul_ps(_mm512_cvtepi32_ps(qxg[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
                     y[u * M + m] = _mm512_fmadd_ps(d, dqx, y[u * M + m]);
@@ -667,6 +684,11 @@ void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q3_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_iq4_nl_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -819,8 +841,8 @@ static inline __attribute__((always_inline)) void dequant_int_tile(
                     b = _mm512_xor_si512(b, _mm512_set1_epi8((char)0x80));
                 }
             } else if (is_q6(fmt)) {
-                a = q6_quad(q6_bits(fmt, tile, g), 2 * c);
-                b = q6_quad(q6_bits(fmt, tile, g), 2 * c + 1);
+                a = q6_quad(fmt, q6_bits(fmt, tile, g), 2 * c);
+                b = q6_quad(fmt, q6_bits(fmt, tile, g), 2 * c + 1);
             } else {
                 a = _mm512_loadu_si512(blk + 64 + 128 * c);
                 b = _mm512_loadu_si512(blk + 128 + 128 * c);
@@ -904,6 +926,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q4_K, w + t * G * Q4_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q6_K)
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q3_K)
+            dequant_int_tile(FORMAT_Q3_K, w + t * G * Q3_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_IQ4_NL)

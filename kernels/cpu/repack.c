@@ -12,6 +12,7 @@
  *   IQ4_XS     -> iq4_xs as stored: d, each group's ls - 32 as int8, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
+ *   Q3_K       -> q3_k   as stored: d, the six-bit scales as int8 (sc - 32), the 3-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
  *   Q8_0       -> q8_0   the int8 values, fp32 scale d
  *
@@ -30,7 +31,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13,
+enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
        GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
@@ -188,6 +189,63 @@ static void write_iq4_xs_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int6
 
 /* Group g's 6-bit values (q + 32 in q's rows) as q6 and q6_k hold them: 256 bytes of low
  * nibbles, then 128 of high bit pairs. */
+/* One row of Q3_K blocks -> q + 4 [K] (0..7): w[128 n + 32 j + l]'s low two bits are bits 2j,
+ * 2j + 1 of qs[32 n + l], its third bit (set: q + 4 >= 4) bit 4 n + j of hmask[l]. */
+static void unpack_q3_k(const uint8_t *b, int64_t K, uint8_t *q) {
+    for (int64_t blk = 0; blk < K / 256; blk++, b += 110) {
+        const uint8_t *hmask = b, *qs = b + 32;
+        uint8_t *out = q + blk * 256;
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    out[128 * n + 32 * j + l] = (uint8_t)(((qs[32 * n + l] >> (2 * j)) & 3) |
+                                                          (((hmask[l] >> (4 * n + j)) & 1) << 2));
+    }
+}
+
+/* q3_k's headers of tile t from its Q3_K rows: per super-block d and each row's 16 six-bit
+ * scales minus 32, as int8 (rows at or past `rows`: zeros). */
+static void write_q3_k_headers(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
+    const int64_t row_bytes = K / 256 * 110;
+    for (int64_t sb = 0; sb < K / 256; sb++) memset(o + sb * Q3_K_BLOCK, 0, 288);
+    for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
+        const uint8_t *b = raw + (t * TILE + r) * row_bytes;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += 110) {
+            uint8_t *h = o + sb * Q3_K_BLOCK;
+            const uint8_t *s = b + 96;
+            memcpy(h + 2 * r, b + 108, 2);
+            for (int i = 0; i < 16; i++) {
+                const int low = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+                const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+                h[32 + 16 * i + r] = (uint8_t)(int8_t)((low | (high << 4)) - 32);
+            }
+        }
+    }
+}
+
+/* Group g's q + 4 (0..7, in q's rows) as q3_k holds them: the low bit pairs as q6's high ones
+ * (128 bytes), then the third bits (64 bytes: bit p of byte 4 r + i, column 4 p + i's). */
+static void write_q3_bits(uint8_t *pairs, const uint8_t *q, int64_t K, int64_t g) {
+    uint8_t *third = pairs + 128;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < TILE; r++) {
+            const uint8_t *row = q + r * K + g * GROUP + 16 * h;
+            for (int i = 0; i < 4; i++) {
+                uint8_t v = 0;
+                for (int j = 0; j < 4; j++) v |= (uint8_t)((row[4 * j + i] & 3) << (2 * j));
+                pairs[(h * TILE + r) * 4 + i] = v;
+            }
+        }
+    for (int r = 0; r < TILE; r++) {
+        const uint8_t *row = q + r * K + g * GROUP;
+        for (int i = 0; i < 4; i++) {
+            uint8_t v = 0;
+            for (int p = 0; p < 8; p++) v |= (uint8_t)((row[4 * p + i] >> 2) << p);
+            third[4 * r + i] = v;
+        }
+    }
+}
+
 static void write_q6_bits(uint8_t *nib, const uint8_t *q, int64_t K, int64_t g) {
     uint8_t *twos = nib + 256;
     for (int c = 0; c < 4; c++)
@@ -297,6 +355,7 @@ static int64_t block_bytes(int src) {
     case GGML_Q4_K: return 144;
     case GGML_Q5_K: return 176;
     case GGML_Q6_K: return 210;
+    case GGML_Q3_K: return 110;
     case GGML_IQ4_NL: return 18;
     case GGML_IQ4_XS: return 136;
     default: return 0;
@@ -309,7 +368,7 @@ static int64_t group_bytes(int fmt) {
          : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP : fmt == FORMAT_IQ4_NL ? Q4_0_BLOCK
-         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP : 0;
+         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP : fmt == FORMAT_Q3_K ? Q3_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
@@ -319,7 +378,8 @@ static int pair_ok(int src, int fmt) {
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0) ||
-           (src == GGML_IQ4_NL && fmt == FORMAT_IQ4_NL) || (src == GGML_IQ4_XS && fmt == FORMAT_IQ4_XS);
+           (src == GGML_IQ4_NL && fmt == FORMAT_IQ4_NL) || (src == GGML_IQ4_XS && fmt == FORMAT_IQ4_XS) ||
+           (src == GGML_Q3_K && fmt == FORMAT_Q3_K);
 }
 
 /* raw: `rows` rows of K / (values per block) blocks of GGML type `src`; out: ceil(rows / TILE)
@@ -329,7 +389,8 @@ static int pair_ok(int src, int fmt) {
 int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
                   int nthreads) {
     const int64_t per_block =
-        (src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K || src == GGML_IQ4_XS) ? 256 : 32;
+        (src == GGML_Q3_K || src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K || src == GGML_IQ4_XS)
+            ? 256 : 32;
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
@@ -385,9 +446,15 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
                 if (src == GGML_Q4_K) unpack_q4_k(b, K, qr, sr, lr);
                 else if (src == GGML_Q4_0) unpack_q4_0(b, K, qr, sr, lr);
                 else if (src == GGML_Q6_K) unpack_q6_k(b, K, qr, sr);
+                else if (src == GGML_Q3_K) unpack_q3_k(b, K, qr);
                 else unpack_q8_0(b, K, qr, sr);
             }
             uint8_t *o = out + t * tile_bytes;
+            if (fmt == FORMAT_Q3_K) {
+                write_q3_k_headers(o, raw, rows, K, t);
+                for (int64_t g = 0; g < G; g++) write_q3_bits((uint8_t *)q6_bits(fmt, o, g), q, K, g);
+                continue;
+            }
             if (fmt == FORMAT_Q6_K) {
                 write_q6_k_headers(o, raw, rows, K, t);
                 for (int64_t g = 0; g < G; g++) write_q6_bits((uint8_t *)q6_bits(fmt, o, g), q, K, g);

@@ -254,8 +254,9 @@ class TiledBF16Linear(QuantLinear):
 
 
 class Q6Linear(QuantLinear):
-    """6-bit symmetric groups of 16: a GGUF's Q6_K as stored (q6_k tiles) or its Q3_K and Q5_0
-    with fp16 scales (q6 tiles); made from tiles only (QuantLinear.from_tiled)."""
+    """Symmetric groups of 16: a GGUF's Q6_K or Q3_K as stored (q6_k, q3_k tiles), or 6-bit
+    values with fp16 scales (q6 tiles: a fused layer's Q3_K, Q5_0 or Q4_0 part beside a 6-bit
+    one); made from tiles only (QuantLinear.from_tiled)."""
 
     max_rows = 2
     int8_blockwise_above = 128
@@ -301,7 +302,8 @@ def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
     stored = dict.fromkeys(("q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "iq4_nl", "iq4_xs"),
                            StoredNibblesLinear)
-    kind = {**stored, "q4_1": Int4Linear, "q6": Q6Linear, "q6_k": Q6Linear, "q8_0": Q8_0Linear,
+    kind = {**stored, "q4_1": Int4Linear, "q6": Q6Linear, "q6_k": Q6Linear, "q3_k": Q6Linear,
+            "q8_0": Q8_0Linear,
             "bf16": TiledBF16Linear}[tiled.format]
     return kind.from_tiled(tiled, bias, dtype, dense_copy)
 

@@ -16,8 +16,10 @@ level has them all):
   low -dmin*m, held as fp16);
 - Q6_K -> q6_k, as stored (6-bit values, an int8 scale per 16 under an fp16 d per 256: 6.5625
   bits a weight);
-- Q3_K -> q6 (6-bit symmetric values with a scale per 16: its sub-blocks of 16 with scale
-  d*sc, held as fp16), and Q6_K, Q5_0 and Q4_0 too in a fused layer beside a 6-bit part;
+- Q3_K -> q3_k, as stored (3-bit values, an int8 scale per 16 under an fp16 d per 256, as
+  q6_k holds its: 3.5625 bits a weight, GGUF's 3.4375); in a fused layer whose parts cannot
+  stand apart -> q6 (6-bit symmetric values with a scale per 16: its sub-blocks of 16 with
+  scale d*sc, held as fp16), as Q6_K, Q5_0 and Q4_0 parts there;
 - IQ4_NL -> iq4_nl, as stored (fp16 d per 32, the 4-bit indices into IQ4's 16 values: 4.5
   bits a weight); IQ4_XS -> iq4_xs, as stored (an fp16 d per 256, a six-bit scale per 32, the
   indices: 4.31 bits a weight, GGUF's 4.25); in a fused layer beside another type -> q8_0,
@@ -55,6 +57,7 @@ from radixflow.kernels.gguf_blocks import (
     GGMLType,
     affine_groups,
     iq4_fields,
+    q3_k_fields,
     q4_k_fields,
     q6_k_fields,
     symmetric_6bit_groups,
@@ -82,10 +85,11 @@ _FIVE_BIT_GROUPS = {GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1"}
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _IQ4 = {GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs"}
 _INT8_VALUES = (GGMLType.Q8_0, *_IQ4)  # exactly q8_0
-# (iq4_*: only where every part is that type: layer_format)
-_WIDTH = {"iq4_xs": -2, "iq4_nl": -1, "q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4,
-          "q5_k": 5, "q6_k": 6, "q6": 7, "q8_0": 8, "bf16": 9}
-_WHY = {"iq4_nl": "as stored",
+# (q3_k, iq4_*: only where every part is that type: layer_format)
+_WIDTH = {"q3_k": -3, "iq4_xs": -2, "iq4_nl": -1, "q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3,
+          "q5_1": 4, "q5_k": 5, "q6_k": 6, "q6": 7, "q8_0": 8, "bf16": 9}
+_WHY = {"q3_k": "as stored",
+        "iq4_nl": "as stored",
         "iq4_xs": "as stored",
         "q4_k": "as stored",
         "q4_0": "as stored",
@@ -114,6 +118,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q5_k"
     if qtype == GGMLType.Q6_K:
         return "q6_k"
+    if qtype == GGMLType.Q3_K:
+        return "q3_k"
     if qtype in _SYMMETRIC_6BIT:
         return "q6"
     if qtype in _FLOATS:
@@ -129,6 +135,8 @@ def layer_format(types: set[GGMLType]) -> str:
     q8_0 (or wider), which holds their values exactly."""
     if len(types) > 1 and types & _IQ4.keys():
         return max(["q8_0", *(nearest_format(t) for t in types - _IQ4.keys())], key=_WIDTH.get)
+    if len(types) > 1 and GGMLType.Q3_K in types:  # (q6 holds its groups of 16 as they are)
+        return max(["q6", *(nearest_format(t) for t in types - {GGMLType.Q3_K})], key=_WIDTH.get)
     fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
     if fmt == "q6_k" and types != {GGMLType.Q6_K}:
         return "q6"
@@ -147,7 +155,7 @@ _OFFSET = {GGMLType.Q4_0: 8, GGMLType.Q5_0: 16}  # w = d (q - offset)
 def why(qtype: GGMLType, fmt: str) -> str:
     if fmt == "q6" and qtype == GGMLType.Q4_0:
         return "a fused layer's widest part: its values kept exactly"
-    if fmt == "q6" and qtype == GGMLType.Q6_K:
+    if fmt == "q6" and qtype in _SYMMETRIC_6BIT:
         return "a fused layer's widest part: its values kept, scales d*sc as fp16"
     if fmt == "q4_1" and qtype == GGMLType.Q4_K and nearest_format(qtype) == "q4_1":
         return ("groups of 32, fp16 scales: at avx2 q4_1's products beat q4_k's for a batch "
@@ -234,6 +242,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
         fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
         return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))
+    if fmt == "q3_k":  # (every part Q3_K: layer_format)
+        fields = zip(*(q3_k_fields(p.raw, p.shape) for p in parts), strict=True)
+        return cpu_kernels.tile_q3_k(*(torch.cat(column) for column in fields))
     if fmt in ("iq4_nl", "iq4_xs"):  # (every part of that type: layer_format)
         fields = zip(*(iq4_fields(p.raw, p.qtype, p.shape) for p in parts), strict=True)
         tile = cpu_kernels.tile_iq4_nl if fmt == "iq4_nl" else cpu_kernels.tile_iq4_xs

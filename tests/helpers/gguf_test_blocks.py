@@ -120,3 +120,29 @@ def quantize_iq4(w: np.ndarray, xs: bool = False) -> np.ndarray:
                              scales_h.astype(np.uint16)[..., None].view(np.uint8), scales_l,
                              qs.reshape(rows, cols // 256, 128)], axis=-1)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def quantize_q3_k(w: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] (cols a multiple of 256) -> Q3_K blocks, uint8 [rows, cols / 256 *
+    110]: a plain max-abs quantizer (not llama.cpp's search), for test files."""
+    rows, cols = w.shape
+    sub = w.astype(np.float32).reshape(rows, cols // 256, 16, 16)
+    step = np.abs(sub).max(-1) / 4  # per 16: q in -4..3
+    d = (step.max(-1) / 31).astype(np.float16)
+    safe = lambda v: np.where(v != 0, v, 1)  # noqa: E731
+    sc = np.clip(np.rint(step / safe(d.astype(np.float32))[..., None]), -32, 31).astype(np.int16)
+    scale = d.astype(np.float32)[..., None] * sc
+    q = np.clip(np.rint(sub / safe(scale)[..., None]), -4, 3).astype(np.int16)
+    u = (q + 4).reshape(rows, cols // 256, 2, 4, 32).astype(np.uint8)  # [.., n, j, l]
+    hmask = np.bitwise_or.reduce(
+        (u >> 2) << (4 * np.arange(2)[:, None, None] + np.arange(4)[:, None]).astype(np.uint8),
+        axis=(2, 3)).astype(np.uint8)  # [.., 32]: bit 4 n + j
+    qs = np.bitwise_or.reduce((u & 3) << (2 * np.arange(4)[:, None]).astype(np.uint8),
+                              axis=3).astype(np.uint8).reshape(rows, cols // 256, 64)
+    ls = (sc + 32).astype(np.uint8)  # [.., 16]
+    s = np.zeros((rows, cols // 256, 12), dtype=np.uint8)
+    s[..., 0:8] = (ls[..., 0:8] & 15) | ((ls[..., 8:16] & 15) << 4)
+    for i in range(16):
+        s[..., 8 + i % 4] |= (ls[..., i] >> 4) << (2 * (i // 4))
+    blocks = np.concatenate([hmask, qs, s, d[..., None].view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))

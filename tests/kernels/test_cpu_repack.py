@@ -50,6 +50,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
         return cpu.tile_q6_k(*gb.q6_k_fields(raw, shape))
     if fmt == "q6":
         return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
+    if fmt == "q3_k":
+        return cpu.tile_q3_k(*gb.q3_k_fields(raw, shape))
     if fmt in ("iq4_nl", "iq4_xs"):
         tile = cpu.tile_iq4_nl if fmt == "iq4_nl" else cpu.tile_iq4_xs
         return tile(*gb.iq4_fields(raw, t, shape))
@@ -60,7 +62,7 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
                                            ("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
                                            ("Q8_0", "q8_0"), ("IQ4_NL", "iq4_nl"),
-                                           ("IQ4_XS", "iq4_xs")])
+                                           ("IQ4_XS", "iq4_xs"), ("Q3_K", "q3_k")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     raw = _rows(name, k, drop, small_scales=fmt == "q6")
@@ -72,13 +74,14 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k"),
-                                           ("IQ4_NL", "iq4_nl"), ("IQ4_XS", "iq4_xs")])
+                                           ("IQ4_NL", "iq4_nl"), ("IQ4_XS", "iq4_xs"),
+                                           ("Q3_K", "q3_k")])
 def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
     """A type kept as stored: its own fields (Q6_K's d up to 65504: no fp16 product to
-    overflow), its bytes a weight (iq4_xs: 4.31 bits where the file has 4.25), and the values
-    gguf dequantizes, bit for bit (Q4_0's d q - 8 d rounds once, as d (q - 8) does: an exact
-    zero's sign aside; Q5_0's and IQ4's likewise, at AVX-512 d (v + 128) - 128 d), in the
-    tiles, an embedding lookup's rows and the C dequantization."""
+    overflow), its bytes a weight (iq4_xs: 4.31 bits where the file has 4.25; q3_k: 3.56 where
+    it has 3.44), and the values gguf dequantizes, bit for bit (Q4_0's d q - 8 d rounds once,
+    as d (q - 8) does: an exact zero's sign aside; Q5_0's and IQ4's likewise, at AVX-512
+    d (v + 128) - 128 d), in the tiles, an embedding lookup's rows and the C dequantization."""
     kind = gb.GGMLType[name]
     raw = _rows(name, 512, 3)
     got = cpu.repack(raw, int(kind), fmt, 512)
@@ -91,7 +94,8 @@ def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
     assert torch.equal(bits(cpu.gather_rows(got, ids)), bits(want[ids]))
     assert torch.equal(bits(cpu.dequantize(got, 0, 32, torch.float32)), bits(want[:32]))
     block, size = gb.QUANT_SIZES[kind]
-    per_file_byte = (cpu.IQ4_XS_BLOCK_BYTES, 16 * size) if fmt == "iq4_xs" else (1, 1)
+    per_file_byte = {"iq4_xs": (cpu.IQ4_XS_BLOCK_BYTES, 16 * size),
+                     "q3_k": (cpu.Q3_K_BLOCK_BYTES, 16 * size)}.get(fmt, (1, 1))
     assert got.nbytes == (-(-raw.shape[0] // 16) * 16 * 512 * size // block
                           * per_file_byte[0] // per_file_byte[1])  # as the file
 

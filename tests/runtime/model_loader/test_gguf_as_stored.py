@@ -319,21 +319,21 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6", "q6_k",
-                                 "q8_0", "iq4_nl", "iq4_xs", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6",
+                                 "q6_k", "q8_0", "iq4_nl", "iq4_xs", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
     end on a tile's edge and a last one that does not."""
     import gguf
     import numpy as np
-    from helpers.gguf_test_blocks import quantize_iq4, quantize_q4_k, quantize_q6_k
+    from helpers.gguf_test_blocks import quantize_iq4, quantize_q3_k, quantize_q4_k, quantize_q6_k
 
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
-    k = 256 if fmt in ("q4_k", "q5_k", "q6_k", "iq4_xs") else 64
+    k = 256 if fmt in ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs") else 64
 
     def stored(rows, seed):
         w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
@@ -343,6 +343,8 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
             return StoredTensor(GGMLType.Q5_K, rows, k, torch.from_numpy(quantize_q4_k(w, 5)))
         if fmt == "q6_k":
             return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
+        if fmt == "q3_k":
+            return StoredTensor(GGMLType.Q3_K, rows, k, torch.from_numpy(quantize_q3_k(w)))
         if fmt in ("iq4_nl", "iq4_xs"):
             raw = quantize_iq4(w, xs=fmt == "iq4_xs")
             return StoredTensor(GGMLType[fmt.upper()], rows, k, torch.from_numpy(raw))
@@ -479,3 +481,58 @@ def test_a_fused_layers_parts_stand_apart_in_runs_that_end_on_a_tile():
     assert _groups_apart(Stored(q=(q4k, 32), k=(q4k, 32)), ["q", "k"]) == []  # one format
     four = Stored(a=(q4k, 16), b=(q6k, 16), c=(q4k, 16), d=(q6k, 16))
     assert _groups_apart(four, ["a", "b", "c", "d"]) == []
+
+
+def _q3_k_m_qtype(hf_name):
+    """As llama-quantize's Q3_K_M: Q3_K for q, k, gate and up, Q4_K for v, o and down, Q6_K for
+    the embedding (the head, tied)."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "embed" in hf_name:
+        return gguf.GGMLQuantizationType.Q6_K
+    if any(p in hf_name for p in ("v_proj", "o_proj", "down_proj")):
+        return gguf.GGMLQuantizationType.Q4_K
+    return gguf.GGMLQuantizationType.Q3_K
+
+
+def test_q3_k_layers_load_as_stored(tmp_path):
+    """Q3_K stays Q3_K: 3.5625 bits a weight (the file's 3.4375 plus an int8 where it packs six
+    bits per scale), each weight what gguf dequantizes (a fused layer's Q3_K q/k beside its
+    Q4_K v, each in its own format); the same logits as the file dequantized and run dense, in
+    the torch forward and the C decode step."""
+    from radixflow.kernels import gguf_blocks as gb
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
+    from radixflow.runtime.models.stored_linears import layer_format, nearest_format, why
+
+    assert nearest_format(GGMLType.Q3_K) == layer_format({GGMLType.Q3_K}) == "q3_k"
+    assert why(GGMLType.Q3_K, "q3_k") == "as stored" and "fp16" in why(GGMLType.Q3_K, "q6")
+    assert layer_format({GGMLType.Q3_K, GGMLType.Q4_K}) == "q6"  # (where they cannot stand apart)
+    assert layer_format({GGMLType.Q3_K, GGMLType.Q8_0}) == "q8_0"
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q3_k_m_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    kernel = f"radixflow C {cpu_kernels.active_level()}"
+    as_stored = "q4_1" if cpu_kernels.active_level() == "avx2" else "q4_k"  # (stored_linears)
+    assert formats["gate_up_proj"] == {"stored": "Q3_K", "format": "q3_k", "kernel": kernel}
+    assert formats["qkv_proj"] == {"stored": "Q3_K+Q4_K", "format": f"q3_k+{as_stored}",
+                                   "kernel": kernel}
+    modules = dict(runner.model.named_modules())
+    gate_up, qkv = (next(m for name, m in modules.items() if name.endswith(f"0.{part}"))
+                    for part in ("mlp.gate_up_proj", "self_attn.qkv_proj"))
+    assert gate_up.tiled.nbytes * 256 == gate_up.in_features * gate_up.out_features * 114
+    weights = GGUFWeights.of_folder(folder)
+    want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
+        weights.tensor(f"model.layers.0.mlp.{p}_proj.weight") for p in ("gate", "up"))])
+    got = cpu_kernels.unpack(gate_up.tiled)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    q_k = cpu_kernels.unpack(qkv.tiled_parts[0])
+    want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
+        weights.tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qk")])
+    assert torch.equal(q_k.view(torch.int32), want.view(torch.int32))
+    _assert_runs_as_the_dense_file(folder, runner, ours)
