@@ -476,6 +476,17 @@ def q4_k_fields(raw, shape, qtype=GGMLType.Q4_K) -> tuple[torch.Tensor, ...]:
             f.dmin.reshape(rows, cols // QK_K))
 
 
+def q2_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
+    """Q2_K's fields per row as stored (kernels.cpu.tile_q2_k's arguments): q uint8 [rows, cols]
+    in 0..3, scales and mins uint8 [rows, cols/16] in 0..15, d and dmin float32 [rows,
+    cols/256]; (d * scales) * q - dmin * mins == dequantize(raw, Q2_K, (rows, cols))."""
+    f = unpack(raw, GGMLType.Q2_K)
+    rows, cols = _rows_cols(shape, f.qs.numel(), GGMLType.Q2_K)
+    return (f.qs.reshape(rows, cols), f.scales.reshape(rows, cols // SIX_BIT_GROUP),
+            f.mins.reshape(rows, cols // SIX_BIT_GROUP), f.d.reshape(rows, cols // QK_K),
+            f.dmin.reshape(rows, cols // QK_K))
+
+
 def q3_k_fields(raw, shape) -> tuple[torch.Tensor, ...]:
     """Q3_K's fields per row as stored (kernels.cpu.tile_q3_k's arguments): q int8 [rows, cols]
     in -4..3, scales int8 [rows, cols/16] in -32..31 (the six-bit field minus 32), d float32
@@ -535,6 +546,7 @@ def symmetric_6bit_groups(raw, qtype, shape) -> tuple[torch.Tensor, torch.Tensor
 
 
 __all__ = ["FIELDS", "GROUP", "KVALUES_IQ4NL", "QK_K", "QUANT_SIZES", "SIX_BIT_GROUP",
-           "GGMLType", "affine_groups", "dequantize", "ggml_type", "iq4_fields", "q3_k_fields",
+           "GGMLType", "affine_groups", "dequantize", "ggml_type", "iq4_fields", "q2_k_fields",
+           "q3_k_fields",
            "q4_k_fields", "q6_k_fields",
            "row_bytes", "symmetric_6bit_groups", "symmetric_int8_groups", "unpack"]

@@ -2,9 +2,9 @@
 
 The C sources come in one build per instruction-set level (features.py says which this CPU
 runs): gemv_<level>.c multiplies a few rows of x by weights in a tiled layout (16 output rows
-side by side: see gemv_avx512.c's header comment) in thirteen formats: GGUF's Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as stored (q4_0, q4_1, q5_0, q5_1,
-q8_0, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs), q6
+side by side: see gemv_avx512.c's header comment) in fourteen formats: GGUF's Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as stored (q4_0, q4_1, q5_0,
+q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs), q6
 (6-bit symmetric values with an fp16 scale per 16: GGUF's Q3_K), and bf16; step_<level>.c
 holds the decode step's attention, SiLU and argmax, and a request's causal prefill attention
 (prefill.py). gemm.c (Python's entry points to the products) and decode.c are the same at
@@ -52,7 +52,7 @@ MAX_GROUPS = 1024  # in_features / 32 per weight
 _batch_int8_rows = 3  # (gemm.c's default)
 # the formats whose products take x as int8 from one row on while batch int8 is on (gemv.h's
 # split_mode: their 16-bit products are compute-bound)
-INT8_X_FROM_ONE_ROW = ("q5_0", "q5_1", "q5_k", "q6", "q6_k", "q3_k")
+INT8_X_FROM_ONE_ROW = ("q5_0", "q5_1", "q5_k", "q6", "q6_k", "q3_k", "q2_k")
 _levels_loaded: set[str] = set()  # the levels _library_for was asked for
 
 
@@ -144,7 +144,7 @@ class TiledWeight:
     The layouts are the same at every level; `level` is the build that multiplies them, the
     one in force when they were tiled (so a model keeps the kernels it was loaded with)."""
 
-    format: str  # q4_0 q4_1 q5_0 q5_1 q3_k q4_k q5_k q6 q6_k q8_0 iq4_nl iq4_xs bf16
+    format: str  # q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6 q6_k q8_0 iq4_nl iq4_xs bf16
     data: torch.Tensor  # uint8, [tiles, ...]
     n: int
     k: int
@@ -387,6 +387,54 @@ def tile_q3_k(q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> TiledWe
     return TiledWeight("q3_k", data.contiguous(), n, k)
 
 
+Q2_K_BLOCK_BYTES = 1344  # one tile x super-block: 2.625 bits a weight, as GGUF's Q2_K
+
+
+def tile_q2_k(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, d: torch.Tensor,
+              dmin: torch.Tensor) -> TiledWeight:
+    """GGUF's Q2_K as stored: q [N, K] in 0..3, scales and mins [N, K / 16] in 0..15, d and
+    dmin [N, K / 256] fp16 values; w = (d * sc) * q - dmin * m in float32, as ggml computes it.
+    Per 16-row tile and super-block of 256 (Q2_K_BLOCK_BYTES): fp16 d[16], dmin[16], the half
+    groups' scale bytes sc | m << 4 (256 bytes: byte 16 s + r, row r's s-th), then each group's
+    values as q3_k's low bit pairs (128 bytes)."""
+    n, k = q.shape
+    _check_weight_shape(n, k, SUPER_BLOCK)
+    s, g = k // SUPER_BLOCK, k // GROUP
+    per16 = k // SIX_BIT_GROUP
+    for name, t, cols in (("scales", scales, per16), ("mins", mins, per16), ("d", d, s),
+                          ("dmin", dmin, s)):
+        if t.shape != (n, cols):
+            raise ValueError(f"expected {name} of shape [{n}, {cols}], got {tuple(t.shape)}")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 3):
+        raise ValueError("2-bit weights must be in 0..3")
+    if min(int(scales.min()), int(mins.min())) < 0 or max(int(scales.max()), int(mins.max())) > 15:
+        raise ValueError("Q2_K's scales and mins must be 4-bit (0..15)")
+    u = _pad_rows(q.to(torch.uint8), n)
+    tiles = u.shape[0] // TILE
+    low = u.view(tiles, TILE, g, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)  # as tile_q3_k's pairs
+    pairs = low[..., 0] | (low[..., 1] << 2) | (low[..., 2] << 4) | (low[..., 3] << 6)
+
+    def halves(t: torch.Tensor) -> torch.Tensor:  # fp16 [tile, super, row] -> 32 bytes
+        t = _pad_rows(t.to(torch.float16), n).view(tiles, TILE, s).permute(0, 2, 1)
+        return t.contiguous().view(torch.uint8).reshape(tiles, s, 32)
+
+    sb = (scales.to(torch.uint8) | (mins.to(torch.uint8) << 4))
+    sb = _pad_rows(sb, n).view(tiles, TILE, s, 16).permute(0, 2, 3, 1).reshape(tiles, s, 256)
+    data = torch.cat([halves(d), halves(dmin), sb, pairs.reshape(tiles, s, 8 * 128)], dim=-1)
+    return TiledWeight("q2_k", data.contiguous(), n, k)
+
+
+def _q2_values(d: torch.Tensor, dmin: torch.Tensor, sb: torch.Tensor,
+               pairs: torch.Tensor) -> torch.Tensor:
+    """A q2_k group's weights [..., 32] in k order from a row's fields: d, dmin [..., 1]
+    float32, its half groups' scale bytes sb [..., 2] and pairs [..., 2 halves, 4] bytes."""
+    j = torch.arange(4)
+    q = ((pairs[..., :, None, :] >> (2 * j)[:, None]) & 3).flatten(-3).float()  # 16 h + 4 j + i
+    scale = (d * (sb & 15).float()).repeat_interleave(SIX_BIT_GROUP, dim=-1)
+    low = (dmin * (sb >> 4).float()).repeat_interleave(SIX_BIT_GROUP, dim=-1)
+    return scale * q - low
+
+
 def _q3_values(scale: torch.Tensor, pairs: torch.Tensor, thirds: torch.Tensor) -> torch.Tensor:
     """A q3_k group's weights [..., 32] in k order from a row's fields: scale [..., 2] float32
     (d * sc per half group), pairs [..., 2 halves, 4] and thirds [..., 4] bytes."""
@@ -514,10 +562,10 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
-REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (11, "q3_k"), (12, "q4_1"),
-           (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"), (20, "iq4_nl"),
-           (23, "iq4_xs")}
+# (Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
+REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (10, "q2_k"), (11, "q3_k"),
+           (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"),
+           (20, "iq4_nl"), (23, "iq4_xs")}
 _GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576,
                 "iq4_nl": 288}
 # bytes before the nibbles
@@ -527,7 +575,8 @@ _LOW_PER_D = {"q4_0": -8, "q5_0": -16, "iq4_nl": 0}
 # the bit of a fifth-bits byte that chunk c's half h takes, [c, h]
 _FIFTH_AT = 2 * torch.arange(4)[:, None] + torch.arange(2)
 _SUPER_BLOCK_BYTES = {"q4_k": Q4_K_BLOCK_BYTES, "q5_k": Q5_K_BLOCK_BYTES, "q6_k": Q6_K_BLOCK_BYTES,
-                      "iq4_xs": IQ4_XS_BLOCK_BYTES, "q3_k": Q3_K_BLOCK_BYTES}
+                      "iq4_xs": IQ4_XS_BLOCK_BYTES, "q3_k": Q3_K_BLOCK_BYTES,
+                      "q2_k": Q2_K_BLOCK_BYTES}
 
 
 def repack(raw: torch.Tensor, ggml_type: int, fmt: str, k: int) -> TiledWeight | None:
@@ -614,6 +663,18 @@ def unpack(w: TiledWeight) -> torch.Tensor:
         nib = bits[..., :256].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         twos = bits[..., 256:].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         dense = _q6_values(scale.reshape(tiles, TILE, s, 8, 2), nib, twos)
+        return dense.reshape(tiles * TILE, k)[:n]
+    if w.format == "q2_k":  # -> [tile, row, super-block, group, ...] fields of each row
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q2_K_BLOCK_BYTES)
+
+        def halves(lo: int) -> torch.Tensor:  # [tile, row, s, 1, 1]
+            h = b[..., lo:lo + 32].contiguous().view(torch.float16).float().transpose(1, 2)
+            return h[..., None, None]
+
+        sb = b[..., 64:320].reshape(tiles, s, 8, 2, TILE).permute(0, 4, 1, 2, 3)
+        pairs = b[..., 320:].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
+        dense = _q2_values(halves(0), halves(32), sb, pairs)
         return dense.reshape(tiles * TILE, k)[:n]
     if w.format == "q3_k":  # -> [tile, row, super-block, group, ...] fields of each row
         s = k // SUPER_BLOCK
@@ -724,6 +785,21 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
         nib = b[tile[:, None, None], supers, nib_bytes + 4 * r].view(-1, s, 8, 4, 4)
         twos = b[tile[:, None, None], supers, two_bytes + 4 * r].view(-1, s, 8, 2, 4)
         return _q6_values(scale.view(-1, s, 8, 2), nib, twos).reshape(-1, k)
+    if w.format == "q2_k":  # fields of each id's row, per super-block and group
+        s = k // SUPER_BLOCK
+        b = w.data.view(tiles, s, Q2_K_BLOCK_BYTES)
+        r = row[:, None, None]
+        supers = torch.arange(s)[None, :, None]
+
+        def halves(lo: int) -> torch.Tensor:  # [n, s, 1, 1]
+            pair = b[tile[:, None, None], supers, lo + 2 * r + torch.arange(2)].contiguous()
+            return pair.view(torch.float16).float()[..., None]
+
+        sb = b[tile[:, None, None], supers, 64 + 16 * torch.arange(16) + r].view(-1, s, 8, 2)
+        group = 320 + 128 * torch.arange(8)[:, None, None]
+        pair_bytes = (group + 64 * torch.arange(2)[:, None] + torch.arange(4)).reshape(-1)
+        pairs = b[tile[:, None, None], supers, pair_bytes + 4 * r].view(-1, s, 8, 2, 4)
+        return _q2_values(halves(0), halves(32), sb, pairs).reshape(-1, k)
     if w.format == "q3_k":  # fields of each id's row, per super-block and group
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q3_K_BLOCK_BYTES)

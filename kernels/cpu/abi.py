@@ -18,12 +18,12 @@ FIELDS = ("sizeof_weight", "sizeof_layer", "sizeof_model", "tile", "group", "for
           "max_head_dim", "sizeof_prefill", "sizeof_moe", "format_q6", "format_q4_k",
           "format_q6_k", "format_q5_k", "format_q4_0",
           "format_q5_0", "format_q5_1", "format_iq4_nl", "format_iq4_xs",
-          "format_q3_k")
+          "format_q3_k", "format_q2_k")
 
 # rf_weight.format (gemv.h's enum)
 FORMATS = {"bf16": 0, "q4_1": 1, "q8_0": 2, "q6": 3, "q4_k": 4, "q6_k": 5, "q5_k": 6, "q4_0": 7,
            "q5_0": 8, "q5_1": 9, "iq4_nl": 10, "iq4_xs": 11,
-           "q3_k": 12}
+           "q3_k": 12, "q2_k": 13}
 # decode.c's profile slots, in order
 PROFILE_PHASES = ("norms + residuals", "qkv matmul", "rope + KV write", "attention", "o matmul",
                   "gate/up matmul", "SiLU", "down matmul", "head matmul", "router + routing")

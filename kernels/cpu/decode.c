@@ -283,6 +283,8 @@ static void product_tiles(const rf_weight *w, const split_x *xs, const uint16_t 
         rf_q5_0_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
     else if (w->format == FORMAT_Q5_1)
         rf_q5_1_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
+    else if (w->format == FORMAT_Q2_K)
+        rf_q2_k_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
     else if (w->format == FORMAT_Q3_K)
         rf_q3_k_gemm_tiles(w->data, xs, y, 0, M, w->n, w->k, t0, t1);
     else if (w->format == FORMAT_IQ4_NL)
@@ -820,7 +822,8 @@ int64_t rf_abi(int64_t *out) {
                               MAX_BATCH, MAX_GROUP, MAX_HEAD_DIM, sizeof(rf_prefill),
                               sizeof(rf_moe), FORMAT_Q6, FORMAT_Q4_K, FORMAT_Q6_K,
                               FORMAT_Q5_K, FORMAT_Q4_0, FORMAT_Q5_0, FORMAT_Q5_1,
-                              FORMAT_IQ4_NL, FORMAT_IQ4_XS, FORMAT_Q3_K};
+                              FORMAT_IQ4_NL, FORMAT_IQ4_XS, FORMAT_Q3_K,
+                              FORMAT_Q2_K};
     const int64_t n = sizeof(values) / sizeof(values[0]);
     memcpy(out, values, sizeof(values));
     return n;

@@ -45,6 +45,8 @@ static void quantized_gemm(int fmt, const uint8_t *w, const float *x, void *y, i
             rf_q5_0_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else if (fmt == FORMAT_Q5_1)
             rf_q5_1_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
+        else if (fmt == FORMAT_Q2_K)
+            rf_q2_k_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else if (fmt == FORMAT_Q3_K)
             rf_q3_k_gemm_tiles(w, xs, y, y_bf16, M, N, K, t0, t1);
         else if (fmt == FORMAT_IQ4_NL)
@@ -90,6 +92,11 @@ void rf_q5_0_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t
 void rf_q5_1_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
                   int64_t K, int nthreads) {
     quantized_gemm(FORMAT_Q5_1, w, x, y, y_bf16, M, N, K, nthreads);
+}
+
+void rf_q2_k_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,
+                  int64_t K, int nthreads) {
+    quantized_gemm(FORMAT_Q2_K, w, x, y, y_bf16, M, N, K, nthreads);
 }
 
 void rf_q3_k_gemm(const uint8_t *w, const float *x, void *y, int y_bf16, int64_t M, int64_t N,

@@ -33,19 +33,31 @@
                                       scales per 16), then 8 groups of q + 4's low bit pairs (as
                                       q6's high ones) and their third bits (GGUF's Q3_K) */
 #define Q3_K_GROUP (Q3_K_BLOCK / 8)
+#define Q2_K_BLOCK (320 + 8 * 128) /* one tile x super-block: fp16 d[16], dmin[16], the scale
+                                      bytes of its 16 half groups (sc | m << 4, as GGUF's Q2_K:
+                                      byte 64 + 16 s + r, row r's s-th), then 8 groups of 2-bit
+                                      values as q3_k's low bit pairs: 2.625 bits, as the file */
+#define Q2_K_GROUP (Q2_K_BLOCK / 8)
 #define IQ4_XS_BLOCK (160 + 8 * 256) /* one tile x super-block: fp16 d[16], the int8 scales of its
                                         8 groups (ls - 32: byte 16 j + r, row r's j-th), then 8
                                         groups of q4_1 nibbles: indices into IQ4_VALUES */
 #define IQ4_XS_GROUP (IQ4_XS_BLOCK / 8)
+
+/* One q2_k tile's G groups as dense rows: local rows row0 .. row0 + 15 below `rows`, K wide,
+ * bf16 (to nearest even) or fp32. Scalar (only dense copies and lookups dequantize q2_k): each
+ * weight (d sc) q - dmin m, d sc q exact, one rounding, as ggml's. */
+static inline void dequant_q2_k_tile(const uint8_t *tile, int64_t G, void *out, int out_bf16,
+                                     int64_t K, int64_t row0, int64_t rows);
 
 /* One row of x prepared for the integer kernels (rf_split_x), per group g of 32.
  * AVX-512: x ~= scale[g] * (256 hi + lo) (X_SIGNED16), or scale[g] * (256 hi + lo - 32768)
  * (X_UNSIGNED16, hi and lo read as uint8); sum[g] is the exact fp32 sum of the group. Or, for
  * a batch's products (split_mode), as AVX2 splits it (X_INT8, int8 set; lo then holds int16
  * sums of X per half group).
- * AVX2: x ~= scale[g] * hi, int8 in -127..127 (lo unused); sum[g] = scale[g] * sum of hi, the
- * sum of the values the products see (llama.cpp's Q8_1: with Q4_1's minimums near -max|w|,
- * the exact sum would add their product with the rounding error, 2-3x the error). */
+ * AVX2: x ~= scale[g] * hi, int8 in -127..127 (lo: int16 sums of hi per half group, for
+ * q3_k's products); sum[g] = scale[g] * sum of hi, the sum of the values the products see
+ * (llama.cpp's Q8_1: with Q4_1's minimums near -max|w|, the exact sum would add their product
+ * with the rounding error, 2-3x the error). */
 typedef struct {
     int8_t *hi, *lo;
     float *scale, *sum;
@@ -56,7 +68,7 @@ enum { X_SIGNED16 = 0, X_UNSIGNED16 = 1, X_INT8 = 2 }; /* rf_split_x's modes */
 
 enum { FORMAT_BF16 = 0, FORMAT_Q4_1 = 1, FORMAT_Q8_0 = 2, FORMAT_Q6 = 3, FORMAT_Q4_K = 4,
        FORMAT_Q6_K = 5, FORMAT_Q5_K = 6, FORMAT_Q4_0 = 7, FORMAT_Q5_0 = 8, FORMAT_Q5_1 = 9,
-       FORMAT_IQ4_NL = 10, FORMAT_IQ4_XS = 11, FORMAT_Q3_K = 12 };
+       FORMAT_IQ4_NL = 10, FORMAT_IQ4_XS = 11, FORMAT_Q3_K = 12, FORMAT_Q2_K = 13 };
 
 /* GGUF's IQ4_NL and IQ4_XS: a weight is its scale times IQ4_VALUES[its 4-bit index] (ggml's
  * kvalues_iq4nl). The levels look the values up with a byte shuffle: AVX-512 as value + 128
@@ -85,6 +97,7 @@ static inline __attribute__((always_inline)) int64_t group_bytes_of(const int fm
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP
          : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP
          : fmt == FORMAT_Q3_K ? Q3_K_GROUP
+         : fmt == FORMAT_Q2_K ? Q2_K_GROUP
                               : Q8_0_BLOCK;
 }
 
@@ -141,6 +154,15 @@ static inline const uint8_t *k_nibbles(int fmt, const uint8_t *tile, int64_t g) 
     return k_header(fmt, tile, g) + k_header_bytes(fmt) + k_group_bytes(fmt) * (g % 8);
 }
 
+/* q2_k: w = (d sc) q - (dmin m) per half group of 16, q in 0..3 (GGUF's Q2_K as stored). Its
+ * group g's 2-bit values (128 bytes, q3_k's low bit pairs' layout) and super-block header. */
+static inline const uint8_t *q2_k_header(const uint8_t *tile, int64_t g) {
+    return tile + (g / 8) * Q2_K_BLOCK;
+}
+static inline const uint8_t *q2_k_bits(const uint8_t *tile, int64_t g) {
+    return q2_k_header(tile, g) + 320 + 128 * (g % 8);
+}
+
 /* Group g's values in a q6, q6_k or q3_k tile: q6, q6_k: its 256 bytes of low nibbles, then
  * its 128 of high bit pairs (the same two fields in both); q3_k: q + 4's low bit pairs (128
  * bytes, as q6's high ones), then its third bits (64 bytes: bit p of byte 4 r + i, that of
@@ -166,6 +188,7 @@ static inline const uint8_t *q6_bits(int fmt, const uint8_t *tile, int64_t g) {
 extern int rf_batch_int8_rows; /* gemm.c's, set by rf_set_batch_int8_rows */
 static inline int split_mode(int fmt, int64_t rows) {
     const int int8_from_one_row = is_q6(fmt) || has_fifth(fmt);
+    if (fmt == FORMAT_Q2_K) return X_INT8; /* (its only products: half groups' sums of X) */
     if (rf_batch_int8_rows > 0 && fmt != FORMAT_Q8_0 && (rows >= rf_batch_int8_rows || int8_from_one_row))
         return X_INT8;
     return x_unsigned(fmt) ? X_UNSIGNED16 : X_SIGNED16;
@@ -196,6 +219,27 @@ static inline void store_pairs_tail(const uint32_t *pairs, int64_t live, int64_t
         }
 }
 
+static inline void dequant_q2_k_tile(const uint8_t *tile, int64_t G, void *out, int out_bf16,
+                                     int64_t K, int64_t row0, int64_t rows) {
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *hd = q2_k_header(tile, g), *bits = q2_k_bits(tile, g);
+        for (int r = 0; r < TILE && row0 + r < rows; r++) {
+            uint16_t dh, mh;
+            memcpy(&dh, hd + 2 * r, 2), memcpy(&mh, hd + 32 + 2 * r, 2);
+            const float d = _cvtsh_ss(dh), dmin = _cvtsh_ss(mh);
+            for (int c = 0; c < GROUP; c++) {
+                const int h = c / 16, j = (c % 16) / 4, i = c % 4;
+                const uint8_t sb = hd[64 + 16 * (2 * (g % 8) + h) + r];
+                const int q = (bits[(h * TILE + r) * 4 + i] >> (2 * j)) & 3;
+                const float v = d * (float)(sb & 15) * (float)q - dmin * (float)(sb >> 4);
+                const int64_t at = (row0 + r) * K + g * GROUP + c;
+                if (out_bf16) ((uint16_t *)out)[at] = f32_to_bf16(v);
+                else ((float *)out)[at] = v;
+            }
+        }
+    }
+}
+
 /* This thread's share [t0, t1) of n items, inside an OpenMP parallel region. */
 static inline void thread_range(int64_t n, int64_t *t0, int64_t *t1) {
     int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
@@ -219,6 +263,8 @@ void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_0_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q5_1_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1);
+void rf_q2_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);
 void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1);

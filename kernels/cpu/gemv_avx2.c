@@ -25,6 +25,9 @@
  * - q4_k, q5_k: as q4_1 per group of 32, scale d sc and low -(dmin mn); q5_k's values (0..31)
  *   take their fifth bit from the 64 bytes after the group's nibbles. Its pair sums reach
  *   2 * 31 * 127 = 7874, so a chunk's two are widened to int32 at once (8 would overflow).
+ * - q3_k, q2_k: unsigned values (q3_k's q + 4, q2_k's q) summed in int16 as q4_1's nibbles
+ *   are, per half group (one scale): y += d sc s sum q X - (offset or dmin m) s sum X, the half
+ *   groups' sums of X from the split.
  * - iq4_nl, iq4_xs: a byte shuffle looks the nibbles up in IQ4_VALUES (signed, -127..113), and
  *   they multiply as q8_0's bytes do (the sign moved onto X: |X| unsigned), each pair sum
  *   widened at once; w = d v (iq4_xs: d sc v), no low.
@@ -134,9 +137,12 @@ void rf_split_x(const float *x, int64_t K, int mode, split_x *xs) {
         const __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
         __m256i X[4];
         for (int i = 0; i < 4; i++) X[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)); /* nearest even */
-        /* the sum of x' = s X, not of x (see the header comment): |sum X| <= 4064, exact */
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(X[0], X[1]), _mm256_add_epi32(X[2], X[3]));
-        out.sum[g] = out.scale[g] * hsum8(_mm256_cvtepi32_ps(sum));
+        /* the sum of x' = s X, not of x (see the header comment): |sum X| <= 4064, exact; lo
+         * holds each half group's sum of X as int16 (q3_k's products) */
+        const __m256i first = _mm256_add_epi32(X[0], X[1]), second = _mm256_add_epi32(X[2], X[3]);
+        const float h0 = hsum8(_mm256_cvtepi32_ps(first)), h1 = hsum8(_mm256_cvtepi32_ps(second));
+        out.sum[g] = out.scale[g] * (h0 + h1);
+        ((int16_t *)out.lo)[2 * g] = (int16_t)h0, ((int16_t *)out.lo)[2 * g + 1] = (int16_t)h1;
         /* the packs work per 128-bit lane: dwords come out as X0[0:4] X1[0:4] X2[0:4] X3[0:4]
          * X0[4:8] X1[4:8] X2[4:8] X3[4:8] */
         __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(X[0], X[1]), _mm256_packs_epi32(X[2], X[3]));
@@ -469,6 +475,106 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
     }
 }
 
+/* q3_k: its values as unsigned q + 4 (0..7) times X, vpmaddubsw's pair sums (<= 2 * 7 * 127)
+ * added in int16 over a half group (4 quads: <= 7112), as q4_1's nibbles are, then widened
+ * once: y += d sc s (sum (q + 4) X - 4 sum X), sum X per half group from the split (lo). About
+ * half the work a byte of the sign-moving products the other q6-family formats take. */
+static inline __attribute__((always_inline)) void q3_k_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S,
+    const int M) {
+    const __m256i ones = _mm256_set1_epi16(1), two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *bits[8];
+        for (int u = 0; u < S; u++)
+            q6_prefetch(FORMAT_Q3_K, blks[u], g), bits[u] = q6_bits(FORMAT_Q3_K, blks[u], g);
+        for (int half = 0; half < 2; half++) {
+            __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int16 sums */
+            for (int u = 0; u < S; u++)
+                for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* as q4_1's chunks */
+            for (int p = 4 * half; p < 4 * half + 4; p++) {
+                __m256i xq[ROW_BLOCK];
+                for (int m = 0; m < M; m++)
+                    xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                for (int u = 0; u < S; u++)
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(bits[u] + 64 * (p >> 2) + 32 * h));
+                        const __m256i third = _mm256_loadu_si256((const __m256i *)(bits[u] + 128 + 32 * h));
+                        const __m256i w = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(pairs, 2 * (p & 3)), two),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(third, p), one), 2));
+                        for (int m = 0; m < M; m++)
+                            acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_maddubs_epi16(w, xq[m]));
+                    }
+            }
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    const __m256 d = q6_scales(FORMAT_Q3_K, blks[u], g, half, h);
+                    for (int m = 0; m < M; m++) {
+                        const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
+                        __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+                        qx = _mm256_sub_ps(qx, _mm256_set1_ps(4.0f * sx));
+                        __m256 *out = y + 2 * (u * M + m) + h;
+                        *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
+                    }
+                }
+        }
+    }
+}
+
+/* q2_k: as q3_k's products with q (0..3) and each half group's low -(dmin m). */
+static inline __attribute__((always_inline)) void q2_k_tiles_streams(
+    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S,
+    const int M) {
+    const __m256i ones = _mm256_set1_epi16(1), two = _mm256_set1_epi8(3), low4 = _mm256_set1_epi32(15);
+    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *bits[8];
+        for (int u = 0; u < S; u++) {
+            if (g % 8 == 0) prefetch(q2_k_header(blks[u], g), 320);
+            bits[u] = q2_k_bits(blks[u], g);
+            prefetch(bits[u], 128);
+        }
+        for (int half = 0; half < 2; half++) {
+            __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int16 sums */
+            for (int u = 0; u < S; u++)
+                for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* as q4_1's chunks */
+            for (int p = 4 * half; p < 4 * half + 4; p++) {
+                __m256i xq[ROW_BLOCK];
+                for (int m = 0; m < M; m++)
+                    xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
+                for (int u = 0; u < S; u++)
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i w = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(
+                            (const __m256i *)(bits[u] + 64 * (p >> 2) + 32 * h)), 2 * (p & 3)), two);
+                        for (int m = 0; m < M; m++)
+                            acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_maddubs_epi16(w, xq[m]));
+                    }
+            }
+            for (int u = 0; u < S; u++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *hd = q2_k_header(blks[u], g);
+                    const __m256i sb = _mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(hd + 64 + 16 * (2 * (g % 8) + half) + 8 * h)));
+                    const __m256 dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
+                                                     _mm256_cvtepi32_ps(_mm256_and_si256(sb, low4)));
+                    const __m256 dmm = _mm256_mul_ps(
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h))),
+                        _mm256_cvtepi32_ps(_mm256_srli_epi32(sb, 4)));
+                    for (int m = 0; m < M; m++) {
+                        const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
+                        const __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+                        __m256 *out = y + 2 * (u * M + m) + h;
+                        *out = _mm256_fmadd_ps(dsc, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
+                        *out = _mm256_fnmadd_ps(dmm, _mm256_set1_ps(xs[m].scale[g] * sx), *out);
+                    }
+                }
+        }
+    }
+}
+
 /* ---- the tile loop of the integer formats ---- */
 
 /* Tiles [t0, t1) for one or two rows of x as `streams` streams at once; returns the first
@@ -485,6 +591,10 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
             q4_1_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_k_affine(fmt))
             k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q3_K)
+            q3_k_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q2_K)
+            q2_k_tiles_streams(blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
             q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
@@ -513,6 +623,8 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (is_group_affine(fmt) ? q4_1_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q3_K ? q3_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q2_K ? q2_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */
@@ -556,6 +668,11 @@ void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q2_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q2_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -818,6 +935,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q3_K)
             dequant_int_tile(FORMAT_Q3_K, w + t * G * Q3_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q2_K)
+            dequant_q2_k_tile(w + t * G * Q2_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_IQ4_NL)

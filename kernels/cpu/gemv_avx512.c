@@ -41,6 +41,9 @@
  * - q3_k (GGUF's Q3_K as stored, 3.56 bits a weight): q6_k's header, then each group's q + 4
  *   (0..7) as low bit pairs (q6's high bit pairs' layout) and third bits (gemv.h: q6_bits);
  *   its quads unpack into q6's signed bytes (-4..3).
+ * - q2_k (GGUF's Q2_K as stored, 2.625 bits a weight, as the file): per tile and super-block,
+ *   fp16 d[16], dmin[16], the half groups' scale bytes (sc | m << 4), then each group's 2-bit
+ *   values as q3_k's low bit pairs; w = (d sc) q - (dmin m). Always int8 x (split_mode).
  * - bf16: per tile and k pair, 16 dwords (w[r][2p], w[r][2p + 1]), multiplied with vdpbf16ps
  *   by bf16 x pairs: exact products, fp32 sums.
  *
@@ -562,6 +565,51 @@ static inline __attribute__((always_inline)) void q6_int8_streams(
     }
 }
 
+/* q2_k (x always split as int8): per half group one vpdpbusd a row per 4 weights (q 0..3
+ * unsigned, X signed), then y += (d sc) s sum q X - (dmin m) s sum X, sum X per half group
+ * from the split (half_sums). y[u * M + m]. */
+static inline __attribute__((always_inline)) void q2_k_int8_streams(
+    const uint8_t *const *tiles, int64_t G, const split_x *xs, __m512 *y, const int S,
+    const int M) {
+    const __m512i two = _mm512_set1_epi8(3), low4 = _mm512_set1_epi32(15);
+    for (int u = 0; u < S * M; u++) y[u] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *bits[2];
+        for (int u = 0; u < S; u++) {
+            if (g % 8 == 0) prefetch(q2_k_header(tiles[u], g), 320);
+            bits[u] = q2_k_bits(tiles[u], g);
+            prefetch(bits[u], 128);
+        }
+        for (int half = 0; half < 2; half++) {
+            __m512i acc[8];
+            for (int u = 0; u < S * M; u++) acc[u] = _mm512_setzero_si512();
+            for (int p = 4 * half; p < 4 * half + 4; p++)
+                for (int u = 0; u < S; u++) {
+                    const __m512i w = _mm512_and_si512(
+                        _mm512_srli_epi16(_mm512_loadu_si512(bits[u] + 64 * (p >> 2)), 2 * (p & 3)), two);
+                    for (int m = 0; m < M; m++)
+                        acc[u * M + m] = _mm512_dpbusd_epi32(
+                            acc[u * M + m], w, _mm512_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]));
+                }
+            for (int u = 0; u < S; u++) {
+                const uint8_t *hd = q2_k_header(tiles[u], g);
+                const __m512i sb = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(hd + 64 + 16 * (2 * (g % 8) + half))));
+                const __m512 dsc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hd)),
+                                                 _mm512_cvtepi32_ps(_mm512_and_si512(sb, low4)));
+                const __m512 dmm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hd + 32))),
+                                                 _mm512_cvtepi32_ps(_mm512_srli_epi32(sb, 4)));
+                for (int m = 0; m < M; m++) {
+                    const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
+                    const __m512 qx = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u * M + m]), _mm512_set1_ps(xs[m].scale[g]));
+                    y[u * M + m] = _mm512_fmadd_ps(dsc, qx, y[u * M + m]);
+                    y[u * M + m] = _mm512_fnmadd_ps(dmm, _mm512_set1_ps(xs[m].scale[g] * sx), y[u * M + m]);
+                }
+            }
+        }
+    }
+}
+
 /* Tiles [t0, t1) for M rows of x split as int8: pairs of tiles read side by side (two streams
  * of the weights in flight a thread, as the one-row path keeps six: read one tile at a time,
  * a batch's compute-heavy products drew memory at ~17 GB/s), INT8_ROWS rows a pass over a
@@ -579,7 +627,9 @@ static inline __attribute__((always_inline)) void nibble_int8_tiles(
             const int rows = M - m0 < INT8_ROWS ? (int)(M - m0) : INT8_ROWS;
 #define ROWS(R)                                                                      \
     case R:                                                                          \
-        if (is_q6(fmt) && S == 2) q6_int8_streams(fmt, tiles, G, xs + m0, out, 2, R); \
+        if (fmt == FORMAT_Q2_K && S == 2) q2_k_int8_streams(tiles, G, xs + m0, out, 2, R); \
+        else if (fmt == FORMAT_Q2_K) q2_k_int8_streams(tiles, G, xs + m0, out, 1, R); \
+        else if (is_q6(fmt) && S == 2) q6_int8_streams(fmt, tiles, G, xs + m0, out, 2, R); \
         else if (is_q6(fmt)) q6_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);     \
         else if (S == 2) nibble_int8_streams(fmt, tiles, G, xs + m0, out, 2, R);     \
         else nibble_int8_streams(fmt, tiles, G, xs + m0, out, 1, R);                \
@@ -684,6 +734,11 @@ void rf_q4_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16
 void rf_q5_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
                         int64_t N, int64_t K, int64_t t0, int64_t t1) {
     quantized_tiles(FORMAT_Q5_K, w, xs, y, y_bf16, M, N, K, t0, t1);
+}
+
+void rf_q2_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
+                        int64_t N, int64_t K, int64_t t0, int64_t t1) {
+    quantized_tiles(FORMAT_Q2_K, w, xs, y, y_bf16, M, N, K, t0, t1);
 }
 
 void rf_q3_k_gemm_tiles(const uint8_t *w, const split_x *xs, void *y, int y_bf16, int64_t M,
@@ -928,6 +983,8 @@ void rf_dequant_tiles(int fmt, const uint8_t *w, void *out, int out_bf16, int64_
             dequant_int_tile(FORMAT_Q6_K, w + t * G * Q6_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q3_K)
             dequant_int_tile(FORMAT_Q3_K, w + t * G * Q3_K_GROUP, G, out, out_bf16, K, row0, rows);
+        else if (fmt == FORMAT_Q2_K)
+            dequant_q2_k_tile(w + t * G * Q2_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_Q5_K)
             dequant_int_tile(FORMAT_Q5_K, w + t * G * Q5_K_GROUP, G, out, out_bf16, K, row0, rows);
         else if (fmt == FORMAT_IQ4_NL)

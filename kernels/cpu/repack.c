@@ -13,6 +13,7 @@
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
  *   Q6_K       -> q6_k   as stored: d, the int8 scales, the 6-bit values
  *   Q3_K       -> q3_k   as stored: d, the six-bit scales as int8 (sc - 32), the 3-bit values
+ *   Q2_K       -> q2_k   as stored: d, dmin, the scale bytes, the 2-bit values
  *   Q6_K       -> q6     the stored 6-bit value, fp16 scale d * sc per 16
  *   Q8_0       -> q8_0   the int8 values, fp32 scale d
  *
@@ -31,7 +32,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
+enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
        GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
@@ -223,6 +224,30 @@ static void write_q3_k_headers(uint8_t *o, const uint8_t *raw, int64_t rows, int
     }
 }
 
+/* One tile of Q2_K rows [16 t, 16 t + 16) (those at or past `rows` zeros) as q2_k: per
+ * super-block each row's d, dmin and scale bytes moved, its 2-bit values regrouped (group j's
+ * column c: bits 2 (j % 4) of qs[32 (j / 4) + c]), no arithmetic. */
+static void write_q2_k_tile(uint8_t *o, const uint8_t *raw, int64_t rows, int64_t K, int64_t t) {
+    const int64_t row_bytes = K / 256 * 84;
+    memset(o, 0, (size_t)(K / 256 * Q2_K_BLOCK));
+    for (int r = 0; r < TILE && t * TILE + r < rows; r++) {
+        const uint8_t *b = raw + (t * TILE + r) * row_bytes;
+        for (int64_t sb = 0; sb < K / 256; sb++, b += 84) {
+            uint8_t *h = o + sb * Q2_K_BLOCK;
+            const uint8_t *qs = b + 16;
+            memcpy(h + 2 * r, b + 80, 2), memcpy(h + 32 + 2 * r, b + 82, 2);
+            for (int s = 0; s < 16; s++) h[64 + 16 * s + r] = b[s];
+            for (int j = 0; j < 8; j++) {
+                uint8_t *pairs = h + 320 + 128 * j;
+                for (int c = 0; c < GROUP; c++) {
+                    const int q = (qs[32 * (j / 4) + c] >> (2 * (j % 4))) & 3;
+                    pairs[((c / 16) * TILE + r) * 4 + c % 4] |= (uint8_t)(q << (2 * ((c % 16) / 4)));
+                }
+            }
+        }
+    }
+}
+
 /* Group g's q + 4 (0..7, in q's rows) as q3_k holds them: the low bit pairs as q6's high ones
  * (128 bytes), then the third bits (64 bytes: bit p of byte 4 r + i, column 4 p + i's). */
 static void write_q3_bits(uint8_t *pairs, const uint8_t *q, int64_t K, int64_t g) {
@@ -356,6 +381,7 @@ static int64_t block_bytes(int src) {
     case GGML_Q5_K: return 176;
     case GGML_Q6_K: return 210;
     case GGML_Q3_K: return 110;
+    case GGML_Q2_K: return 84;
     case GGML_IQ4_NL: return 18;
     case GGML_IQ4_XS: return 136;
     default: return 0;
@@ -368,7 +394,8 @@ static int64_t group_bytes(int fmt) {
          : fmt == FORMAT_Q6 ? 448 : fmt == FORMAT_Q8_0 ? 576
          : fmt == FORMAT_Q4_K ? Q4_K_GROUP : fmt == FORMAT_Q6_K ? Q6_K_GROUP
          : fmt == FORMAT_Q5_K ? Q5_K_GROUP : fmt == FORMAT_IQ4_NL ? Q4_0_BLOCK
-         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP : fmt == FORMAT_Q3_K ? Q3_K_GROUP : 0;
+         : fmt == FORMAT_IQ4_XS ? IQ4_XS_GROUP : fmt == FORMAT_Q3_K ? Q3_K_GROUP
+         : fmt == FORMAT_Q2_K ? Q2_K_GROUP : 0;
 }
 
 static int pair_ok(int src, int fmt) {
@@ -379,7 +406,7 @@ static int pair_ok(int src, int fmt) {
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0) ||
            (src == GGML_IQ4_NL && fmt == FORMAT_IQ4_NL) || (src == GGML_IQ4_XS && fmt == FORMAT_IQ4_XS) ||
-           (src == GGML_Q3_K && fmt == FORMAT_Q3_K);
+           (src == GGML_Q3_K && fmt == FORMAT_Q3_K) || (src == GGML_Q2_K && fmt == FORMAT_Q2_K);
 }
 
 /* raw: `rows` rows of K / (values per block) blocks of GGML type `src`; out: ceil(rows / TILE)
@@ -388,9 +415,8 @@ static int pair_ok(int src, int fmt) {
  * scratch memory could not be had. */
 int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
                   int nthreads) {
-    const int64_t per_block =
-        (src == GGML_Q3_K || src == GGML_Q4_K || src == GGML_Q5_K || src == GGML_Q6_K || src == GGML_IQ4_XS)
-            ? 256 : 32;
+    const int64_t per_block = src == GGML_Q4_0 || src == GGML_Q5_0 || src == GGML_Q5_1 ||
+                              src == GGML_Q8_0 || src == GGML_IQ4_NL ? 32 : 256;
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = G * group_bytes(fmt);
@@ -411,13 +437,14 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
         }
         return 0;
     }
-    if (is_k_affine(fmt)) {
+    if (is_k_affine(fmt) || fmt == FORMAT_Q2_K) {
 #pragma omp parallel num_threads(nthreads)
         {
             int64_t t0, t1;
             thread_range(tiles, &t0, &t1);
             for (int64_t t = t0; t < t1; t++) {
                 if (fmt == FORMAT_IQ4_XS) write_iq4_xs_tile(out + t * tile_bytes, raw, rows, K, t);
+                else if (fmt == FORMAT_Q2_K) write_q2_k_tile(out + t * tile_bytes, raw, rows, K, t);
                 else write_k_tile(fmt, out + t * tile_bytes, raw, rows, K, t);
             }
         }

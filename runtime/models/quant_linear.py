@@ -266,7 +266,8 @@ class Q6Linear(QuantLinear):
 
 
 class StoredNibblesLinear(QuantLinear):
-    """GGUF's Q4_K, Q5_K, Q4_0, Q5_0, Q5_1, IQ4_NL or IQ4_XS as stored (4- or 5-bit values;
+    """GGUF's Q2_K, Q4_K, Q5_K, Q4_0, Q5_0, Q5_1, IQ4_NL or IQ4_XS as stored (2-, 4- or 5-bit
+    values; q2_k: 4-bit scales and mins per 16 under an fp16 d and dmin per 256;
     q4_k, q5_k: six-bit scales and mins per 32 under an fp16 d and dmin per 256; q4_0, q5_0,
     q5_1, iq4_nl: an fp16 d (and m) per 32; iq4_xs: six-bit scales under an fp16 d per 256):
     made from tiles only (QuantLinear.from_tiled)."""
@@ -300,7 +301,7 @@ class StackedLinear(nn.Module):
 def tiled_linear(tiled: cpu_kernels.TiledWeight, bias: torch.Tensor | None,
                  dtype: torch.dtype = torch.bfloat16, dense_copy: bool = False) -> QuantLinear:
     """The layer class of `tiled`'s format over it (QuantLinear.from_tiled)."""
-    stored = dict.fromkeys(("q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "iq4_nl", "iq4_xs"),
+    stored = dict.fromkeys(("q2_k", "q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "iq4_nl", "iq4_xs"),
                            StoredNibblesLinear)
     kind = {**stored, "q4_1": Int4Linear, "q6": Q6Linear, "q6_k": Q6Linear, "q3_k": Q6Linear,
             "q8_0": Q8_0Linear,

@@ -27,9 +27,11 @@ level has them all):
   both);
 - Q8_0 -> q8_0, exactly;
 - F32, F16, BF16 -> bf16 tiles;
-- every other type (Q2_K) -> q8_0: its blocks dequantized and requantized to
-  8-bit groups of 32 (no kernel of its own yet; an 8-bit grid keeps them within 1/254 of each
-  group's largest weight).
+- Q2_K -> q2_k, as stored (2-bit values, 4-bit scales and mins per 16 under an fp16 d and
+  dmin per 256: 2.625 bits a weight, as the file); in a fused layer whose parts cannot stand
+  apart -> q8_0, its blocks dequantized and requantized to 8-bit groups of 32 (no narrower
+  format holds its groups; an 8-bit grid keeps them within 1/254 of each group's largest
+  weight).
 A fused layer (q/k/v, gate/up) whose parts take different formats keeps each run of parts
 in its own (a StackedLinear: a Q4_K_M's Q4_K q/k as q4_k beside its Q6_K v as q6_k), where
 the runs end on a tile's edge; otherwise (and within a run of one format) it takes the widest
@@ -57,6 +59,7 @@ from radixflow.kernels.gguf_blocks import (
     GGMLType,
     affine_groups,
     iq4_fields,
+    q2_k_fields,
     q3_k_fields,
     q4_k_fields,
     q6_k_fields,
@@ -85,10 +88,12 @@ _FIVE_BIT_GROUPS = {GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1"}
 _FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _IQ4 = {GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs"}
 _INT8_VALUES = (GGMLType.Q8_0, *_IQ4)  # exactly q8_0
-# (q3_k, iq4_*: only where every part is that type: layer_format)
-_WIDTH = {"q3_k": -3, "iq4_xs": -2, "iq4_nl": -1, "q4_k": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3,
-          "q5_1": 4, "q5_k": 5, "q6_k": 6, "q6": 7, "q8_0": 8, "bf16": 9}
-_WHY = {"q3_k": "as stored",
+# (q2_k, q3_k, iq4_*: only where every part is that type: layer_format)
+_WIDTH = {"q2_k": -4, "q3_k": -3, "iq4_xs": -2, "iq4_nl": -1, "q4_k": 0, "q4_0": 1, "q4_1": 2,
+          "q5_0": 3, "q5_1": 4, "q5_k": 5, "q6_k": 6, "q6": 7, "q8_0": 8, "bf16": 9}
+_ONLY_IN_Q8_0 = {*_IQ4, GGMLType.Q2_K}  # beside another type, no narrower format holds them
+_WHY = {"q2_k": "as stored",
+        "q3_k": "as stored",
         "iq4_nl": "as stored",
         "iq4_xs": "as stored",
         "q4_k": "as stored",
@@ -120,6 +125,8 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q6_k"
     if qtype == GGMLType.Q3_K:
         return "q3_k"
+    if qtype == GGMLType.Q2_K:
+        return "q2_k"
     if qtype in _SYMMETRIC_6BIT:
         return "q6"
     if qtype in _FLOATS:
@@ -131,10 +138,12 @@ def layer_format(types: set[GGMLType]) -> str:
     """The format of a layer whose parts are stored in `types`: the widest of theirs, q6_k only
     where every part is Q6_K (its int8 scales under one d per 256 cannot hold another type's
     groups as they are: q6's fp16 scale per 16 can), q5_k only where every part is Q5_K or
-    Q4_K (the same fields), else q6; iq4_nl and iq4_xs only where every part is that type, else
-    q8_0 (or wider), which holds their values exactly."""
-    if len(types) > 1 and types & _IQ4.keys():
-        return max(["q8_0", *(nearest_format(t) for t in types - _IQ4.keys())], key=_WIDTH.get)
+    Q4_K (the same fields), else q6; iq4_nl, iq4_xs and q2_k only where every part is that
+    type, else q8_0 (or wider: it holds IQ4's values exactly, Q2_K's requantized); q3_k only
+    where every part is Q3_K, else q6 (or wider)."""
+    if len(types) > 1 and types & _ONLY_IN_Q8_0:
+        others = types - _ONLY_IN_Q8_0
+        return max(["q8_0", *(nearest_format(t) for t in others)], key=_WIDTH.get)
     if len(types) > 1 and GGMLType.Q3_K in types:  # (q6 holds its groups of 16 as they are)
         return max(["q6", *(nearest_format(t) for t in types - {GGMLType.Q3_K})], key=_WIDTH.get)
     fmt = max((nearest_format(t) for t in types), key=_WIDTH.get)
@@ -174,10 +183,10 @@ def why(qtype: GGMLType, fmt: str) -> str:
         return "a fused layer's widest part: its values kept exactly"
     if fmt == "q8_0" and qtype in _IQ4:
         return "beside another type in a fused layer: its indices' int8 values exactly"
+    if fmt == "q8_0" and qtype == GGMLType.Q2_K:
+        return "beside another type in a fused layer: requantized to 8-bit groups of 32"
     if nearest_format(qtype) != fmt:
         return "requantized: a fused layer's widest part or --quantization int4"
-    if fmt == "q8_0" and qtype != GGMLType.Q8_0:
-        return f"no {qtype.name} kernel yet: requantized to 8-bit groups of 32"
     return _WHY[fmt]
 
 
@@ -242,6 +251,9 @@ def _tile_chunk(parts: list[StoredTensor], fmt: str) -> cpu_kernels.TiledWeight:
     if fmt == "q5_k":  # (every part Q5_K or Q4_K: layer_format)
         fields = zip(*(q4_k_fields(p.raw, p.shape, p.qtype) for p in parts), strict=True)
         return cpu_kernels.tile_q5_k(*(torch.cat(column) for column in fields))
+    if fmt == "q2_k":  # (every part Q2_K: layer_format)
+        fields = zip(*(q2_k_fields(p.raw, p.shape) for p in parts), strict=True)
+        return cpu_kernels.tile_q2_k(*(torch.cat(column) for column in fields))
     if fmt == "q3_k":  # (every part Q3_K: layer_format)
         fields = zip(*(q3_k_fields(p.raw, p.shape) for p in parts), strict=True)
         return cpu_kernels.tile_q3_k(*(torch.cat(column) for column in fields))

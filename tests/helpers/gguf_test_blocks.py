@@ -146,3 +146,25 @@ def quantize_q3_k(w: np.ndarray) -> np.ndarray:
         s[..., 8 + i % 4] |= (ls[..., i] >> 4) << (2 * (i // 4))
     blocks = np.concatenate([hmask, qs, s, d[..., None].view(np.uint8)], axis=-1)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def quantize_q2_k(w: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] (cols a multiple of 256) -> Q2_K blocks, uint8 [rows, cols / 256 *
+    84]: a plain min/max quantizer (not llama.cpp's search), for test files."""
+    rows, cols = w.shape
+    sub = w.astype(np.float32).reshape(rows, cols // 256, 16, 16)
+    low = np.maximum(-sub.min(-1), 0)  # x = d sc q - dmin m, so m >= 0
+    step = (sub.max(-1) + low) / 3
+    d = (step.max(-1) / 15).astype(np.float16)
+    dmin = (low.max(-1) / 15).astype(np.float16)
+    safe = lambda v: np.where(v > 0, v, 1)  # noqa: E731
+    sc = np.clip(np.rint(step / safe(d.astype(np.float32))[..., None]), 0, 15).astype(np.uint8)
+    m = np.clip(np.rint(low / safe(dmin.astype(np.float32))[..., None]), 0, 15).astype(np.uint8)
+    scale = d.astype(np.float32)[..., None] * sc
+    offset = dmin.astype(np.float32)[..., None] * m
+    q = np.clip(np.rint((sub + offset[..., None]) / safe(scale)[..., None]), 0, 3).astype(np.uint8)
+    q = q.reshape(rows, cols // 256, 2, 4, 32)  # [.., n, j, l]: w[128 n + 32 j + l]
+    qs = np.bitwise_or.reduce(q << (2 * np.arange(4)[:, None]).astype(np.uint8), axis=3)
+    blocks = np.concatenate([sc | (m << 4), qs.astype(np.uint8).reshape(rows, cols // 256, 64),
+                             d[..., None].view(np.uint8), dmin[..., None].view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))

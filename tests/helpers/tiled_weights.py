@@ -1,5 +1,5 @@
 """Tiled weights for the CPU kernels' tests (kernels/cpu: tile_q4_0, tile_q4_1, tile_q5_0,
-tile_q5_1, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_iq4_nl,
+tile_q5_1, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6, tile_q6_k, tile_q8_0, tile_iq4_nl,
 tile_iq4_xs, tile_bf16) with the fp32 weights each must hold."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import torch
 
 from radixflow.kernels import cpu
 
-INTEGER_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6", "q6_k", "q8_0",
-                   "iq4_nl", "iq4_xs"]
+INTEGER_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6", "q6_k",
+                   "q8_0", "iq4_nl", "iq4_xs"]
 # whole super-blocks of 256 along k
-SUPER_BLOCK_FORMATS = ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+SUPER_BLOCK_FORMATS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 FORMATS = [*INTEGER_FORMATS, "bf16"]
 
 
@@ -90,6 +90,16 @@ def tiled_weights(fmt: str, n: int, k: int, seed: int = 0) -> tuple[cpu.TiledWei
         d = (torch.rand(n, k // 256, generator=gen) * 4e-5).half().float()
         scale = (d.repeat_interleave(16, 1) * sc.float()).repeat_interleave(16, 1)
         return cpu.tile_q6_k(q, sc, d), q.float() * scale
+    if fmt == "q2_k":  # Q2_K's fields: q in 0..3, 4-bit scales and mins (the extremes too)
+        q = torch.randint(0, 4, (n, k), generator=gen, dtype=torch.uint8)
+        sc = torch.randint(0, 16, (n, k // 16), generator=gen, dtype=torch.uint8)
+        mn = torch.randint(0, 16, (n, k // 16), generator=gen, dtype=torch.uint8)
+        sc[:, 0], mn[:, 0], sc[:, -1], mn[:, -1] = 15, 0, 0, 15
+        d = (torch.rand(n, k // 256, generator=gen) * 2e-3).half().float()
+        dmin = (torch.rand(n, k // 256, generator=gen) * 2e-3).half().float()
+        scale = (d.repeat_interleave(16, 1) * sc.float()).repeat_interleave(16, 1)
+        low = (dmin.repeat_interleave(16, 1) * mn.float()).repeat_interleave(16, 1)
+        return cpu.tile_q2_k(q, sc, mn, d, dmin), scale * q.float() - low
     if fmt == "q3_k":  # Q3_K's fields: q in -4..3, scales in -32..31 (the extremes too)
         q = torch.randint(-4, 4, (n, k), generator=gen, dtype=torch.int8)
         q[:, ::16], q[:, 1::16] = -4, 3

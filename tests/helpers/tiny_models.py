@@ -259,6 +259,10 @@ def write_tiny_gguf(hf_folder: Path, dest: Path, qtype_of=None) -> Path:
             from helpers.gguf_test_blocks import quantize_q6_k
 
             data = quantize_q6_k(data.reshape(-1, data.shape[-1]))
+        elif qtype == gguf.GGMLQuantizationType.Q2_K:
+            from helpers.gguf_test_blocks import quantize_q2_k
+
+            data = quantize_q2_k(data.reshape(-1, data.shape[-1]))
         elif qtype == gguf.GGMLQuantizationType.Q3_K:
             from helpers.gguf_test_blocks import quantize_q3_k
 

@@ -245,6 +245,7 @@ def test_gather_rows_is_unpack_indexed(fmt):
              "q5_k": lambda: _weights("q5_k", 37, 256)[0],
              "q6_k": lambda: _weights("q6_k", 37, 256)[0],
              "q3_k": lambda: _weights("q3_k", 37, 256)[0],
+             "q2_k": lambda: _weights("q2_k", 37, 256)[0],
              "iq4_nl": lambda: _weights("iq4_nl", 37, 96)[0],
              "iq4_xs": lambda: _weights("iq4_xs", 37, 256)[0],
              "bf16": lambda: cpu.tile_bf16(w)}[fmt]()

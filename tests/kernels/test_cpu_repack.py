@@ -52,6 +52,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
         return cpu.tile_q6(*gb.symmetric_6bit_groups(raw, t, shape))
     if fmt == "q3_k":
         return cpu.tile_q3_k(*gb.q3_k_fields(raw, shape))
+    if fmt == "q2_k":
+        return cpu.tile_q2_k(*gb.q2_k_fields(raw, shape))
     if fmt in ("iq4_nl", "iq4_xs"):
         tile = cpu.tile_iq4_nl if fmt == "iq4_nl" else cpu.tile_iq4_xs
         return tile(*gb.iq4_fields(raw, t, shape))
@@ -62,7 +64,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
                                            ("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
                                            ("Q8_0", "q8_0"), ("IQ4_NL", "iq4_nl"),
-                                           ("IQ4_XS", "iq4_xs"), ("Q3_K", "q3_k")])
+                                           ("IQ4_XS", "iq4_xs"), ("Q3_K", "q3_k"),
+                                           ("Q2_K", "q2_k")])
 @pytest.mark.parametrize(("k", "drop"), [(256, 0), (512, 5), (1024, 13)])
 def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     raw = _rows(name, k, drop, small_scales=fmt == "q6")
@@ -75,7 +78,7 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
                                            ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k"),
                                            ("IQ4_NL", "iq4_nl"), ("IQ4_XS", "iq4_xs"),
-                                           ("Q3_K", "q3_k")])
+                                           ("Q3_K", "q3_k"), ("Q2_K", "q2_k")])
 def test_tiles_as_stored_hold_what_gguf_dequantizes(level, name, fmt):
     """A type kept as stored: its own fields (Q6_K's d up to 65504: no fp16 product to
     overflow), its bytes a weight (iq4_xs: 4.31 bits where the file has 4.25; q3_k: 3.56 where

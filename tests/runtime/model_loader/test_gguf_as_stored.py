@@ -319,21 +319,27 @@ def test_requantizing_to_6bit_rounds_on_the_kernels_grid():
     assert torch.equal(again, q) and torch.equal(same, scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6",
-                                 "q6_k", "q8_0", "iq4_nl", "iq4_xs", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                                 "q6", "q6_k", "q8_0", "iq4_nl", "iq4_xs", "bf16"])
 def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     """Big tensors tile CHUNK_ROWS rows at a time into one buffer (a 128k-row head never
     exists whole as int8 values): the same bytes as tiling the parts at once, for parts that
     end on a tile's edge and a last one that does not."""
     import gguf
     import numpy as np
-    from helpers.gguf_test_blocks import quantize_iq4, quantize_q3_k, quantize_q4_k, quantize_q6_k
+    from helpers.gguf_test_blocks import (
+        quantize_iq4,
+        quantize_q2_k,
+        quantize_q3_k,
+        quantize_q4_k,
+        quantize_q6_k,
+    )
 
     from radixflow.kernels.gguf_blocks import GGMLType
     from radixflow.runtime.model_loader.gguf_tensors import StoredTensor
     from radixflow.runtime.models import stored_linears
 
-    k = 256 if fmt in ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs") else 64
+    k = 256 if fmt in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs") else 64
 
     def stored(rows, seed):
         w = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
@@ -345,6 +351,8 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
             return StoredTensor(GGMLType.Q6_K, rows, k, torch.from_numpy(quantize_q6_k(w)))
         if fmt == "q3_k":
             return StoredTensor(GGMLType.Q3_K, rows, k, torch.from_numpy(quantize_q3_k(w)))
+        if fmt == "q2_k":
+            return StoredTensor(GGMLType.Q2_K, rows, k, torch.from_numpy(quantize_q2_k(w)))
         if fmt in ("iq4_nl", "iq4_xs"):
             raw = quantize_iq4(w, xs=fmt == "iq4_xs")
             return StoredTensor(GGMLType[fmt.upper()], rows, k, torch.from_numpy(raw))
@@ -535,4 +543,53 @@ def test_q3_k_layers_load_as_stored(tmp_path):
     want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
         weights.tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qk")])
     assert torch.equal(q_k.view(torch.int32), want.view(torch.int32))
+    _assert_runs_as_the_dense_file(folder, runner, ours)
+
+
+def _q2_k_qtype(hf_name):
+    """As llama-quantize's Q2_K: Q2_K for q, k, gate and up, Q3_K for v and down, Q4_K for o,
+    Q6_K for the embedding (the head, tied)."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "embed" in hf_name:
+        return gguf.GGMLQuantizationType.Q6_K
+    if "v_proj" in hf_name or "down_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q3_K
+    if "o_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q4_K
+    return gguf.GGMLQuantizationType.Q2_K
+
+
+def test_q2_k_layers_load_as_stored(tmp_path):
+    """Q2_K stays Q2_K: 2.625 bits a weight, as the file, each weight what gguf dequantizes
+    (a fused q/k/v keeps its Q2_K q/k as q2_k beside its Q3_K v); the same logits as the file
+    dequantized and run dense, in the torch forward and the C decode step."""
+    from radixflow.kernels import gguf_blocks as gb
+    from radixflow.kernels.gguf_blocks import GGMLType
+    from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
+    from radixflow.runtime.models.stored_linears import layer_format, nearest_format, why
+
+    assert nearest_format(GGMLType.Q2_K) == layer_format({GGMLType.Q2_K}) == "q2_k"
+    assert why(GGMLType.Q2_K, "q2_k") == "as stored"
+    assert layer_format({GGMLType.Q2_K, GGMLType.Q3_K}) == "q8_0"  # (where they cannot stand apart)
+    assert "requantized" in why(GGMLType.Q2_K, "q8_0")
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q2_k_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    formats = runner.cpu_info()["weights"]
+    kernel = f"radixflow C {cpu_kernels.active_level()}"
+    assert formats["gate_up_proj"] == {"stored": "Q2_K", "format": "q2_k", "kernel": kernel}
+    assert formats["qkv_proj"] == {"stored": "Q2_K+Q3_K", "format": "q2_k+q3_k", "kernel": kernel}
+    modules = dict(runner.model.named_modules())
+    gate_up = next(m for name, m in modules.items() if name.endswith("0.mlp.gate_up_proj"))
+    assert gate_up.tiled.nbytes * 256 == gate_up.in_features * gate_up.out_features * 84
+    weights = GGUFWeights.of_folder(folder)
+    want = torch.cat([gb.dequantize(s.raw, s.qtype, s.shape) for s in (
+        weights.tensor(f"model.layers.0.mlp.{p}_proj.weight") for p in ("gate", "up"))])
+    got = cpu_kernels.unpack(gate_up.tiled)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     _assert_runs_as_the_dense_file(folder, runner, ours)
