@@ -646,9 +646,7 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format == "iq4_xs":  # -> [tile, row, super-block, group, ...]
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, IQ4_XS_BLOCK_BYTES)
-        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
-        sc = b[..., 32:160].contiguous().view(torch.int8).view(tiles, s, 8, TILE)
-        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 8]
+        scale = _tiles_d_times_int8(b, 8)  # [tile, row, s, 8]
         nib = b[..., 160:].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         q = torch.stack([nib & 15, nib >> 4], dim=-2).flatten(-3)  # [t, row, s, 8, 32]
         dense = scale[..., None] * IQ4_VALUES[q.long()]
@@ -656,9 +654,7 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format == "q6_k":  # -> [tile, row, super-block, group, ...] fields of each row
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
-        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
-        sc = b[..., 32:288].contiguous().view(torch.int8).view(tiles, s, 16, TILE)
-        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 16]
+        scale = _tiles_d_times_int8(b, 16)  # [tile, row, s, 16]
         bits = b[..., 288:].reshape(tiles, s, 8, 384)
         nib = bits[..., :256].reshape(tiles, s, 8, 4, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         twos = bits[..., 256:].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
@@ -679,9 +675,7 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     if w.format == "q3_k":  # -> [tile, row, super-block, group, ...] fields of each row
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q3_K_BLOCK_BYTES)
-        d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
-        sc = b[..., 32:288].contiguous().view(torch.int8).view(tiles, s, 16, TILE)
-        scale = d[..., None] * sc.permute(0, 3, 1, 2).float()  # [tile, row, s, 16]
+        scale = _tiles_d_times_int8(b, 16)  # [tile, row, s, 16]
         bits = b[..., 288:].reshape(tiles, s, 8, 192)
         pairs = bits[..., :128].reshape(tiles, s, 8, 2, TILE, 4).permute(0, 4, 1, 2, 3, 5)
         thirds = bits[..., 128:].reshape(tiles, s, 8, TILE, 4).permute(0, 3, 1, 2, 4)
@@ -718,6 +712,26 @@ def unpack(w: TiledWeight) -> torch.Tensor:
     else:
         dense = low.transpose(1, 2)[..., None] + q.float() * d.transpose(1, 2)[..., None]
     return dense.reshape(tiles * TILE, k)[:n]
+
+
+def _rows_d_times_int8(b: torch.Tensor, tile: torch.Tensor, row: torch.Tensor,
+                       count: int) -> torch.Tensor:
+    """Rows `row` of tiles `tile`: d * each int8 scale of a super-block header (fp16 d[16],
+    then byte 32 + 16 j + r: row r's j-th scale; q6_k, q3_k, iq4_xs), float32 [n, s, count];
+    b: the tiles' bytes [tiles, s, block]."""
+    r, supers = row[:, None, None], torch.arange(b.shape[1])[None, :, None]
+    d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
+    sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(count) + r].contiguous()
+    return d.view(torch.float16).float() * sc.view(torch.int8).float()
+
+
+def _tiles_d_times_int8(b: torch.Tensor, count: int) -> torch.Tensor:
+    """Every row's d * int8 scales of super-block headers (as _rows_d_times_int8), float32
+    [tiles, 16 rows, s, count]; b: [tiles, s, block]."""
+    tiles, s = b.shape[:2]
+    d = b[..., :32].contiguous().view(torch.float16).float().transpose(1, 2)  # [t, row, s]
+    sc = b[..., 32:32 + 16 * count].contiguous().view(torch.int8).view(tiles, s, count, TILE)
+    return d[..., None] * sc.permute(0, 3, 1, 2).float()
 
 
 def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
@@ -759,12 +773,8 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format == "iq4_xs":  # fields of each id's row, per super-block
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, IQ4_XS_BLOCK_BYTES)
-        r = row[:, None, None]
-        supers = torch.arange(s)[None, :, None]
-        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
-        d = d.view(torch.float16).float()  # [n, s, 1]
-        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(8) + r].contiguous()
-        scale = d * sc.view(torch.int8).float()  # [n, s, 8]
+        r, supers = row[:, None, None], torch.arange(s)[None, :, None]
+        scale = _rows_d_times_int8(b, tile, row, 8)  # [n, s, 8]
         group = 160 + 256 * torch.arange(8)[:, None, None]
         nib_bytes = (group + 64 * torch.arange(4)[:, None] + torch.arange(4)).reshape(-1)
         nib = b[tile[:, None, None], supers, nib_bytes + 4 * r].view(-1, s, 8, 4, 1, 4)
@@ -773,12 +783,8 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format == "q6_k":  # fields of each id's row, per super-block and group
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q6_K_BLOCK_BYTES)
-        r = row[:, None, None]
-        supers = torch.arange(s)[None, :, None]
-        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
-        d = d.view(torch.float16).float()  # [n, s, 1]
-        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(16) + r].contiguous()
-        scale = d * sc.view(torch.int8).float()  # [n, s, 16]
+        r, supers = row[:, None, None], torch.arange(s)[None, :, None]
+        scale = _rows_d_times_int8(b, tile, row, 16)  # [n, s, 16]
         group = 288 + 384 * torch.arange(8)[:, None, None]
         nib_bytes = (group + 64 * torch.arange(4)[:, None] + torch.arange(4)).reshape(-1)
         two_bytes = (group + 256 + 64 * torch.arange(2)[:, None] + torch.arange(4)).reshape(-1)
@@ -803,12 +809,8 @@ def gather_rows(w: TiledWeight, ids: torch.Tensor) -> torch.Tensor:
     if w.format == "q3_k":  # fields of each id's row, per super-block and group
         s = k // SUPER_BLOCK
         b = w.data.view(tiles, s, Q3_K_BLOCK_BYTES)
-        r = row[:, None, None]
-        supers = torch.arange(s)[None, :, None]
-        d = b[tile[:, None, None], supers, 2 * r + torch.arange(2)].contiguous()
-        d = d.view(torch.float16).float()  # [n, s, 1]
-        sc = b[tile[:, None, None], supers, 32 + 16 * torch.arange(16) + r].contiguous()
-        scale = d * sc.view(torch.int8).float()  # [n, s, 16]
+        r, supers = row[:, None, None], torch.arange(s)[None, :, None]
+        scale = _rows_d_times_int8(b, tile, row, 16)  # [n, s, 16]
         group = 288 + 192 * torch.arange(8)[:, None, None]
         pair_bytes = (group + 64 * torch.arange(2)[:, None] + torch.arange(4)).reshape(-1)
         third_bytes = (group[:, 0] + 128 + torch.arange(4)).reshape(-1)

@@ -475,63 +475,25 @@ static inline __attribute__((always_inline)) void q6_tiles_streams(
     }
 }
 
-/* q3_k: its values as unsigned q + 4 (0..7) times X, vpmaddubsw's pair sums (<= 2 * 7 * 127)
- * added in int16 over a half group (4 quads: <= 7112), as q4_1's nibbles are, then widened
- * once: y += d sc s (sum (q + 4) X - 4 sum X), sum X per half group from the split (lo). About
- * half the work a byte of the sign-moving products the other q6-family formats take. */
-static inline __attribute__((always_inline)) void q3_k_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S,
-    const int M) {
+/* q3_k and q2_k: their values unsigned (q3_k's q + 4 in 0..7, q2_k's q in 0..3) times X,
+ * vpmaddubsw's pair sums (<= 2 * 7 * 127) added in int16 over a half group (4 quads: <= 7112),
+ * as q4_1's nibbles are, then widened once: y += (d sc) s sum q X - low s sum X with low = 4 d sc
+ * (q3_k's offset) or dmin m (q2_k's), sum X per half group from the split (lo). About half the
+ * work a byte of the sign-moving products the other q6-family formats take. */
+static inline __attribute__((always_inline)) void low_bit_tiles_streams(
+    const int fmt, const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y,
+    const int S, const int M) {
     const __m256i ones = _mm256_set1_epi16(1), two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        const uint8_t *bits[8];
-        for (int u = 0; u < S; u++)
-            q6_prefetch(FORMAT_Q3_K, blks[u], g), bits[u] = q6_bits(FORMAT_Q3_K, blks[u], g);
-        for (int half = 0; half < 2; half++) {
-            __m256i acc[8][ROW_BLOCK][2]; /* [stream][row][rows half]: int16 sums */
-            for (int u = 0; u < S; u++)
-                for (int m = 0; m < M; m++) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_si256();
-#pragma GCC unroll 1 /* as q4_1's chunks */
-            for (int p = 4 * half; p < 4 * half + 4; p++) {
-                __m256i xq[ROW_BLOCK];
-                for (int m = 0; m < M; m++)
-                    xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
-                for (int u = 0; u < S; u++)
-                    for (int h = 0; h < 2; h++) {
-                        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(bits[u] + 64 * (p >> 2) + 32 * h));
-                        const __m256i third = _mm256_loadu_si256((const __m256i *)(bits[u] + 128 + 32 * h));
-                        const __m256i w = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(pairs, 2 * (p & 3)), two),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(third, p), one), 2));
-                        for (int m = 0; m < M; m++)
-                            acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_maddubs_epi16(w, xq[m]));
-                    }
-            }
-            for (int u = 0; u < S; u++)
-                for (int h = 0; h < 2; h++) {
-                    const __m256 d = q6_scales(FORMAT_Q3_K, blks[u], g, half, h);
-                    for (int m = 0; m < M; m++) {
-                        const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
-                        __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
-                        qx = _mm256_sub_ps(qx, _mm256_set1_ps(4.0f * sx));
-                        __m256 *out = y + 2 * (u * M + m) + h;
-                        *out = _mm256_fmadd_ps(d, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
-                    }
-                }
-        }
-    }
-}
-
-/* q2_k: as q3_k's products with q (0..3) and each half group's low -(dmin m). */
-static inline __attribute__((always_inline)) void q2_k_tiles_streams(
-    const uint8_t *const *blks, int64_t G, const split_x *xs, __m256 *y, const int S,
-    const int M) {
-    const __m256i ones = _mm256_set1_epi16(1), two = _mm256_set1_epi8(3), low4 = _mm256_set1_epi32(15);
+    const __m256i low4 = _mm256_set1_epi32(15);
+    const int q3 = fmt == FORMAT_Q3_K;
     for (int u = 0; u < 2 * S * M; u++) y[u] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *bits[8];
         for (int u = 0; u < S; u++) {
+            if (q3) {
+                q6_prefetch(fmt, blks[u], g), bits[u] = q6_bits(fmt, blks[u], g);
+                continue;
+            }
             if (g % 8 == 0) prefetch(q2_k_header(blks[u], g), 320);
             bits[u] = q2_k_bits(blks[u], g);
             prefetch(bits[u], 128);
@@ -546,29 +508,38 @@ static inline __attribute__((always_inline)) void q2_k_tiles_streams(
                 for (int m = 0; m < M; m++)
                     xq[m] = _mm256_set1_epi32(((const int32_t *)(xs[m].hi + g * GROUP))[p]);
                 for (int u = 0; u < S; u++)
-                    for (int h = 0; h < 2; h++) {
-                        const __m256i w = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(
-                            (const __m256i *)(bits[u] + 64 * (p >> 2) + 32 * h)), 2 * (p & 3)), two);
+                    for (int h = 0; h < 2; h++) { /* (epi16 shifts: the masks drop what crosses a byte) */
+                        const __m256i pairs = _mm256_loadu_si256((const __m256i *)(bits[u] + 64 * (p >> 2) + 32 * h));
+                        __m256i w = _mm256_and_si256(_mm256_srli_epi16(pairs, 2 * (p & 3)), two);
+                        if (q3) {
+                            const __m256i third = _mm256_loadu_si256((const __m256i *)(bits[u] + 128 + 32 * h));
+                            w = _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(third, p), one), 2));
+                        }
                         for (int m = 0; m < M; m++)
                             acc[u][m][h] = _mm256_add_epi16(acc[u][m][h], _mm256_maddubs_epi16(w, xq[m]));
                     }
             }
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    const uint8_t *hd = q2_k_header(blks[u], g);
-                    const __m256i sb = _mm256_cvtepu8_epi32(
-                        _mm_loadl_epi64((const __m128i *)(hd + 64 + 16 * (2 * (g % 8) + half) + 8 * h)));
-                    const __m256 dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
-                                                     _mm256_cvtepi32_ps(_mm256_and_si256(sb, low4)));
-                    const __m256 dmm = _mm256_mul_ps(
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h))),
-                        _mm256_cvtepi32_ps(_mm256_srli_epi32(sb, 4)));
+                    __m256 dsc, low;
+                    if (q3) {
+                        dsc = q6_scales(fmt, blks[u], g, half, h);
+                        low = _mm256_mul_ps(dsc, _mm256_set1_ps(4.0f));
+                    } else {
+                        const uint8_t *hd = q2_k_header(blks[u], g);
+                        const __m256i sb = _mm256_cvtepu8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(hd + 64 + 16 * (2 * (g % 8) + half) + 8 * h)));
+                        dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))),
+                                            _mm256_cvtepi32_ps(_mm256_and_si256(sb, low4)));
+                        low = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h))),
+                                            _mm256_cvtepi32_ps(_mm256_srli_epi32(sb, 4)));
+                    }
                     for (int m = 0; m < M; m++) {
                         const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
                         const __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
                         __m256 *out = y + 2 * (u * M + m) + h;
                         *out = _mm256_fmadd_ps(dsc, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
-                        *out = _mm256_fnmadd_ps(dmm, _mm256_set1_ps(xs[m].scale[g] * sx), *out);
+                        *out = _mm256_fnmadd_ps(low, _mm256_set1_ps(xs[m].scale[g] * sx), *out);
                     }
                 }
         }
@@ -591,10 +562,8 @@ static inline __attribute__((always_inline)) int64_t streamed_tiles(
             q4_1_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_k_affine(fmt))
             k_affine_tiles_streams(fmt, blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q3_K)
-            q3_k_tiles_streams(blks, G, xs, out, streams, M);
-        else if (fmt == FORMAT_Q2_K)
-            q2_k_tiles_streams(blks, G, xs, out, streams, M);
+        else if (fmt == FORMAT_Q3_K || fmt == FORMAT_Q2_K)
+            low_bit_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else if (is_q6(fmt))
             q6_tiles_streams(fmt, blks, G, xs, out, streams, M);
         else
@@ -623,8 +592,8 @@ static inline __attribute__((always_inline)) void quantized_tiles(
             const int rows = M - m0 < ROW_BLOCK ? (int)(M - m0) : ROW_BLOCK;
 #define TILE_ROWS(R) (is_group_affine(fmt) ? q4_1_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
                       : is_k_affine(fmt) ? k_affine_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q3_K ? q3_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
-                      : fmt == FORMAT_Q2_K ? q2_k_tiles_streams(&blk, G, xs + m0, out, 1, R) \
+                      : fmt == FORMAT_Q3_K || fmt == FORMAT_Q2_K                            \
+                          ? low_bit_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)         \
                       : is_q6(fmt) ? q6_tiles_streams(fmt, &blk, G, xs + m0, out, 1, R)   \
                                          : q8_0_tiles_streams(&blk, G, xs + m0, out, 1, R))
             switch (rows) { /* a constant row count per call keeps the accumulators in registers */

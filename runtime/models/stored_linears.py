@@ -26,7 +26,7 @@ level has them all):
   exactly (their indices' int8 values, the scale d or d * sc per 32: no narrower format holds
   both);
 - Q8_0 -> q8_0, exactly;
-- F32, F16, BF16 -> bf16 tiles;
+- F32, F16, BF16 -> bf16 tiles (F16 and F32 weights rounded to bf16: no fp16 format yet);
 - Q2_K -> q2_k, as stored (2-bit values, 4-bit scales and mins per 16 under an fp16 d and
   dmin per 256: 2.625 bits a weight, as the file); in a fused layer whose parts cannot stand
   apart -> q8_0, its blocks dequantized and requantized to 8-bit groups of 32 (no narrower
