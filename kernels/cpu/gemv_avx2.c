@@ -521,10 +521,9 @@ static inline __attribute__((always_inline)) void low_bit_tiles_streams(
             }
             for (int u = 0; u < S; u++)
                 for (int h = 0; h < 2; h++) {
-                    __m256 dsc, low;
+                    __m256 dsc, low = _mm256_setzero_ps();
                     if (q3) {
                         dsc = q6_scales(fmt, blks[u], g, half, h);
-                        low = _mm256_mul_ps(dsc, _mm256_set1_ps(4.0f));
                     } else {
                         const uint8_t *hd = q2_k_header(blks[u], g);
                         const __m256i sb = _mm256_cvtepu8_epi32(
@@ -536,10 +535,11 @@ static inline __attribute__((always_inline)) void low_bit_tiles_streams(
                     }
                     for (int m = 0; m < M; m++) {
                         const float sx = ((const int16_t *)xs[m].lo)[2 * g + half];
-                        const __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+                        __m256 qx = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[u][m][h], ones));
+                        if (q3) qx = _mm256_sub_ps(qx, _mm256_set1_ps(4.0f * sx)); /* (exact) */
                         __m256 *out = y + 2 * (u * M + m) + h;
                         *out = _mm256_fmadd_ps(dsc, _mm256_mul_ps(qx, _mm256_set1_ps(xs[m].scale[g])), *out);
-                        *out = _mm256_fnmadd_ps(low, _mm256_set1_ps(xs[m].scale[g] * sx), *out);
+                        if (!q3) *out = _mm256_fnmadd_ps(low, _mm256_set1_ps(xs[m].scale[g] * sx), *out);
                     }
                 }
         }
