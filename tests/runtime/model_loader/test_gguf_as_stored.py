@@ -593,3 +593,31 @@ def test_q2_k_layers_load_as_stored(tmp_path):
     got = cpu_kernels.unpack(gate_up.tiled)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     _assert_runs_as_the_dense_file(folder, runner, ours)
+
+
+def _three_formats_qtype(hf_name):
+    """q Q4_0, k Q8_0, v Q5_0: a fused q/k/v of three formats; the rest Q4_0."""
+    import gguf
+
+    if "norm" in hf_name:
+        return None
+    if "k_proj" in hf_name or "embed" in hf_name:
+        return gguf.GGMLQuantizationType.Q8_0
+    if "v_proj" in hf_name:
+        return gguf.GGMLQuantizationType.Q5_0
+    return gguf.GGMLQuantizationType.Q4_0
+
+
+def test_a_fused_layer_of_three_formats_runs_as_one_chain(tmp_path):
+    """q, k and v each in its own format (MAX_PARTS of them): the C decode step reads the three
+    as one chain of weights, each with x split for its format, and matches the dense file."""
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_three_formats_qtype)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    qkv = next(m for name, m in runner.model.named_modules()
+               if name.endswith("0.self_attn.qkv_proj"))
+    assert [t.format for t in qkv.tiled_parts] == ["q4_0", "q8_0", "q5_0"]
+    assert runner.cpu_info()["weights"]["qkv_proj"]["format"] == "q4_0+q5_0+q8_0"
+    _assert_runs_as_the_dense_file(folder, runner, ours)
