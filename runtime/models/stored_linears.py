@@ -127,8 +127,6 @@ def nearest_format(qtype: GGMLType) -> str:
         return "q3_k"
     if qtype == GGMLType.Q2_K:
         return "q2_k"
-    if qtype in _SYMMETRIC_6BIT:
-        return "q6"
     if qtype in _FLOATS:
         return "bf16"
     return "q8_0"

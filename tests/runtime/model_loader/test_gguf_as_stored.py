@@ -17,14 +17,23 @@ from radixflow.runtime.server_args import ServerArgs
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C kernels here")
 
 
-def _qtype(hf_name):
-    import gguf
+def _qtype_by_part(default, **by_part):
+    """A write_tiny_gguf qtype_of: norms F32; a tensor whose name holds one of by_part's keys
+    (in their order: "v_proj", "embed", ...) that type, every other tensor `default` (gguf's
+    type names)."""
+    def qtype_of(hf_name):
+        import gguf
 
-    if "norm" in hf_name:
-        return None
-    if "v_proj" in hf_name or "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q8_0
-    return gguf.GGMLQuantizationType.Q4_0
+        if "norm" in hf_name:
+            return None
+        name = next((t for part, t in by_part.items() if part in hf_name), default)
+        return gguf.GGMLQuantizationType[name]
+
+    return qtype_of
+
+
+# Q8_0 for v and the embedding, Q4_0 for the rest
+_qtype = _qtype_by_part("Q4_0", v_proj="Q8_0", embed="Q8_0")
 
 
 def _prefill_logits(folder, **args):
@@ -78,15 +87,8 @@ def test_quantized_gguf_loads_as_stored(tmp_path):
     assert forced.cpu_info()["weights"]["gate_up_proj"]["format"] == "q4_0"
 
 
-def _five_bit_qtype(hf_name):
-    """Q5_0 for v and down, Q4_0 for the rest."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "v_proj" in hf_name or "down_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q5_0
-    return gguf.GGMLQuantizationType.Q4_0
+# Q5_0 for v and down, Q4_0 for the rest
+_five_bit_qtype = _qtype_by_part("Q4_0", v_proj="Q5_0", down_proj="Q5_0")
 
 
 def test_five_bit_groups_load_as_stored(tmp_path):
@@ -109,14 +111,8 @@ def test_five_bit_groups_load_as_stored(tmp_path):
     assert torch.equal(ours.argmax(-1), dense.argmax(-1))
 
 
-def _k_quant_qtype(hf_name):
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "v_proj" in hf_name or "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q8_0
-    return gguf.GGMLQuantizationType.Q4_K
+# Q8_0 for v and the embedding, Q4_K for the rest
+_k_quant_qtype = _qtype_by_part("Q4_K", v_proj="Q8_0", embed="Q8_0")
 
 
 def test_q4_k_layers_load_as_stored(tmp_path):
@@ -156,16 +152,8 @@ def test_q4_k_is_q4_1_at_avx2(tmp_path, cpu_level):
     assert ("avx2" in stored_linears.why(GGMLType.Q4_K, fmt)) == (cpu_level == "avx2")
 
 
-def _six_bit_k_qtype(hf_name):
-    """Q6_K for the head, attention and down (as a Q4_K_M's head, v and down), Q4_K for
-    gate/up."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "gate_proj" in hf_name or "up_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q4_K
-    return gguf.GGMLQuantizationType.Q6_K
+# Q6_K for the head, attention and down (as a Q4_K_M's head, v and down), Q4_K for gate/up
+_six_bit_k_qtype = _qtype_by_part("Q6_K", gate_proj="Q4_K", up_proj="Q4_K")
 
 
 def _assert_runs_as_the_dense_file(folder, runner, ours):
@@ -217,18 +205,10 @@ def test_q6_k_layers_load_as_stored(tmp_path):
     _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
-def _q5_k_m_qtype(hf_name):
-    """As llama-quantize's Q5_K_M: Q6_K for the head and down, Q5_K for the rest but v (Q4_K:
-    a fused q/k/v of Q5_K and Q4_K parts, each kept in its own format)."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "down_proj" in hf_name or "lm_head" in hf_name or "embed_tokens" in hf_name:
-        return gguf.GGMLQuantizationType.Q6_K
-    if "v_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q4_K
-    return gguf.GGMLQuantizationType.Q5_K
+# As llama-quantize's Q5_K_M: Q6_K for the head and down, Q5_K for the rest but v (Q4_K: a
+# fused q/k/v of Q5_K and Q4_K parts, each kept in its own format)
+_q5_k_m_qtype = _qtype_by_part("Q5_K", down_proj="Q6_K", lm_head="Q6_K", embed_tokens="Q6_K",
+                               v_proj="Q4_K")
 
 
 def test_q5_k_layers_load_as_stored(tmp_path):
@@ -370,18 +350,10 @@ def test_tiling_a_chunk_at_a_time_makes_the_same_tiles(monkeypatch, fmt):
     assert torch.equal(cpu_kernels.unpack(uneven)[:40], cpu_kernels.unpack(whole)[160:])
 
 
-def _iq4_qtype(hf_name):
-    """IQ4_XS for q, k, gate and up, IQ4_NL for v, o and down (a fused q/k/v of both, each
-    part kept in its own format), Q8_0 for the embedding."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q8_0
-    if any(p in hf_name for p in ("v_proj", "o_proj", "down_proj")):
-        return gguf.GGMLQuantizationType.IQ4_NL
-    return gguf.GGMLQuantizationType.IQ4_XS
+# IQ4_XS for q, k, gate and up, IQ4_NL for v, o and down (a fused q/k/v of both, each part kept in
+# its own format), Q8_0 for the embedding.
+_iq4_qtype = _qtype_by_part(
+    "IQ4_XS", embed="Q8_0", v_proj="IQ4_NL", o_proj="IQ4_NL", down_proj="IQ4_NL")
 
 
 def test_iq4_layers_load_as_stored(tmp_path):
@@ -491,18 +463,10 @@ def test_a_fused_layers_parts_stand_apart_in_runs_that_end_on_a_tile():
     assert _groups_apart(four, ["a", "b", "c", "d"]) == []
 
 
-def _q3_k_m_qtype(hf_name):
-    """As llama-quantize's Q3_K_M: Q3_K for q, k, gate and up, Q4_K for v, o and down, Q6_K for
-    the embedding (the head, tied)."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q6_K
-    if any(p in hf_name for p in ("v_proj", "o_proj", "down_proj")):
-        return gguf.GGMLQuantizationType.Q4_K
-    return gguf.GGMLQuantizationType.Q3_K
+# As llama-quantize's Q3_K_M: Q3_K for q, k, gate and up, Q4_K for v, o and down, Q6_K for the
+# embedding (the head, tied).
+_q3_k_m_qtype = _qtype_by_part(
+    "Q3_K", embed="Q6_K", v_proj="Q4_K", o_proj="Q4_K", down_proj="Q4_K")
 
 
 def test_q3_k_layers_load_as_stored(tmp_path):
@@ -546,20 +510,10 @@ def test_q3_k_layers_load_as_stored(tmp_path):
     _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
-def _q2_k_qtype(hf_name):
-    """As llama-quantize's Q2_K: Q2_K for q, k, gate and up, Q3_K for v and down, Q4_K for o,
-    Q6_K for the embedding (the head, tied)."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q6_K
-    if "v_proj" in hf_name or "down_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q3_K
-    if "o_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q4_K
-    return gguf.GGMLQuantizationType.Q2_K
+# As llama-quantize's Q2_K: Q2_K for q, k, gate and up, Q3_K for v and down, Q4_K for o, Q6_K for
+# the embedding (the head, tied).
+_q2_k_qtype = _qtype_by_part(
+    "Q2_K", embed="Q6_K", v_proj="Q3_K", down_proj="Q3_K", o_proj="Q4_K")
 
 
 def test_q2_k_layers_load_as_stored(tmp_path):
@@ -595,17 +549,8 @@ def test_q2_k_layers_load_as_stored(tmp_path):
     _assert_runs_as_the_dense_file(folder, runner, ours)
 
 
-def _three_formats_qtype(hf_name):
-    """q Q4_0, k Q8_0, v Q5_0: a fused q/k/v of three formats; the rest Q4_0."""
-    import gguf
-
-    if "norm" in hf_name:
-        return None
-    if "k_proj" in hf_name or "embed" in hf_name:
-        return gguf.GGMLQuantizationType.Q8_0
-    if "v_proj" in hf_name:
-        return gguf.GGMLQuantizationType.Q5_0
-    return gguf.GGMLQuantizationType.Q4_0
+# q Q4_0, k Q8_0, v Q5_0: a fused q/k/v of three formats; the rest Q4_0.
+_three_formats_qtype = _qtype_by_part("Q4_0", k_proj="Q8_0", embed="Q8_0", v_proj="Q5_0")
 
 
 def test_a_fused_layer_of_three_formats_runs_as_one_chain(tmp_path):
