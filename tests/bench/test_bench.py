@@ -99,3 +99,15 @@ def test_hf_baseline_server(tiny_model_dir):
     r = client.post("/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 3,
                                               "temperature": 0, "ignore_eos": True}).json()
     assert r["usage"]["completion_tokens"] == 3 and isinstance(r["choices"][0]["text"], str)
+
+
+def test_format_products_runs_every_format():
+    from radixflow.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("no CPU kernels here")
+    from bench import format_products
+
+    results = format_products.main(["--smoke"])
+    assert {r["format"] for r in results} == set(format_products.SOURCES)
+    assert all(r["tiled_ms"] > 0 and r["dequant_mm_ms"] > 0 for r in results)
