@@ -14,9 +14,7 @@ ms, on torch's thread count. Prints a markdown table; writes nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # (run as a file too)
 
+from bench.prefill_attention import median_ms  # noqa: E402
 from radixflow.kernels import cpu  # noqa: E402
 from radixflow.kernels import gguf_blocks as gb  # noqa: E402
 
@@ -52,24 +51,14 @@ def random_tiles(fmt: str, n: int, k: int, seed: int = 0) -> cpu.TiledWeight:
     return tiled
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def measure(formats: list[str], n: int, k: int, rows: list[int], repeats: int) -> list[dict]:
     out = []
     for fmt in formats:
         w = random_tiles(fmt, n, k)
         for m in rows:
             x = torch.randn(m, k)
-            tiled = _median_ms(lambda x=x, w=w: cpu.gemm(x, w), repeats)
-            blocks = _median_ms(lambda x=x, w=w: cpu.gemm_dequant(x, w, torch.float32), repeats)
+            tiled = median_ms(lambda x=x, w=w: cpu.gemm(x, w), repeats)
+            blocks = median_ms(lambda x=x, w=w: cpu.gemm_dequant(x, w, torch.float32), repeats)
             out.append({"format": fmt, "rows": m, "bytes": w.nbytes, "tiled_ms": tiled,
                         "dequant_mm_ms": blocks})
     return out

@@ -47,6 +47,17 @@ def _prefill_logits(folder, **args):
     return runner, logits
 
 
+def _load_model_scale_shaped(tmp_path, qtype_of, **model_args):
+    """A tiny Llama with a 1B's proportions (hidden 256, head_dim 64: whole super-blocks, clear
+    logits) written as a GGUF of qtype_of's types and prefilled in bf16: its prepared folder,
+    runner and logits."""
+    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
+                               head_dim=64, std=0.05, **model_args)
+    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=qtype_of)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    return folder, *_prefill_logits(folder, dtype="bfloat16")
+
+
 def _linear_params(hf_folder):
     """Weights a decode step multiplies by, counted from the checkpoint: every projection
     and the head (the embedding when they are tied)."""
@@ -118,11 +129,7 @@ _k_quant_qtype = _qtype_by_part("Q4_K", v_proj="Q8_0", embed="Q8_0")
 def test_q4_k_layers_load_as_stored(tmp_path):
     """Q4_K (a Q4_K_M file's most layers) stays Q4_K: 4.5 bits a weight in the tiles, the
     same logits as the file dequantized and run dense."""
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_k_quant_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _k_quant_qtype)
     formats = runner.cpu_info()["weights"]
     as_stored = "q4_1" if cpu_kernels.active_level() == "avx2" else "q4_k"  # (stored_linears)
     for role in ("gate_up_proj", "down_proj", "o_proj"):
@@ -185,11 +192,7 @@ def test_q6_k_layers_load_as_stored(tmp_path):
     from radixflow.kernels import gguf_blocks as gb
     from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
 
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_six_bit_k_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _six_bit_k_qtype)
     formats = runner.cpu_info()["weights"]
     kernel = f"radixflow C {cpu_kernels.active_level()}"
     assert formats["down_proj"] == {"stored": "Q6_K", "format": "q6_k", "kernel": kernel}
@@ -218,11 +221,8 @@ def test_q5_k_layers_load_as_stored(tmp_path):
     from radixflow.kernels import gguf_blocks as gb
     from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
 
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05, tie_word_embeddings=False)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q5_k_m_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _q5_k_m_qtype,
+                                                    tie_word_embeddings=False)
     formats = runner.cpu_info()["weights"]
     kernel = f"radixflow C {cpu_kernels.active_level()}"
     assert formats["gate_up_proj"] == {"stored": "Q5_K", "format": "q5_k", "kernel": kernel}
@@ -364,11 +364,7 @@ def test_iq4_layers_load_as_stored(tmp_path):
     from radixflow.kernels import gguf_blocks as gb
     from radixflow.runtime.model_loader.gguf_tensors import GGUFWeights
 
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_iq4_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _iq4_qtype)
     formats = runner.cpu_info()["weights"]
     kernel = f"radixflow C {cpu_kernels.active_level()}"
     assert formats["gate_up_proj"] == {"stored": "IQ4_XS", "format": "iq4_xs", "kernel": kernel}
@@ -483,11 +479,7 @@ def test_q3_k_layers_load_as_stored(tmp_path):
     assert why(GGMLType.Q3_K, "q3_k") == "as stored" and "fp16" in why(GGMLType.Q3_K, "q6")
     assert layer_format({GGMLType.Q3_K, GGMLType.Q4_K}) == "q6"  # (where they cannot stand apart)
     assert layer_format({GGMLType.Q3_K, GGMLType.Q8_0}) == "q8_0"
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q3_k_m_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _q3_k_m_qtype)
     formats = runner.cpu_info()["weights"]
     kernel = f"radixflow C {cpu_kernels.active_level()}"
     as_stored = "q4_1" if cpu_kernels.active_level() == "avx2" else "q4_k"  # (stored_linears)
@@ -529,11 +521,7 @@ def test_q2_k_layers_load_as_stored(tmp_path):
     assert why(GGMLType.Q2_K, "q2_k") == "as stored"
     assert layer_format({GGMLType.Q2_K, GGMLType.Q3_K}) == "q8_0"  # (where they cannot stand apart)
     assert "requantized" in why(GGMLType.Q2_K, "q8_0")
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_q2_k_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _q2_k_qtype)
     formats = runner.cpu_info()["weights"]
     kernel = f"radixflow C {cpu_kernels.active_level()}"
     assert formats["gate_up_proj"] == {"stored": "Q2_K", "format": "q2_k", "kernel": kernel}
@@ -556,11 +544,7 @@ _three_formats_qtype = _qtype_by_part("Q4_0", k_proj="Q8_0", embed="Q8_0", v_pro
 def test_a_fused_layer_of_three_formats_runs_as_one_chain(tmp_path):
     """q, k and v each in its own format (MAX_PARTS of them): the C decode step reads the three
     as one chain of weights, each with x split for its format, and matches the dense file."""
-    original = make_tiny_model(tmp_path / "hf", "llama", hidden_size=256, intermediate_size=512,
-                               head_dim=64, std=0.05)
-    path = write_tiny_gguf(original, tmp_path / "q.gguf", qtype_of=_three_formats_qtype)
-    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
-    runner, ours = _prefill_logits(folder, dtype="bfloat16")
+    folder, runner, ours = _load_model_scale_shaped(tmp_path, _three_formats_qtype)
     qkv = next(m for name, m in runner.model.named_modules()
                if name.endswith("0.self_attn.qkv_proj"))
     assert [t.format for t in qkv.tiled_parts] == ["q4_0", "q8_0", "q5_0"]
