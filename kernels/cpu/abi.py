@@ -50,7 +50,9 @@ class _Layer(ctypes.Structure):
                 ("qkv_bias", ctypes.c_void_p),
                 ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight),
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("moe", ctypes.POINTER(_Moe)), ("window", ctypes.c_int64)]
+                ("moe", ctypes.POINTER(_Moe)), ("window", ctypes.c_int64),
+                ("k_codes", ctypes.c_void_p), ("v_codes", ctypes.c_void_p),
+                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -68,7 +70,9 @@ class Prefill(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n", "prefix", "heads", "kv_heads", "head_dim", "q_stride", "out_stride", "nthreads")] + [
         ("scale", ctypes.c_float), ("q", ctypes.c_void_p), ("k", ctypes.c_void_p),
-        ("v", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+        ("v", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("k_codes", ctypes.c_void_p), ("v_codes", ctypes.c_void_p),
+        ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p)]
 
 
 

@@ -554,7 +554,9 @@ static int64_t find_groups(const rf_model *m, int64_t B, const int32_t *table, i
             shared_group *grp = groups + g;
             const int32_t *lead = table + rows[grp->rows[0]] * stride;
             const int64_t most = grp->prefix < lens[r] ? grp->prefix : lens[r];
-            if (most < least || lead[0] != mine[0]) continue;
+            /* rows of one request (a verify pass's drafted tokens) never group with each
+             * other: each row then attends as the request alone would, bit for bit */
+            if (most < least || lead[0] != mine[0] || rows[grp->rows[0]] == rows[r]) continue;
             const int64_t len = common_slots(lead, mine, most);
             const int64_t gain = grp->count * len - (grp->count - 1) * grp->prefix;
             if (len >= least && gain > best_gain) best = g, best_gain = gain, best_len = len;
@@ -628,6 +630,38 @@ static double profile_clock(const rf_model *m) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* One row's K and V (fp32 [kv_heads][head_dim] each) into the cache at `slot`: bf16, or int8
+ * codes and an fp16 scale per KV head, quantized as kernels/kv_int8.py's quantize (scale =
+ * amax / 127 rounded to fp16; codes rounded to nearest even with that scale). */
+static void store_kv(const rf_model *m, const rf_layer *L, int64_t slot, const float *k,
+                     const float *v) {
+    const int64_t D = m->head_dim, kv_size = m->kv_heads * D;
+    if (L->k_cache) {
+        for (int64_t i = 0; i < kv_size; i++) {
+            L->k_cache[slot * kv_size + i] = f32_to_bf16(k[i]);
+            L->v_cache[slot * kv_size + i] = f32_to_bf16(v[i]);
+        }
+        return;
+    }
+    for (int half = 0; half < 2; half++) {
+        const float *x = half ? v : k;
+        int8_t *codes = (half ? L->v_codes : L->k_codes) + slot * kv_size;
+        uint16_t *scales = (half ? L->v_scales : L->k_scales) + slot * m->kv_heads;
+        for (int64_t h = 0; h < m->kv_heads; h++) {
+            float amax = 0;
+            for (int64_t d = 0; d < D; d++) amax = fabsf(x[h * D + d]) > amax ? fabsf(x[h * D + d]) : amax;
+            const uint16_t s16 = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+            const float s = _cvtsh_ss(s16);
+            scales[h] = s16;
+            for (int64_t d = 0; d < D; d++) {
+                float c = s > 0 ? nearbyintf(x[h * D + d] / s) : 0;
+                c = c > 127 ? 127 : c < -127 ? -127 : c;
+                codes[h * D + d] = (int8_t)c;
+            }
+        }
+    }
+}
+
 /* Logits [logit_rows][vocab] (fp32) of the first logit_rows of B rows, one token each: x_in
  * [B][hidden] their embeddings, cos/sin [B][head_dim] their rope rows, out_slots[r] where row r's
  * K/V go, and table + rows[r] * table_stride row r's KV slots, lens[r] of them (the last is
@@ -681,11 +715,7 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
                 for (int64_t h = 0; h < m->heads; h++)
                     for (int64_t d = 0; d < qs; d++)
                         qb[h * qs + d] = d < D ? f32_to_bf16(qkv[h * D + d]) : 0;
-                const float *k = qkv + q_size, *v = qkv + q_size + kv_size;
-                for (int64_t i = 0; i < kv_size; i++) {
-                    L->k_cache[out_slots[r] * kv_size + i] = f32_to_bf16(k[i]);
-                    L->v_cache[out_slots[r] * kv_size + i] = f32_to_bf16(v[i]);
-                }
+                store_kv(m, L, out_slots[r], qkv + q_size, qkv + q_size + kv_size);
             }
             SYNC();
             PHASE(PH_ROPE_KV);

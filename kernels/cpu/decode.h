@@ -42,11 +42,19 @@ typedef struct {
     const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
     const float *qkv_bias;             /* [q + 2 kv], or NULL (Qwen2 has it) */
     rf_weight qkv, o, gate_up, down;   /* (gate_up, down unused in a MoE layer) */
-    uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim] */
+    uint16_t *k_cache, *v_cache; /* bf16 [slots][kv_heads][head_dim]; NULL: an int8 cache */
     const rf_moe *moe;           /* NULL: a dense MLP (gate_up, down) */
     int64_t window; /* a sliding window: a row of len keys attends keys max(0, len - window) ..
                        len - 1, alone (no shared prefix) unless the window holds every row's
                        keys; 0: all of them */
+    /* An int8 cache (kernels/kv_int8.py, set where k_cache is NULL): per slot and KV head,
+     * head_dim codes [slots][kv_heads][head_dim] and their fp16 scale [slots][kv_heads]. The
+     * step writes its K/V quantized (store_kv); attention dequantizes each block of keys into
+     * scratch as it reads it (kv_slice, KV_SLICES): bf16 values at avx512; at avx2 the codes
+     * (exact in bf16, the scales then folded into the scores and weights) for one request,
+     * fp32 values for a shared prefix and prefill. */
+    int8_t *k_codes, *v_codes;
+    uint16_t *k_scales, *v_scales;
 } rf_layer;
 
 typedef struct {
@@ -100,7 +108,8 @@ int64_t rf_shared_work_floats(const rf_model *m);
 /* One request's attention for n new tokens at positions prefix .. prefix + n - 1, each over
  * the keys at positions 0 .. its own (causal): q and out [n][heads][head_dim] (rows q_stride /
  * out_stride values apart) in the level's model dtype, bf16 at avx512 (vdpbf16ps), fp32 at
- * avx2; K/V in the pool's layout (bf16 [slots][kv_heads][head_dim]) at slots[0 .. prefix + n). */
+ * avx2; K/V in the pool's layout (bf16 [slots][kv_heads][head_dim]; or, where k is NULL, int8
+ * codes and fp16 scales as rf_layer's) at slots[0 .. prefix + n). */
 typedef struct {
     int64_t n, prefix, heads, kv_heads, head_dim, q_stride, out_stride, nthreads;
     float scale;
@@ -108,7 +117,15 @@ typedef struct {
     const uint16_t *k, *v;
     const int64_t *slots;
     void *out;
+    const int8_t *k_codes, *v_codes;
+    const uint16_t *k_scales, *v_scales;
 } rf_prefill;
+
+/* The fp16 scale of KV head kvh of the slot at `slot` (an int8 cache). */
+static inline float kv_scale(const uint16_t *scales, int64_t slot, int64_t kv_heads,
+                             int64_t kvh) {
+    return _cvtsh_ss(scales[slot * kv_heads + kvh]);
+}
 
 /* 0, or -1 for a shape it does not take (head_dim not a multiple of
  * rf_prefill_dim_multiple() or over MAX_HEAD_DIM; a group over MAX_GROUP), -2 when its work

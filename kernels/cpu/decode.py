@@ -98,10 +98,14 @@ class LayerWeights:
     o: TiledWeight | Parts
     gate_up: TiledWeight | Parts | None  # gate rows, then up rows (None in a MoE layer)
     down: TiledWeight | Parts | None
-    k_cache: torch.Tensor  # bf16 [slots, kv_heads, head_dim], written in place
+    # bf16 [slots, kv_heads, head_dim], written in place; or an int8 cache's codes, with
+    # k_scales / v_scales (fp16 [slots, kv_heads]: kernels/kv_int8.py)
+    k_cache: torch.Tensor
     v_cache: torch.Tensor
     moe: MoeWeights | None = None  # the MLP of a mixture-of-experts layer, else gate_up, down
     window: int = 0  # a sliding window: each row attends its last `window` keys; 0: all
+    k_scales: torch.Tensor | None = None
+    v_scales: torch.Tensor | None = None
 
     def weights(self) -> list[TiledWeight]:
         mlp = self.moe.weights() if self.moe else [self.gate_up, self.down]
@@ -176,6 +180,30 @@ def check_shape(shape: ModelShape, lim: Limits) -> str | None:
     return None
 
 
+def _kv_cache(lw: LayerWeights, shape: ModelShape) -> tuple[int | None, int | None]:
+    """rf_layer's k_cache, v_cache: a bf16 cache's, (None, None) for an int8 one."""
+    if lw.k_cache.dtype == torch.int8:
+        return None, None
+    if lw.k_cache.dtype != torch.bfloat16 or lw.v_cache.dtype != torch.bfloat16:
+        raise ValueError(f"decode.c reads a bf16 or int8 KV cache, not {lw.k_cache.dtype}")
+    return _ptr(lw.k_cache), _ptr(lw.v_cache)
+
+
+def _kv_int8(lw: LayerWeights, shape: ModelShape) -> tuple[int | None, ...]:
+    """rf_layer's k_codes, v_codes, k_scales, v_scales (an int8 cache), else Nones."""
+    if lw.k_cache.dtype != torch.int8:
+        return None, None, None, None
+    rows = lw.k_cache.shape[0]
+    for t, shp, dtype in ((lw.k_cache, (rows, shape.kv_heads, shape.head_dim), torch.int8),
+                          (lw.v_cache, (rows, shape.kv_heads, shape.head_dim), torch.int8),
+                          (lw.k_scales, (rows, shape.kv_heads), torch.float16),
+                          (lw.v_scales, (rows, shape.kv_heads), torch.float16)):
+        if t is None or t.dtype != dtype or tuple(t.shape) != shp or not t.is_contiguous():
+            raise ValueError("an int8 KV cache needs contiguous int8 codes [slots, kv_heads, "
+                             "head_dim] and fp16 scales [slots, kv_heads] for K and V")
+    return (_ptr(lw.k_cache), _ptr(lw.v_cache), _ptr(lw.k_scales), _ptr(lw.v_scales))
+
+
 class DecodeStep:
     """Callable: one token for each of up to `max_batch` requests -> their logits (float32)."""
 
@@ -213,8 +241,9 @@ class DecodeStep:
         self._layers = (_Layer * len(layers))(*[
             _Layer(_ptr(lw.attn_norm), _ptr(lw.ffn_norm), _ptr(lw.q_norm), _ptr(lw.k_norm),
                    _ptr(lw.qkv_bias), chain(lw.qkv), chain(lw.o), chain(lw.gate_up),
-                   chain(lw.down), _ptr(lw.k_cache), _ptr(lw.v_cache),
-                   None if moe is None else ctypes.pointer(moe[0]), lw.window)
+                   chain(lw.down), *_kv_cache(lw, shape),
+                   None if moe is None else ctypes.pointer(moe[0]), lw.window,
+                   *_kv_int8(lw, shape))
             for lw, moe in zip(layers, moes)])
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.intermediate, shape.vocab, max_context,

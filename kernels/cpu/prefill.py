@@ -1,5 +1,6 @@
 """One request's causal attention over its new tokens (a prompt, or a chunk of one after a
-cached prefix) with the CPU kernels' rf_prefill_attention, over the bf16 KV pool in place.
+cached prefix) with the CPU kernels' rf_prefill_attention, over the bf16 KV pool in place (or
+an int8 one: each block of keys dequantized into scratch as it is read).
 
 Per KV head, a tile of tokens x the query heads of its group runs against each block of 64
 keys as one product (each loaded key feeds every query of the tile), with an online softmax;
@@ -19,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kv_int8 import QuantizedRows
+from ..kv_int8 import gather as _gather_int8
 from . import _library, active_level
 from .abi import Prefill
 
@@ -92,17 +95,31 @@ class BatchPrefill:
             start += new
         self.num_tokens = start
 
-    def run(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, q: torch.Tensor, k_pool: torch.Tensor | QuantizedRows,
+            v_pool: torch.Tensor | QuantizedRows, out: torch.Tensor | None = None
+            ) -> torch.Tensor:
         """q [num_tokens, heads, head_dim] in self.dtype (rows may be strided, heads
-        contiguous); k_pool / v_pool [num_slots, kv_heads, head_dim] bf16 with the new tokens'
-        K/V written. Returns (or fills `out`, the same shape and dtype, heads contiguous) each
-        token's attention over its request's positions 0 .. its own."""
+        contiguous); k_pool / v_pool [num_slots, kv_heads, head_dim] bf16, or an int8 pool's
+        codes and scales (kernels/kv_int8.py), with the new tokens' K/V written. Returns (or
+        fills `out`, the same shape and dtype, heads contiguous) each token's attention over
+        its request's positions 0 .. its own."""
         shape = (self.num_tokens, self.heads, self.head_dim)
-        if q.dtype != self.dtype or k_pool.dtype != torch.bfloat16 \
-                or v_pool.dtype != torch.bfloat16:
+        scales = None
+        quantized = [isinstance(pool, QuantizedRows) for pool in (k_pool, v_pool)]
+        if any(quantized) and not all(quantized):
+            raise ValueError("prefill_attention takes a bf16 KV pool (or an int8 one), K and "
+                             "V alike")
+        if all(quantized):
+            scales = (k_pool.scales, v_pool.scales)
+            if any(s.dtype != torch.float16 or not s.is_contiguous()
+                   or s.shape != k_pool.codes.shape[:2] for s in scales):
+                raise ValueError("an int8 pool's scales must be contiguous fp16 [num_slots, "
+                                 "kv_heads]")
+            k_pool, v_pool = k_pool.codes, v_pool.codes
+        pool_dtype = torch.int8 if scales else torch.bfloat16
+        if q.dtype != self.dtype or k_pool.dtype != pool_dtype or v_pool.dtype != pool_dtype:
             raise ValueError(f"prefill_attention takes {self.dtype} queries here (the "
-                             f"{self.level} build) and a bf16 KV pool")
+                             f"{self.level} build) and a bf16 KV pool (or an int8 one)")
         if q.shape != shape or q.stride(2) != 1 or q.stride(1) != self.head_dim:
             raise ValueError(f"q must be {list(shape)}, its heads contiguous within a row")
         if not (k_pool.is_contiguous() and v_pool.is_contiguous()) \
@@ -118,10 +135,17 @@ class BatchPrefill:
         q_rows, out_rows = q.stride(0), out.stride(0)
         q_ptr, out_ptr, size = q.data_ptr(), out.data_ptr(), q.element_size()
         k_ptr, v_ptr = k_pool.data_ptr(), v_pool.data_ptr()
+        k_scales, v_scales = (s.data_ptr() for s in scales) if scales else (None, None)
         for start, job in self._jobs:
             job.q_stride, job.out_stride = q_rows, out_rows
             job.q, job.out = q_ptr + start * q_rows * size, out_ptr + start * out_rows * size
-            job.k, job.v = k_ptr, v_ptr
+            if scales:
+                job.k = job.v = None
+                job.k_codes, job.v_codes, job.k_scales, job.v_scales = (k_ptr, v_ptr, k_scales,
+                                                                        v_scales)
+            else:
+                job.k, job.v = k_ptr, v_ptr
+                job.k_codes = job.v_codes = job.k_scales = job.v_scales = None
             status = self._fn(ctypes.byref(job))
             if status == -1:
                 raise ValueError(f"prefill_attention does not take heads={self.heads}, "
@@ -131,7 +155,8 @@ class BatchPrefill:
         return out
 
 
-def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor | QuantizedRows,
+                      v_pool: torch.Tensor | QuantizedRows,
                       slots: torch.Tensor, prefix: int, scale: float,
                       out: torch.Tensor | None = None,
                       level: str | None = None) -> torch.Tensor:
@@ -143,13 +168,17 @@ def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     return batch.run(q, k_pool, v_pool, out)
 
 
-def reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+def reference(q: torch.Tensor, k_pool: torch.Tensor | QuantizedRows,
+              v_pool: torch.Tensor | QuantizedRows, slots: torch.Tensor,
               prefix: int, scale: float | None = None) -> torch.Tensor:
-    """prefill_attention in fp32 torch ops: [n, heads, head_dim] fp32."""
+    """prefill_attention in fp32 torch ops (an int8 pool dequantized): [n, heads, head_dim]
+    fp32."""
     n, heads, head_dim = q.shape
     scale = 1 / math.sqrt(head_dim) if scale is None else scale
-    keys = k_pool[slots.long()].float().transpose(0, 1)  # [kv_heads, prefix + n, d]
-    values = v_pool[slots.long()].float().transpose(0, 1)
+    keys, values = (_gather_int8(pool, slots.long(), torch.float32)
+                    if isinstance(pool, QuantizedRows) else pool[slots.long()].float()
+                    for pool in (k_pool, v_pool))
+    keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [kv_heads, prefix + n, d]
     visible = torch.arange(prefix + n)[None, :] <= prefix + torch.arange(n)[:, None]
     out = F.scaled_dot_product_attention(q.float().transpose(0, 1), keys, values,
                                          attn_mask=visible, scale=scale,

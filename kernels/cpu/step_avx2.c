@@ -144,8 +144,9 @@ static inline __attribute__((always_inline)) void weighted_values(
 /* Prefetches the K or V slices that the walk over KV heads and their blocks of keys reads
  * PREFETCH blocks after KV head kvh's block at b: on into the next KV head's blocks, and past
  * K's last block into V's first (`then`, or NULL). */
-static inline void prefetch_ahead(const rf_model *m, const uint16_t *cache, const uint16_t *then,
-                                  const int32_t *slots, int64_t n, int64_t kvh, int64_t b) {
+static inline void prefetch_ahead(const rf_model *m, const void *cache, const void *then,
+                                  int64_t es, const int32_t *slots, int64_t n, int64_t kvh,
+                                  int64_t b) { /* es: bytes a value (2 bf16, 1 an int8 code) */
     const int64_t D = m->head_dim, row = m->kv_heads * D, blocks = (n + BLOCK - 1) / BLOCK;
     int64_t i = kvh * blocks + b / BLOCK + PREFETCH;
     if (i >= m->kv_heads * blocks) {
@@ -156,8 +157,8 @@ static inline void prefetch_ahead(const rf_model *m, const uint16_t *cache, cons
     }
     const int64_t at = i % blocks * BLOCK, end = at + BLOCK < n ? at + BLOCK : n;
     for (int64_t t = at; t < end; t++) {
-        const char *p = (const char *)(cache + (int64_t)slots[t] * row + i / blocks * D);
-        for (uintptr_t line = (uintptr_t)p & ~(uintptr_t)63; line < (uintptr_t)(p + 2 * D); line += 64)
+        const char *p = (const char *)cache + ((int64_t)slots[t] * row + i / blocks * D) * es;
+        for (uintptr_t line = (uintptr_t)p & ~(uintptr_t)63; line < (uintptr_t)(p + es * D); line += 64)
             _mm_prefetch((const char *)line, _MM_HINT_T0);
     }
 }
@@ -169,6 +170,42 @@ static inline int subgroup(int64_t G, int64_t g0, int most) {
     const int64_t big = G - small * parts; /* the first `big` parts have one more */
     return (int)(g0 < big * (small + 1) ? small + 1 : small);
 }
+
+/* ---- an int8 cache: blocks of keys dequantized into scratch as they are read ---- */
+
+/* 16 codes as 16 int16, dword i holding values 2i (low half) and 2i + 1: their even values
+ * and their odd ones as fp32, times scale. */
+static inline void codes16(const int8_t *src, __m256 scale, __m256 *even, __m256 *odd) {
+    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
+    *even = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 16)), scale);
+    *odd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(x, 16)), scale);
+}
+
+/* D codes as bf16 (exact: |code| <= 127) in the cache's layout, into dst: what the bf16
+ * kernels below read; the scales are folded in after them (the scores, the weights), so the
+ * per-request attention stays exact in fp32 as over a bf16 cache. */
+static inline void kv_slice(const int8_t *src, int64_t D, uint16_t *dst) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000);
+    for (int64_t c = 0; c < D; c += 16) {
+        __m256 e, o;
+        codes16(src + c, one, &e, &o);
+        const __m256i eb = _mm256_srli_epi32(_mm256_castps_si256(e), 16);
+        const __m256i ob = _mm256_and_si256(_mm256_castps_si256(o), high);
+        _mm256_storeu_si256((__m256i *)(dst + c), _mm256_or_si256(eb, ob));
+    }
+}
+
+/* KV head kvh's slices of keys 0 .. n - 1 (slot of key j_: `at`) as codes into dst, D values
+ * apart, and their scales into scale[0 .. n). */
+#define KV_SLICES(codes, scales, kv_heads, D, kvh, n, at, dst, scale)                            \
+    do {                                                                                        \
+        for (int64_t j_ = 0; j_ < (n); j_++) {                                                  \
+            const int64_t slot_ = (int64_t)(at);                                                \
+            kv_slice((codes) + (slot_ * (kv_heads) + (kvh)) * (D), (D), (dst) + j_ * (D));      \
+            (scale)[j_] = kv_scale((scales), slot_, (kv_heads), (kvh));                         \
+        }                                                                                       \
+    } while (0)
 
 /* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
  * Per KV head, keys go in blocks of 16 whose K (then V) slices all of its query heads read
@@ -188,9 +225,15 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     if (n <= 0) return;
     slots += t0;
     float qp[MAX_GROUP * MAX_HEAD_DIM] __attribute__((aligned(32))); /* one group's queries */
+    uint16_t kq[BLOCK * MAX_HEAD_DIM] __attribute__((aligned(32))); /* an int8 block's codes */
+    float ksc[BLOCK], wsc[VALUE_HEADS][BLOCK]; /* their scales; weights times V's scales */
+    const int int8 = L->k_cache == NULL;
+    const void *kcache = int8 ? (const void *)L->k_codes : L->k_cache;
+    const void *vcache = int8 ? (const void *)L->v_codes : L->v_cache;
+    const int64_t es = int8 ? 1 : 2;
     const __m256 scale = _mm256_set1_ps(m->scale);
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
-        const uint16_t *kc = L->k_cache + kvh * D;
+        const uint16_t *kc = int8 ? NULL : L->k_cache + kvh * D;
         for (int64_t g = 0; g < G; g++) /* this group's queries, permuted and scaled */
             for (int64_t c = 0; c < D; c += 16) {
                 const float *x = q + (kvh * G + g) * D + c;
@@ -203,9 +246,14 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
             }
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
-            prefetch_ahead(m, L->k_cache, L->v_cache, slots, n, kvh, b);
+            prefetch_ahead(m, kcache, vcache, es, slots, n, kvh, b);
             const uint16_t *k[BLOCK];
-            for (int j = 0; j < BLOCK; j++) k[j] = kc + (int64_t)slots[b + (j < keys ? j : keys - 1)] * row;
+            if (int8) {
+                KV_SLICES(L->k_codes, L->k_scales, m->kv_heads, D, kvh, keys, slots[b + j_], kq, ksc);
+                for (int j = 0; j < BLOCK; j++) k[j] = kq + (j < keys ? j : keys - 1) * D;
+            } else {
+                for (int j = 0; j < BLOCK; j++) k[j] = kc + (int64_t)slots[b + (j < keys ? j : keys - 1)] * row;
+            }
             for (int64_t g0 = 0; g0 < G;) {
                 const int S = subgroup(G, g0, SCORE_HEADS);
                 float *s[SCORE_HEADS];
@@ -216,6 +264,9 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
                 case 2: block_scores(qs, k, D, keys, s, 2); break;
                 default: block_scores(qs, k, D, keys, s, 3); break;
                 }
+                if (int8) /* q . (code scale) = (q . code) scale */
+                    for (int g = 0; g < S; g++)
+                        for (int64_t j = 0; j < keys; j++) s[g][j] *= ksc[j];
                 g0 += S;
             }
         }
@@ -248,12 +299,17 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         ph[1] = _mm_cvtss_f32(s4);
     }
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
-        const uint16_t *vc = L->v_cache + kvh * D;
+        const uint16_t *vc = int8 ? NULL : L->v_cache + kvh * D;
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
-            prefetch_ahead(m, L->v_cache, NULL, slots, n, kvh, b);
+            prefetch_ahead(m, vcache, NULL, es, slots, n, kvh, b);
             const uint16_t *v[BLOCK];
-            for (int j = 0; j < keys; j++) v[j] = vc + (int64_t)slots[b + j] * row;
+            if (int8) {
+                KV_SLICES(L->v_codes, L->v_scales, m->kv_heads, D, kvh, keys, slots[b + j_], kq, ksc);
+                for (int j = 0; j < keys; j++) v[j] = kq + j * D;
+            } else {
+                for (int j = 0; j < keys; j++) v[j] = vc + (int64_t)slots[b + j] * row;
+            }
             for (int64_t g0 = 0; g0 < G;) {
                 const int S = subgroup(G, g0, VALUE_HEADS);
                 const float *w[VALUE_HEADS];
@@ -261,6 +317,10 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
                 for (int g = 0; g < S; g++) {
                     w[g] = scores + (kvh * G + g0 + g) * n + b;
                     out[g] = partial + (kvh * G + g0 + g) * (D + 2) + 2;
+                    if (int8) { /* p (code scale) = (p scale) code */
+                        for (int64_t j = 0; j < keys; j++) wsc[g][j] = w[g][j] * ksc[j];
+                        w[g] = wsc[g];
+                    }
                 }
                 int64_t d0 = 0;
                 switch (S) { /* chunks of 16 values at a time: 8 or more accumulators */
@@ -348,6 +408,17 @@ static inline void widen_row(const uint16_t *src, int64_t D, float *dst) {
     }
 }
 
+/* One K or V slice of an int8 cache (D codes times scale) as widen_row writes a bf16 one. */
+static inline void widen_codes(const int8_t *src, float scale, int64_t D, float *dst) {
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int64_t c = 0; c < D; c += 16) {
+        __m256 e, o;
+        codes16(src + c, s, &e, &o);
+        _mm256_storeu_ps(dst + c, e);
+        _mm256_storeu_ps(dst + c + 8, o);
+    }
+}
+
 /* Dimension d's place in the permuted order. */
 static inline int64_t permuted(int64_t d) {
     const int64_t r = d % 16;
@@ -360,13 +431,16 @@ static inline int64_t permuted(int64_t d) {
  * pass over them. */
 static inline void stream_block(const rf_model *m, const rf_layer *L, const int32_t *slots,
                                 int64_t c0, int64_t c1) {
-    const int64_t row = m->kv_heads * m->head_dim; /* a multiple of 16 values */
+    const int int8 = L->k_cache == NULL; /* (an int8 cache: its codes; the scales are small) */
+    const int64_t bytes = m->kv_heads * m->head_dim * (int8 ? 1 : 2); /* a multiple of 16 */
+    const char *kc = int8 ? (const char *)L->k_codes : (const char *)L->k_cache;
+    const char *vc = int8 ? (const char *)L->v_codes : (const char *)L->v_cache;
     __m256i acc = _mm256_setzero_si256();
     for (int64_t t = c0; t < c1; t++) {
-        const uint16_t *k = L->k_cache + (int64_t)slots[t] * row, *v = L->v_cache + (int64_t)slots[t] * row;
-        for (int64_t i = 0; i < row; i += 16)
-            acc = _mm256_or_si256(acc, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(k + i)),
-                                                       _mm256_loadu_si256((const __m256i *)(v + i))));
+        const char *k = kc + (int64_t)slots[t] * bytes, *v = vc + (int64_t)slots[t] * bytes;
+        for (int64_t i = 0; i < bytes; i += 16)
+            acc = _mm256_or_si256(acc, _mm256_castsi128_si256(_mm_or_si128(
+                _mm_loadu_si128((const __m128i *)(k + i)), _mm_loadu_si128((const __m128i *)(v + i)))));
     }
     __asm__ volatile("" : : "x"(acc)); /* the loads are what counts */
 }
@@ -482,8 +556,14 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
             if (kvh == 0) stream_block(m, L, slots, c0, c0 + keys); /* whole rows, for every KV head */
             const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
             for (int64_t j = 0; j < keys; j++) {
-                widen_row(L->k_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, kf + j * D);
-                widen_row(L->v_cache + (int64_t)slots[c0 + j] * row + kvh * D, D, vf + j * D);
+                const int64_t slot = slots[c0 + j], at = slot * row + kvh * D;
+                if (L->k_cache) {
+                    widen_row(L->k_cache + at, D, kf + j * D);
+                    widen_row(L->v_cache + at, D, vf + j * D);
+                } else {
+                    widen_codes(L->k_codes + at, kv_scale(L->k_scales, slot, m->kv_heads, kvh), D, kf + j * D);
+                    widen_codes(L->v_codes + at, kv_scale(L->v_scales, slot, m->kv_heads, kvh), D, vf + j * D);
+                }
             }
             for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;
             tile_scores(kx, keys, qt, D, Mb, Ms, NULL, c0, s);
@@ -589,8 +669,14 @@ void rf_prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, f
         const int64_t keys = end - c0 < C ? end - c0 : C;
         const int masked = c0 + keys - 1 > J->prefix + t0;
         for (int64_t j = 0; j < keys; j++) {
-            widen_row(J->k + J->slots[c0 + j] * row + kvh * D, D, kf + j * D);
-            widen_row(J->v + J->slots[c0 + j] * row + kvh * D, D, vf + j * D);
+            const int64_t slot = J->slots[c0 + j], at = slot * row + kvh * D;
+            if (J->k) {
+                widen_row(J->k + at, D, kf + j * D);
+                widen_row(J->v + at, D, vf + j * D);
+            } else {
+                widen_codes(J->k_codes + at, kv_scale(J->k_scales, slot, J->kv_heads, kvh), D, kf + j * D);
+                widen_codes(J->v_codes + at, kv_scale(J->v_scales, slot, J->kv_heads, kvh), D, vf + j * D);
+            }
         }
         const float *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
         for (int64_t j = 0; j < C; j++) kx[j] = kf + (j < keys ? j : keys - 1) * D;

@@ -44,9 +44,9 @@ static inline __m512 sum16(const __m512 *v) {
  * [t0, t0 + n) of one KV head, times scale, into s[0 .. n). CH is a constant at each call,
  * so the 16 keys' accumulators stay in registers. */
 static inline __attribute__((always_inline)) void head_scores(
-    const rf_model *m, const uint16_t *k_cache, int64_t kvh, const int32_t *slots, int64_t t0,
-    int64_t n, const uint16_t *qb, float *s, const int CH) {
-    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    const rf_model *m, const uint16_t *k_cache, int64_t kvh, int64_t row, const int32_t *slots,
+    int64_t t0, int64_t n, const uint16_t *qb, float *s, const int CH) {
+    const int64_t D = m->head_dim;
     __m512i q[16];
     __mmask32 km[16]; /* which of chunk c's 32 values are in the row */
     for (int c = 0; c < CH; c++) {
@@ -76,9 +76,9 @@ static inline __attribute__((always_inline)) void head_scores(
  * (vdpbf16ps). Lanes come out in unpacklo/hi's order (d = 8 block + i, and + 4), put back at
  * the end. G is a constant at each call (registers again). */
 static inline __attribute__((always_inline)) void weighted_values(
-    const rf_model *m, const uint16_t *v_cache, int64_t kvh, const int32_t *slots, int64_t t0,
-    int64_t n, int64_t d0, const uint32_t *const *w, float *const *out, const int G) {
-    const int64_t D = m->head_dim, row = m->kv_heads * D;
+    const rf_model *m, const uint16_t *v_cache, int64_t kvh, int64_t row, const int32_t *slots,
+    int64_t t0, int64_t n, int64_t d0, const uint32_t *const *w, float *const *out, const int G) {
+    const int64_t D = m->head_dim;
     const __mmask32 dm = D - d0 >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << (D - d0)) - 1);
     const uint16_t *base = v_cache + kvh * D + d0;
     __m512 lo[8], hi[8];
@@ -108,12 +108,41 @@ static inline __attribute__((always_inline)) void weighted_values(
     }
 }
 
-static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, int64_t from,
-                                 int64_t to, int64_t row) {
+/* Whole rows (row_bytes each: every KV head's K or V of a slot) of slots[from .. to). */
+static inline void prefetch_rows(const void *cache, const int32_t *slots, int64_t from,
+                                 int64_t to, int64_t row_bytes) {
     for (int64_t t = from; t < to; t++)
-        for (int64_t byte = 0; byte < row * 2; byte += 64)
-            _mm_prefetch((const char *)(cache + (int64_t)slots[t] * row) + byte, _MM_HINT_T1);
+        for (int64_t byte = 0; byte < row_bytes; byte += 64)
+            _mm_prefetch((const char *)cache + (int64_t)slots[t] * row_bytes + byte, _MM_HINT_T1);
 }
+
+/* ---- an int8 cache: blocks of keys dequantized into bf16 scratch as they are read ---- */
+
+static const int32_t IDENTITY[SHARED_CHUNK] = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+    22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+
+/* D codes times scale, as bf16 (round to nearest even), into dst. */
+static inline void kv_slice(const int8_t *src, float scale, int64_t D, uint16_t *dst) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 k = D - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - d)) - 1);
+        const __m512i c = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, src + d));
+        _mm256_mask_storeu_epi16(dst + d, k, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_cvtepi32_ps(c), s)));
+    }
+}
+
+/* KV head kvh's slices of the keys at slots[t0 .. t0 + n) (int32 or int64 slots: `at` reads
+ * them), dequantized into dst, D values apart. */
+#define KV_SLICES(codes, scales, kv_heads, D, kvh, n, at, dst)                                   \
+    do {                                                                                        \
+        for (int64_t j_ = 0; j_ < (n); j_++) {                                                  \
+            const int64_t slot_ = (int64_t)(at);                                                \
+            kv_slice((codes) + (slot_ * (kv_heads) + (kvh)) * (D),                              \
+                     kv_scale((scales), slot_, (kv_heads), (kvh)), (D), (dst) + j_ * (D));      \
+        }                                                                                       \
+    } while (0)
 
 /* Rows are prefetched into L2 AHEAD keys before their block is read: far enough for DRAM's
  * latency to pass while the blocks between are computed (the KV of a long batch is not in
@@ -122,10 +151,10 @@ static inline void prefetch_rows(const uint16_t *cache, const int32_t *slots, in
 #define AHEAD 64
 
 /* The rows of the block AHEAD keys after block b of keys [t0, t0 + n). */
-static inline void prefetch_ahead(const uint16_t *cache, const int32_t *slots, int64_t t0,
-                                  int64_t b, int64_t n, int64_t row) {
+static inline void prefetch_ahead(const void *cache, const int32_t *slots, int64_t t0,
+                                  int64_t b, int64_t n, int64_t row_bytes) {
     const int64_t from = b + AHEAD, to = b + AHEAD + 16 < n ? b + AHEAD + 16 : n;
-    if (from < to) prefetch_rows(cache, slots, t0 + from, t0 + to, row);
+    if (from < to) prefetch_rows(cache, slots, t0 + from, t0 + to, row_bytes);
 }
 
 /* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
@@ -136,6 +165,11 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     (void)q; /* the bf16 queries are what vdpbf16ps multiplies */
     const int64_t D = m->head_dim, group = m->heads / m->kv_heads, n = t1 - t0;
     const int64_t row = m->kv_heads * D, qs = q_stride(m);
+    const int int8 = L->k_cache == NULL;
+    const void *kc = int8 ? (const void *)L->k_codes : L->k_cache;
+    const void *vc = int8 ? (const void *)L->v_codes : L->v_cache;
+    const int64_t row_bytes = int8 ? row : 2 * row;
+    uint16_t kq[16 * MAX_HEAD_DIM] __attribute__((aligned(64))); /* an int8 block's slices */
     for (int64_t h = 0; h < m->heads; h++) {
         float *ph = partial + h * (D + 2);
         ph[0] = -INFINITY;
@@ -143,20 +177,27 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         memset(ph + 2, 0, D * sizeof(float));
     }
     if (n <= 0) return;
-    prefetch_rows(L->k_cache, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row);
+    prefetch_rows(kc, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row_bytes);
     for (int64_t b = 0; b < n; b += 16) {
         const int64_t keys = n - b < 16 ? n - b : 16;
-        prefetch_ahead(L->k_cache, slots, t0, b, n, row);
+        prefetch_ahead(kc, slots, t0, b, n, row_bytes);
         for (int64_t h = 0; h < m->heads; h++) {
             const int64_t kvh = h / group;
-            const uint16_t *qh = qb + h * qs;
+            const uint16_t *qh = qb + h * qs, *base = L->k_cache;
+            const int32_t *sl = slots;
+            int64_t r = row, at = t0 + b, hk = kvh;
+            if (int8) { /* the block's slices of this KV head, once for its group */
+                if (h % group == 0)
+                    KV_SLICES(L->k_codes, L->k_scales, m->kv_heads, D, kvh, keys, slots[t0 + b + j_], kq);
+                base = kq, sl = IDENTITY, r = D, at = 0, hk = 0;
+            }
             float *s = scores + h * n + b;
             switch (qs / 32) {
-            case 1: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 1); break;
-            case 2: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 2); break;
-            case 3: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 3); break;
-            case 4: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 4); break;
-            default: head_scores(m, L->k_cache, kvh, slots, t0 + b, keys, qh, s, 16); break;
+            case 1: head_scores(m, base, hk, r, sl, at, keys, qh, s, 1); break;
+            case 2: head_scores(m, base, hk, r, sl, at, keys, qh, s, 2); break;
+            case 3: head_scores(m, base, hk, r, sl, at, keys, qh, s, 3); break;
+            case 4: head_scores(m, base, hk, r, sl, at, keys, qh, s, 4); break;
+            default: head_scores(m, base, hk, r, sl, at, keys, qh, s, 16); break;
             }
         }
     }
@@ -181,11 +222,18 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         ph[0] = mx;
         ph[1] = _mm512_reduce_add_ps(sum);
     }
-    prefetch_rows(L->v_cache, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row);
+    prefetch_rows(vc, slots, t0, t0 + (AHEAD < n ? AHEAD : n), row_bytes);
     for (int64_t b = 0; b < n; b += 16) {
         const int64_t keys = n - b < 16 ? n - b : 16;
-        prefetch_ahead(L->v_cache, slots, t0, b, n, row);
-        for (int64_t kvh = 0; kvh < m->kv_heads; kvh++)
+        prefetch_ahead(vc, slots, t0, b, n, row_bytes);
+        for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
+            const uint16_t *base = L->v_cache;
+            const int32_t *sl = slots;
+            int64_t r = row, tb = t0 + b, hk = kvh;
+            if (int8) {
+                KV_SLICES(L->v_codes, L->v_scales, m->kv_heads, D, kvh, keys, slots[t0 + b + j_], kq);
+                base = kq, sl = IDENTITY, r = D, tb = 0, hk = 0;
+            }
             for (int64_t g0 = 0; g0 < group; g0 += 8) { /* up to 8 heads' accumulators at once */
                 const uint32_t *w[8];
                 float *out[8];
@@ -195,20 +243,19 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
                     out[g] = partial + (kvh * group + g0 + g) * (D + 2) + 2;
                 }
                 for (int64_t d0 = 0; d0 < D; d0 += 32) {
-                    const uint16_t *vc = L->v_cache;
-                    const int64_t tb = t0 + b;
                     switch (count) {
-                    case 1: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 1); break;
-                    case 2: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 2); break;
-                    case 3: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 3); break;
-                    case 4: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 4); break;
-                    case 5: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 5); break;
-                    case 6: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 6); break;
-                    case 7: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 7); break;
-                    default: weighted_values(m, vc, kvh, slots, tb, keys, d0, w, out, 8); break;
+                    case 1: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 1); break;
+                    case 2: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 2); break;
+                    case 3: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 3); break;
+                    case 4: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 4); break;
+                    case 5: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 5); break;
+                    case 6: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 6); break;
+                    case 7: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 7); break;
+                    default: weighted_values(m, base, hk, r, sl, tb, keys, d0, w, out, 8); break;
                     }
                 }
             }
+        }
     }
 }
 
@@ -257,14 +304,17 @@ static void pair_tile(const uint32_t *const *x, int64_t xs, const uint32_t *y, i
  * bench/results/cascade-attention.md). */
 static inline void stream_block(const rf_model *m, const rf_layer *L, const int32_t *slots,
                                 int64_t c0, int64_t c1) {
-    const int64_t row = m->kv_heads * m->head_dim; /* a multiple of 16 values */
+    const int int8 = L->k_cache == NULL; /* (an int8 cache: its codes; the scales are small) */
+    const int64_t bytes = m->kv_heads * m->head_dim * (int8 ? 1 : 2); /* a row's */
+    const char *kc = int8 ? (const char *)L->k_codes : (const char *)L->k_cache;
+    const char *vc = int8 ? (const char *)L->v_codes : (const char *)L->v_cache;
     __m512i acc = _mm512_setzero_si512();
     for (int64_t t = c0; t < c1; t++) {
-        const uint16_t *k = L->k_cache + (int64_t)slots[t] * row, *v = L->v_cache + (int64_t)slots[t] * row;
-        for (int64_t i = 0; i < row; i += 32) {
-            const __mmask32 mask = row - i >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)0xFFFF;
-            acc = _mm512_or_si512(acc, _mm512_or_si512(_mm512_maskz_loadu_epi16(mask, k + i),
-                                                       _mm512_maskz_loadu_epi16(mask, v + i)));
+        const char *k = kc + (int64_t)slots[t] * bytes, *v = vc + (int64_t)slots[t] * bytes;
+        for (int64_t i = 0; i < bytes; i += 64) {
+            const __mmask64 mask = bytes - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - i)) - 1;
+            acc = _mm512_or_si512(acc, _mm512_or_si512(_mm512_maskz_loadu_epi8(mask, k + i),
+                                                       _mm512_maskz_loadu_epi8(mask, v + i)));
         }
     }
     __asm__ volatile("" : : "v"(acc)); /* the loads are what counts */
@@ -377,7 +427,8 @@ static void add_weighted_values(float *o, const float *alpha, const uint32_t *co
  * shared_queries(m). */
 int64_t rf_shared_work_floats(const rf_model *m) {
     const int64_t D = m->head_dim, Mp = shared_queries(m), C = SHARED_CHUNK;
-    return m->kv_heads * (D / 2 * Mp + D * Mp + 3 * Mp) + C * Mp + C / 2 * Mp + C / 2 * D;
+    return m->kv_heads * (D / 2 * Mp + D * Mp + 3 * Mp) + C * Mp + C / 2 * Mp + C / 2 * D
+           + C * D; /* an int8 cache's block of K and V slices as bf16 ([2][CHUNK][D]) */
 }
 
 void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const float *const *q,
@@ -399,6 +450,7 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
     float *s = work + m->kv_heads * per_head;
     uint32_t *pp = (uint32_t *)(s + C * Mp);
     uint32_t *vp = pp + C / 2 * Mp;
+    uint16_t *kq = (uint16_t *)(vp + C / 2 * D), *vq = kq + C * D; /* an int8 block's slices */
     const uint32_t *vx[MAX_HEAD_DIM]; /* dimension d's pairs of values: vp + d, every D */
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
     for (int64_t kvh = 0; kvh < m->kv_heads; kvh++) {
@@ -422,10 +474,15 @@ void rf_attend_shared(const rf_model *m, const rf_layer *L, int64_t n, const flo
             float *o = (float *)(qt + P * Mp), *mx = o + D * Mp, *sum = mx + Mp, *alpha = sum + Mp;
             const uint32_t *kx[SHARED_CHUNK]; /* past the last key: repeat it (not stored) */
             const uint16_t *v[SHARED_CHUNK];
+            if (L->k_cache == NULL) {
+                KV_SLICES(L->k_codes, L->k_scales, m->kv_heads, D, kvh, keys, slots[c0 + j_], kq);
+                KV_SLICES(L->v_codes, L->v_scales, m->kv_heads, D, kvh, keys, slots[c0 + j_], vq);
+            }
             for (int64_t j = 0; j < C; j++) {
-                const int64_t at = (int64_t)slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D;
-                kx[j] = (const uint32_t *)(L->k_cache + at);
-                v[j] = L->v_cache + at;
+                const int64_t key = j < keys ? j : keys - 1;
+                const int64_t at = (int64_t)slots[c0 + key] * row + kvh * D;
+                kx[j] = (const uint32_t *)(L->k_cache ? L->k_cache + at : kq + key * D);
+                v[j] = L->v_cache ? L->v_cache + at : vq + key * D;
             }
             tile_scores(kx, keys, qt, P, Mb, Ms, m->scale, NULL, c0, s);
             block_weights(s, keys, Mb, Ms, mx, sum, alpha, pp);
@@ -487,7 +544,8 @@ int64_t rf_prefill_dim_multiple(void) { return 4; }   /* add_weighted_values' TI
 
 int64_t rf_prefill_work_floats(int64_t D) {
     const int64_t Ms = rf_prefill_tile_queries(), C = SHARED_CHUNK;
-    return D / 2 * Ms + D * Ms + 4 * Ms + C * Ms + C / 2 * Ms + C / 2 * D;
+    return D / 2 * Ms + D * Ms + 4 * Ms + C * Ms + C / 2 * Ms + C / 2 * D
+           + C * D; /* an int8 cache's block of K and V slices as bf16 ([2][CHUNK][D]) */
 }
 
 static inline uint16_t to_bf16(float x) { /* round to nearest even (x is never NaN here) */
@@ -508,6 +566,7 @@ void rf_prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, f
     int32_t *last_key = (int32_t *)(alpha + Ms); /* the last key each query sees */
     float *s = (float *)(last_key + Ms);
     uint32_t *pp = (uint32_t *)(s + C * Ms), *vp = pp + C / 2 * Ms;
+    uint16_t *kq = (uint16_t *)(vp + C / 2 * D), *vq = kq + C * D; /* an int8 block's slices */
     const uint32_t *vx[MAX_HEAD_DIM];
     for (int64_t d = 0; d < D; d++) vx[d] = vp + d;
     for (int64_t i = 0; i < Ms; i++) { /* query i: token t0 + i / G, head kvh G + i % G */
@@ -524,10 +583,15 @@ void rf_prefill_tile(const rf_prefill *J, int64_t kvh, int64_t t0, int64_t t1, f
         const int masked = c0 + keys - 1 > J->prefix + t0;
         const uint32_t *kx[SHARED_CHUNK];
         const uint16_t *v[SHARED_CHUNK];
+        if (J->k == NULL) {
+            KV_SLICES(J->k_codes, J->k_scales, J->kv_heads, D, kvh, keys, J->slots[c0 + j_], kq);
+            KV_SLICES(J->v_codes, J->v_scales, J->kv_heads, D, kvh, keys, J->slots[c0 + j_], vq);
+        }
         for (int64_t j = 0; j < C; j++) {
-            const int64_t at = J->slots[c0 + (j < keys ? j : keys - 1)] * row + kvh * D;
-            kx[j] = (const uint32_t *)(J->k + at);
-            v[j] = J->v + at;
+            const int64_t key = j < keys ? j : keys - 1;
+            const int64_t at = J->slots[c0 + key] * row + kvh * D;
+            kx[j] = (const uint32_t *)(J->k ? J->k + at : kq + key * D);
+            v[j] = J->v ? J->v + at : vq + key * D;
         }
         tile_scores(kx, keys, qt, P, Mb, Ms, J->scale, masked ? last_key : NULL, c0, s);
         block_weights(s, keys, Mb, Ms, mx, sum, alpha, pp);

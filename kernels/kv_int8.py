@@ -1,0 +1,64 @@
+"""The int8 KV cache's format (`--kv-cache-dtype int8`): each token's K (or V) slice of one KV
+head is `head_dim` int8 codes and one fp16 scale, x ~= code * scale, symmetric, scale =
+amax / 127 (llama.cpp's q8_0 cache and vLLM's fp8 cache scale per token and head too).
+
+The scale is fp16 rather than fp32: 2 bytes a slice, so a token costs head_dim + 2 bytes a head
+against bf16's 2 head_dim (1.94x the tokens at head_dim 64, 1.97x at 128, fp32 scales 1.88x);
+fp16's range covers any K/V amax below 8e6, and its 11-bit precision is finer than the codes'.
+Codes are rounded with the stored (fp16) scale, so code * scale is exactly what every reader
+computes. The C decode step quantizes its own K/V in the same way (decode.c's store_kv).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+CODE_MAX = 127
+SCALE_DTYPE = torch.float16
+
+
+class QuantizedRows(NamedTuple):
+    """One layer's K or V in an int8 pool."""
+
+    codes: torch.Tensor  # int8 [num_slots, kv_heads, head_dim]
+    scales: torch.Tensor  # fp16 [num_slots, kv_heads]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.codes.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] (any float dtype) -> (int8 codes [..., head_dim], fp16 scales [...])."""
+    xf = x.float()
+    scales = (xf.abs().amax(dim=-1) / CODE_MAX).to(SCALE_DTYPE)
+    s = scales.float().unsqueeze(-1)
+    codes = torch.where(s > 0, xf / torch.where(s > 0, s, 1.0), 0.0)
+    return codes.round_().clamp_(-CODE_MAX, CODE_MAX).to(torch.int8), scales
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """codes [..., head_dim] times scales [...] as `dtype` (multiplied in fp32)."""
+    return (codes.float() * scales.float().unsqueeze(-1)).to(dtype)
+
+
+def gather(rows: QuantizedRows, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """rows at slots [...] (any shape), dequantized: [..., kv_heads, head_dim] of `dtype`."""
+    flat = slots.reshape(-1)
+    out = dequantize(rows.codes.index_select(0, flat), rows.scales.index_select(0, flat), dtype)
+    return out.view(*slots.shape, *rows.codes.shape[1:])
+
+
+def run(rows: QuantizedRows, start: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Slots start .. start + n - 1, dequantized: [n, kv_heads, head_dim] of `dtype`."""
+    return dequantize(rows.codes[start:start + n], rows.scales[start:start + n], dtype)
