@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from radixflow.kernels import kv_int8
+
 from .errors import InvariantBroken
 
 
@@ -46,13 +48,24 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per layer K and V, [num_slots, num_kv_heads, head_dim]; one slot holds one token."""
+    """Per layer K and V, [num_slots, num_kv_heads, head_dim]; one slot holds one token.
+
+    dtype torch.int8 (--kv-cache-dtype int8) keeps K and V as int8 codes with an fp16 scale
+    per slot and KV head (kernels/kv_int8.py), `k_scales` / `v_scales` [num_slots, kv_heads]
+    per layer, quantized by `write`; readers take `layer(i)`'s pair, whose int8 form
+    (kv_int8.QuantizedRows) each attention path dequantizes as it reads."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (num_slots + 1, num_kv_heads, head_dim)  # +1: the padding slot 0
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.is_int8 = dtype == torch.int8
+        self.k_scales = self.v_scales = None
+        if self.is_int8:
+            self.k_scales, self.v_scales = (
+                [torch.zeros(shape[:2], dtype=kv_int8.SCALE_DTYPE, device=device)
+                 for _ in range(num_layers)] for _ in range(2))
         self.num_slots = num_slots
         self.device = torch.device(device)
         # A stack whose top is its end; popped slots are handed out in ascending order, so a
@@ -65,7 +78,15 @@ class KVPool:
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+        scale = kv_int8.SCALE_DTYPE.itemsize if dtype == torch.int8 else 0
+        return 2 * num_layers * num_kv_heads * (head_dim * itemsize + scale)
+
+    def layer(self, layer_id: int) -> tuple:
+        """Layer layer_id's (K, V): tensors, or kv_int8.QuantizedRows in an int8 pool."""
+        if self.is_int8:
+            return (kv_int8.QuantizedRows(self.k[layer_id], self.k_scales[layer_id]),
+                    kv_int8.QuantizedRows(self.v[layer_id], self.v_scales[layer_id]))
+        return self.k[layer_id], self.v[layer_id]
 
     @property
     def num_free(self) -> int:
@@ -101,6 +122,13 @@ class KVPool:
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # (a 16-bit pool under an fp32 model rounds K/V here)
         pool_k, pool_v = self.k[layer_id], self.v[layer_id]
+        if self.is_int8:
+            for x, codes, scales in ((k, pool_k, self.k_scales[layer_id]),
+                                     (v, pool_v, self.v_scales[layer_id])):
+                c, s = kv_int8.quantize(x)
+                codes.index_copy_(0, slots, c)
+                scales.index_copy_(0, slots, s)
+            return
         if k.dtype != pool_k.dtype:
             k, v = k.to(pool_k.dtype), v.to(pool_v.dtype)
         pool_k.index_copy_(0, slots, k)

@@ -127,6 +127,8 @@ class ModelRunner:
         """--kv-cache-dtype; auto: the model's, but 16-bit where the C decode step can run
         (its K/V are bf16 at every CPU level; an fp32 model at level avx2 keeps fp32
         arithmetic and halves the bytes attention reads)."""
+        if self.args.kv_cache_dtype == "int8":
+            return torch.int8  # codes + fp16 scales (memory_pool.KVPool)
         if self.args.kv_cache_dtype != "auto":
             return DTYPES[self.args.kv_cache_dtype]
         if (self.device.type == "cpu" and self.quantization != "none" and self.tp is None
@@ -237,6 +239,10 @@ class ModelRunner:
         if self.tp:
             logger.warning("--enable-torch-compile does not cover --tp-size > 1 (collectives "
                            "inside the graph); running uncompiled")
+            return None
+        if self.kv_pool.is_int8:
+            logger.warning("--enable-torch-compile does not cover --kv-cache-dtype int8 (its "
+                           "graph reads 16/32-bit K/V); running uncompiled")
             return None
         compiled = SingleRequestDecode(self.model, self.attn.scale)
         try:

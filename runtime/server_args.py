@@ -41,9 +41,10 @@ class ServerArgs:
         "to the answer after it; one of deepseek-r1, deepseek-v3, qwen3, qwen3-thinking, glm45")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
         "auto", "auto: bf16 on GPUs and CPUs with AVX512-BF16/AMX, else fp32")
-    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32"] = _arg(
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "int8"] = _arg(
         "auto", "dtype of the KV cache; auto: the model's, except bf16 on a CPU whose C decode "
-        "step runs (it reads 16-bit K/V at every CPU level)")
+        "step runs (it reads 16-bit K/V at every CPU level); int8: codes with an fp16 scale per "
+        "token and KV head, ~1.9x the tokens in the same --kv-cache-gb")
     cpu_isa: Literal["auto", "avx512", "avx2", "generic"] = _arg(
         "auto", "instruction-set level of radixflow's CPU kernels; a level below the CPU's "
         "best runs exactly what a CPU of that level would (generic: torch's kernels only)")

@@ -28,10 +28,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...kernels import kv_int8
 from ...kernels.cpu import active_level
 from ...kernels.cpu import prefill as cpu_prefill
 from ..forward_batch import ForwardBatch, ForwardMode
 
+# KV pool dtypes kernels.cpu.prefill reads in place
+_KERNEL_KV = (torch.bfloat16, torch.int8)
 # Shared prefixes shorter than this are not worth a second attention call.
 CASCADE_MIN_PREFIX = 64
 # A windowed extend attends blocks of at most max(window, this) queries of a request, each over
@@ -111,7 +114,7 @@ class TorchNativeAttnBackend:
             key_pos = torch.arange(prefix_len, max_seq, device=rows.device)
             valid = key_pos[None, :] < batch.seq_lens[:, None]
             suffix = suffix.masked_fill(~valid, 0)
-            mask = torch.zeros(valid.shape, dtype=batch.kv_pool.k[0].dtype, device=rows.device)
+            mask = torch.zeros(valid.shape, dtype=_mask_dtype(batch), device=rows.device)
             mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
         prefix = rows[0, :prefix_len] if prefix_len else None
         kv_run = _run_start(suffix[0]) if batch.batch_size == 1 else None
@@ -120,7 +123,7 @@ class TorchNativeAttnBackend:
 
     def _plan_extend(self, batch: ForwardBatch) -> _ExtendPlan | _KernelExtendPlan:
         bs = batch.batch_size
-        if self.prefill_level and batch.kv_pool.k[0].dtype == torch.bfloat16 and all(
+        if self.prefill_level and batch.kv_pool.k[0].dtype in _KERNEL_KV and all(
                 cpu_prefill.worth_it(new, seq - new, self.prefill_level)
                 for seq, new in zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
             table = batch.req_to_token[batch.req_pool_indices]
@@ -184,7 +187,7 @@ class TorchNativeAttnBackend:
         slots = slots.masked_fill(~valid, 0)
         mask = None
         if min(counts) != width:
-            mask = torch.zeros(valid.shape, dtype=batch.kv_pool.k[0].dtype, device=device)
+            mask = torch.zeros(valid.shape, dtype=_mask_dtype(batch), device=device)
             mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
         kv_run = _run_start(slots[0]) if batch.batch_size == 1 else None
         return _DecodePlan(slots, mask, None, kv_run)
@@ -234,7 +237,7 @@ class TorchNativeAttnBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch, *, window: int | None = None) -> torch.Tensor:
         batch.kv_pool.write(layer_id, batch.out_slots, k, v)
-        k_pool, v_pool = batch.kv_pool.k[layer_id], batch.kv_pool.v[layer_id]
+        k_pool, v_pool = batch.kv_pool.layer(layer_id)
         plan = batch.attn_metadata
         if window is not None:
             if window not in plan.windowed:  # the forward's first layer with this window
@@ -272,8 +275,8 @@ class TorchNativeAttnBackend:
             return plan.requests.run(q, k_pool, v_pool)
         bs = plan.kv_slots.shape[0]  # requests (a windowed plan's: blocks of them)
         # [bs, max_seq, kv_heads, head_dim] -> [bs, kv_heads, max_seq, head_dim]
-        keys = _as(_gather(k_pool, plan.kv_slots), q.dtype).transpose(1, 2)
-        values = _as(_gather(v_pool, plan.kv_slots), q.dtype).transpose(1, 2)
+        keys = _gather(k_pool, plan.kv_slots, q.dtype).transpose(1, 2)
+        values = _gather(v_pool, plan.kv_slots, q.dtype).transpose(1, 2)
         if plan.q_rows is not None:
             queries = q[plan.q_rows].view(bs, plan.max_q_len, self.num_heads, self.head_dim)
         else:
@@ -313,14 +316,17 @@ def _run_start(slots: torch.Tensor) -> int | None:
     return start if bool((slots.diff() == 1).all()) else None
 
 
-def _read(pool: torch.Tensor, slots: torch.Tensor, run_start: int | None,
-          dtype: torch.dtype) -> torch.Tensor:
+def _read(pool: torch.Tensor | kv_int8.QuantizedRows, slots: torch.Tensor,
+          run_start: int | None, dtype: torch.dtype) -> torch.Tensor:
     """pool[slots] for [..., n] slots as `dtype`: a view when they are the run run_start..
-    (one request) and the pool holds that dtype (a 16-bit pool under an fp32 model: a copy)."""
+    (one request) and the pool holds that dtype (a 16-bit pool under an fp32 model: a copy;
+    an int8 pool: the run's slots dequantized)."""
     if run_start is None:
-        return _as(_gather(pool, slots), dtype)
-    return _as(pool[run_start:run_start + slots.shape[-1]].view(*slots.shape, *pool.shape[1:]),
-               dtype)
+        return _gather(pool, slots, dtype)
+    n = slots.shape[-1]
+    if isinstance(pool, kv_int8.QuantizedRows):
+        return kv_int8.run(pool, run_start, n, dtype).view(*slots.shape, *pool.shape[1:])
+    return _as(pool[run_start:run_start + n].view(*slots.shape, *pool.shape[1:]), dtype)
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -329,9 +335,21 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """pool[slots] for [num_slots, heads, dim] pools; index_select is several times faster."""
-    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
+def _gather(pool: torch.Tensor | kv_int8.QuantizedRows, slots: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """pool[slots] as `dtype` for [num_slots, heads, dim] pools (index_select is several times
+    faster); an int8 pool's rows are dequantized after the gather, never the whole pool."""
+    if isinstance(pool, kv_int8.QuantizedRows):
+        return kv_int8.gather(pool, slots, dtype)
+    return _as(pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:]),
+               dtype)
+
+
+def _mask_dtype(batch: ForwardBatch) -> torch.dtype:
+    """The additive masks' dtype: the pool's, or fp32 over an int8 pool (the queries' dtype
+    is applied where the mask is used)."""
+    dtype = batch.kv_pool.k[0].dtype
+    return torch.float32 if dtype == torch.int8 else dtype
 
 
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,

@@ -87,8 +87,9 @@ class CpuDecode:
         if not cpu_kernels.available():
             return None, ("radixflow's CPU kernels do not run here (they need level avx512 or "
                           "avx2 and a C compiler)")
-        if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype != torch.bfloat16:
-            return None, "it reads a bf16 KV cache on the CPU"
+        if kv_pool.k[0].device.type != "cpu" or kv_pool.k[0].dtype not in (torch.bfloat16,
+                                                                             torch.int8):
+            return None, "it reads a bf16 or int8 KV cache on the CPU"
         a = model.args
         if gaps := a.fused_decode_gaps():
             return None, f"{a.architecture}'s {', '.join(gaps)}"
@@ -117,7 +118,9 @@ class CpuDecode:
             layers.append(cpu_decode.LayerWeights(
                 _norm(block.input_layernorm), _norm(block.post_attention_layernorm),
                 _norm(attn.q_norm), _norm(attn.k_norm), _fp32(bias), *weights,
-                kv_pool.k[i], kv_pool.v[i], moe=moe, window=attn.window or 0))
+                kv_pool.k[i], kv_pool.v[i], moe=moe, window=attn.window or 0,
+                k_scales=kv_pool.k_scales[i] if kv_pool.is_int8 else None,
+                v_scales=kv_pool.v_scales[i] if kv_pool.is_int8 else None))
         head = _tiled(model.lm_head)
         if head is None:
             return None, "its output head has no tiled weights"

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels import kv_int8
 from ..forward_batch import AttentionBackend, ForwardBatch
 from .config import ModelArgs
 from .feed_forward import FeedForward
@@ -69,9 +70,9 @@ class GemmaAttention(Attention):
         seq = batch.seq_lens_cpu[i]
         slots = batch.req_to_token[batch.req_pool_indices[i], :seq].long()
         group = self.num_heads // self.num_kv_heads
-        keys, values = (pool[self.layer_id].index_select(0, slots).to(q.dtype)
-                        .repeat_interleave(group, dim=1).transpose(0, 1)
-                        for pool in (batch.kv_pool.k, batch.kv_pool.v))  # [heads, seq, d]
+        keys, values = (_gather(pool, slots, q.dtype).repeat_interleave(group, dim=1)
+                        .transpose(0, 1)
+                        for pool in batch.kv_pool.layer(self.layer_id))  # [heads, seq, d]
         scores = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
@@ -141,3 +142,11 @@ def _spans(lengths: list[int]) -> list[tuple[int, int]]:
         starts.append((total, n))
         total += n
     return starts
+
+
+def _gather(pool: torch.Tensor | kv_int8.QuantizedRows, slots: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """A layer's K or V at slots as `dtype` (an int8 pool's dequantized)."""
+    if isinstance(pool, kv_int8.QuantizedRows):
+        return kv_int8.gather(pool, slots, dtype)
+    return pool.index_select(0, slots).to(dtype)
