@@ -22,13 +22,14 @@ from typing import Any
 _BODY_FIELDS = ("input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
                 "return_text_in_logprobs", "token_ids_logprob", "stream", "rid", "image_data",
                 "lora_path", "custom_logit_processor", "return_hidden_states", "session_params",
-                "separate_reasoning")
+                "separate_reasoning", "speculative", "prediction")
 
 
 def generate_body(prompt: str | list[str] | None = None,
                   sampling_params: dict | list[dict] | None = None, **fields: Any) -> dict:
     """The native /generate body of a generate() call; fields left at None or False are left out
-    (so the server's defaults apply and a field it does not support is only sent when used)."""
+    (so the server's defaults apply and a field it does not support is only sent when used);
+    speculative=False is sent: it turns off what the server's flag turns on."""
     if isinstance(prompt, dict):
         raise TypeError("generate() takes a prompt (str or list of str), not a request body; "
                         "use generate_from_body(body) to send a /generate body as it is")
@@ -36,7 +37,8 @@ def generate_body(prompt: str | list[str] | None = None,
     if unknown:
         raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
     body: dict[str, Any] = {"text": prompt, "sampling_params": sampling_params, **fields}
-    return {k: v for k, v in body.items() if v is not None and v is not False}
+    return {k: v for k, v in body.items()
+            if v is not None and (v is not False or k == "speculative")}
 
 
 def prefill_only(text: str) -> dict:

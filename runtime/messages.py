@@ -70,6 +70,11 @@ class GenerateReq(_Msg):
     routed_dp_rank: int | None = None
     # --is-embedding: compute the prompt, pool its hidden states, finish (no tokens).
     embed: EmbedSpec | None = None
+    # Speculative decoding (scheduler/speculate.py): True/False turn it on/off for this
+    # request (None: --speculative-algorithm decides); `prediction_ids` are the tokens the client
+    # expects (OpenAI's prediction), drafted first (they imply speculation unless it is False).
+    speculative: bool | None = None
+    prediction_ids: list[int] | None = None
 
 
 class AbortReq(_Msg):
@@ -143,6 +148,17 @@ class DecodeSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     spaces_between_special_tokens: bool = True
 
 
+class SpecCounts(_Msg):
+    """One request's speculation: verify passes it drafted for, tokens drafted, drafted
+    tokens accepted; of those, the ones from the client's prediction."""
+
+    verify_passes: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    prediction_draft_tokens: int = 0
+    prediction_accepted_tokens: int = 0
+
+
 class ReqTokenOut(_Msg):
     """New tokens of one request from one scheduler step (a delta)."""
 
@@ -167,6 +183,8 @@ class ReqTokenOut(_Msg):
     text_len: int | None = None
     # An embedding request's pooled vector (its only output, with the finish).
     embedding: list[float] | None = None
+    # A request that speculated: its counts so far (cumulative, not a delta).
+    spec: SpecCounts | None = None
 
 
 class TokenBatchOut(_Msg):
@@ -192,6 +210,11 @@ class SchedulerStats(_Msg):
     cache_hit_tokens: int  # cumulative prompt tokens served from the radix cache
     prompt_tokens: int  # cumulative prompt tokens seen
     generation_tokens: int  # cumulative generated tokens
+    # speculative decoding, cumulative: verify passes (a request's each), drafted tokens, and
+    # drafted tokens accepted
+    spec_verify_passes: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     dp_rank: int = 0  # the replica that sent it (serve --dp-size)
 
 

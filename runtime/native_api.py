@@ -32,6 +32,7 @@ from .reasoning import ReasoningParser
 from .request_building import check_constraint, check_prompt_count, fit_to_context, new_rid
 from .response_builder import ResponseBuilder
 from .session_requests import parse_session_params
+from .speculation_fields import speculation_fields
 
 
 @dataclass
@@ -98,6 +99,7 @@ def parse_generate(
     return_text = opt_bool(body, "return_text_in_logprobs")
     start, top_n = logprob_window(body, return_logprob)
     where = placement(body, priority_scheduling=priority_scheduling)
+    where.update(speculation_fields(body, tokenizer))
 
     reqs: list[GenerateReq] = []
     multi = is_batch or any(s.n > 1 for s in samplings)

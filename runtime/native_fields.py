@@ -38,6 +38,10 @@ SERVED_FIELDS: dict[str, str] = {
     "log_metrics": "accepted, no effect: /metrics counts every request",
     "no_logs": "accepted: radixflow logs no prompt or output text anyway",
     "conversation_id": "accepted, no effect (SGLang's tracking label)",
+    "speculative": "speculative decoding on (true) or off (false) for these requests; unset: "
+                   "--speculative-algorithm decides",
+    "prediction": "the text the output is expected to be (OpenAI's Predicted Outputs): "
+                  "drafted first, so the matching parts cost fewer decode steps",
 }
 
 # SGLang /generate fields radixflow does not implement, each with why: a body that sets one is

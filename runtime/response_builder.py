@@ -12,7 +12,7 @@ from typing import Any
 
 from .detokenize import decode_token_texts
 from .errors import rejection
-from .messages import GenerateReq, ReqTextOut
+from .messages import GenerateReq, ReqTextOut, SpecCounts
 from .reasoning import ReasoningParser
 
 # JSON has no -inf; a logprob of a token the sampler could never pick is reported as this.
@@ -50,6 +50,7 @@ class ResponseBuilder:
         self.completion_tokens = 0
         self.finish_reason: dict | None = None
         self.closed_early = False  # budget-safe closing ended the output (Finish.closed_early)
+        self.spec: SpecCounts | None = None  # a request that speculated: its counts so far
         self.output_logprobs: list[list] = []
         self.output_top_logprobs: list[list | None] = []
         self.input_logprobs: list[list] = []
@@ -101,6 +102,8 @@ class ResponseBuilder:
                     self.input_logprobs[0][0] = None  # the window's first token is unscored
             if tok.input_top_logprobs is not None:
                 self.input_top_logprobs = self._top_entries(tok.input_top_logprobs)
+        if tok.spec is not None:
+            self.spec = tok.spec
         if tok.finish is not None:
             self.finish_reason = tok.finish.to_json()
             self.closed_early = tok.finish.closed_early
@@ -115,6 +118,8 @@ class ResponseBuilder:
         }
         if self.closed_early:
             meta["closed_early"] = True
+        if self.spec is not None:
+            meta.update(spec_meta(self.spec))
         if self.req.return_logprob:
             meta["input_token_logprobs"] = self.input_logprobs
             meta["output_token_logprobs"] = output_logprobs
@@ -156,3 +161,13 @@ def raise_if_rejected(builders: list[ResponseBuilder]) -> None:
         error = rejection(builder.finish_reason)
         if error is not None:
             raise error
+
+
+def spec_meta(spec: SpecCounts) -> dict[str, Any]:
+    """A speculating request's meta_info fields, as SGLang names them: verify passes, tokens
+    drafted and accepted, the acceptance rate and the tokens a verify pass made on average."""
+    passes, drafted, accepted = spec.verify_passes, spec.draft_tokens, spec.accepted_tokens
+    return {"spec_verify_ct": passes, "spec_draft_token_num": drafted,
+            "spec_accept_token_num": accepted,
+            "spec_accept_rate": round(accepted / drafted, 4) if drafted else 0.0,
+            "spec_accept_length": round(1 + accepted / passes, 4) if passes else 1.0}

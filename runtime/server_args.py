@@ -13,6 +13,7 @@ from .balance.config import PolicyConfig
 from .chat_template import chat_template_text
 from .parallel_flags import check_parallel_flags
 from .reasoning import check_parser_name as check_reasoning_parser
+from .speculative.config import SpeculationConfig
 from .tool_call_formats import check_parser_name as check_tool_call_parser
 
 
@@ -94,6 +95,18 @@ class ServerArgs:
         False, "overlap scheduling even on a CPU whose every core runs the forward (by default "
         "it is on where the scheduler has a core of its own: a GPU, or a CPU with more cores "
         "than --num-threads)")
+    speculative_algorithm: str | None = _arg(
+        None, "ngram (SGLang's NGRAM): speculative decoding without a draft model; each step "
+        "drafts the tokens that followed the latest earlier match of the output's last n-gram "
+        "(in the prompt, the output, a request's prediction), drops those its grammar rejects "
+        "and verifies them in the same pass; greedy outputs are unchanged, sampled ones keep "
+        "their distribution. Off by default; a request may turn it on or off (speculative)")
+    speculative_num_draft_tokens: int = _arg(
+        4, "tokens drafted per request and step, at most (fewer while its acceptance is low)")
+    speculative_ngram_min_match_window_size: int = _arg(
+        2, "the shortest n-gram whose match drafts tokens")
+    speculative_ngram_max_match_window_size: int = _arg(
+        5, "the longest n-gram looked up (the longest match wins)")
     disable_budget_safe_close: bool = _arg(
         False, "let constrained outputs run out of max_tokens unfinished: no closing with the "
         "grammar's shortest completion when the budget gets tight (per request: budget_safe)")
@@ -211,6 +224,7 @@ class ServerArgs:
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("--chunked-prefill-size must be -1 (off) or > 0")
         check_parallel_flags(self)
+        self.speculation_config()  # bad --speculative-* flags: start-up errors naming them
         self.policy_config()  # bad routing flags: start-up errors naming them
         if self.cpu_isa != "auto" and self.device != "cuda":
             from radixflow.kernels.cpu.features import check_level
@@ -239,6 +253,10 @@ class ServerArgs:
         """The names given with --served-model-name (may be empty)."""
         name = self.served_model_name
         return [name] if isinstance(name, str) else list(name or [])
+
+    def speculation_config(self) -> SpeculationConfig:
+        """--speculative-*, checked: which requests speculate, and how far."""
+        return SpeculationConfig.from_args(self)
 
     def policy_config(self) -> PolicyConfig:
         """How the HTTP process routes requests over the --dp-size replicas."""

@@ -262,6 +262,7 @@ SERVER_ARGS_LEAVES = frozenset({
     "radixflow.runtime.tool_call_formats",  # --tool-call-parser's names
     "radixflow.runtime.server_flags",  # the CLI generated from the fields
     "radixflow.runtime.balance", "radixflow.runtime.balance.config",  # the routing flags
+    "radixflow.runtime.speculative", "radixflow.runtime.speculative.config",  # --speculative-*
 })
 LOWER_LAYERS = ("radixflow.kernels", "radixflow.radix_cache")
 

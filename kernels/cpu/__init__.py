@@ -32,6 +32,7 @@ reused scratch buffer and multiplies it with torch.mm, so no dense copy of the w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -84,6 +85,23 @@ def set_batch_int8_rows(rows: int) -> None:
 
 def batch_int8_rows() -> int:
     return _batch_int8_rows
+
+
+@contextlib.contextmanager
+def batch_int8_by_requests(num_requests: int, rows: int):
+    """Decide the products' x precision by the requests in a step, not its rows: a step of
+    fewer requests than set_batch_int8_rows' threshold keeps exact 16-bit x however many rows
+    it has (a speculative verify pass: a request's drafted tokens are rows of their own), so
+    each request gets the logits it would get decoding alone, token for token."""
+    threshold = _batch_int8_rows
+    if not (threshold > 0 and num_requests < threshold <= rows):
+        yield
+        return
+    set_batch_int8_rows(1 << 30)  # (> 0: the formats that take int8 x from one row still do)
+    try:
+        yield
+    finally:
+        set_batch_int8_rows(threshold)
 
 
 def _library(at: str | None = None) -> ctypes.CDLL | None:

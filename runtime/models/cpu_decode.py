@@ -158,8 +158,10 @@ class CpuDecode:
         pos = torch.tensor([p.start_pos for p in parts], dtype=torch.int64)
         x = model.embed(ids).float()  # (Granite's embedding multiplier in the model dtype)
         cos, sin = model.rope.cos.index_select(0, pos), model.rope.sin.index_select(0, pos)
-        logits = self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(), req_to_token,
-                         torch.tensor([p.req_pool_idx for p in parts], dtype=torch.int64),
-                         pos + 1, logit_rows=sum(wanted))
+        rows = [p.req_pool_idx for p in parts]
+        with cpu_kernels.batch_int8_by_requests(len(set(rows)), len(rows)):
+            logits = self.step(x, cos, sin, out_slots.to(torch.int64).contiguous(),
+                               req_to_token, torch.tensor(rows, dtype=torch.int64), pos + 1,
+                               logit_rows=sum(wanted))
         scaling = model.args.logits_scaling
         return logits if scaling == 1.0 else logits / scaling

@@ -37,10 +37,14 @@ class Commit:
         self.commit(reqs, self.pick(reqs, logits, bitmask, mask_rows))
 
     def pick(self, reqs: list[Req], logits: torch.Tensor, bitmask: torch.Tensor | None,
-             mask_rows: list[int] | None) -> SampleOutput:
-        """One token per request from its logits row (grammar bitmask rows `mask_rows`)."""
+             mask_rows: list[int] | None,
+             output_ids: list[list[int]] | None = None) -> SampleOutput:
+        """One token per row of `logits`, row i reqs[i]'s (grammar bitmask rows `mask_rows`);
+        `output_ids`: each row's output before its token, where it is not its request's (a
+        verify pass's rows after drafted tokens)."""
         batch = SamplingBatch.build(
-            [r.sampling for r in reqs], [r.output_ids for r in reqs],
+            [r.sampling for r in reqs],
+            output_ids if output_ids is not None else [r.output_ids for r in reqs],
             [r.input_ids for r in reqs], [r.generator for r in reqs], self.stop_ids,
             self.state.runner.vocab_size, logits.device)
         bitmask, mask_rows = self.reasoning.masks(reqs, bitmask, mask_rows, logits.device)
@@ -60,17 +64,21 @@ class Commit:
             tops = [list(zip(v, i)) for v, i in
                     zip(result.top_logprobs[0].tolist(), result.top_logprobs[1].tolist())]
         for i, (req, token) in enumerate(zip(reqs, next_ids)):
-            try:  # (a try costs nothing; a `with` per token would)
-                closing = self.grammars.closing(req, token) if req.grammar is not None else None
-                if closing is not None:  # the token would leave no completion within the budget
-                    self.forced.close_early(req, closing)
-                    continue
-                self._append(req, token, logprobs[i],
-                             tops[i][:req.top_logprobs_num] if tops else None)
-                if req.can_jump and req.finish is None:
-                    self.forced.jump_forward(req)
-            except Exception as exc:
-                self.failures.request_failed(req, exc)  # fails it alone (or re-raises)
+            self.commit_token(req, token, logprobs[i], tops[i] if tops else None)
+
+    def commit_token(self, req: Req, token: int, logprob: float,
+                     top: list[tuple[float, int]] | None) -> None:
+        """Append one drawn token (or close the request early), check stops, jump."""
+        try:  # (a try costs nothing; a `with` per token would)
+            closing = self.grammars.closing(req, token) if req.grammar is not None else None
+            if closing is not None:  # the token would leave no completion within the budget
+                self.forced.close_early(req, closing)
+                return
+            self._append(req, token, logprob, top[:req.top_logprobs_num] if top else None)
+            if req.can_jump and req.finish is None:
+                self.forced.jump_forward(req)
+        except Exception as exc:
+            self.failures.request_failed(req, exc)  # fails it alone (or re-raises)
 
     def _append(self, req: Req, token: int, logprob: float,
                 top: list[tuple[float, int]] | None) -> None:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..server_args import ServerArgs
     from .commit import Commit
     from .grammar import MaskJob, SchedulerGrammar
+    from .speculate import Draft, Speculate
     from .state import SchedulerState
 
 logger = logging.getLogger(__name__)
@@ -76,15 +77,21 @@ class ForwardThread:
 
 class Decode:
     def __init__(self, state: SchedulerState, grammars: SchedulerGrammar, commit: Commit,
-                 *, overlap: bool):
+                 *, overlap: bool, speculate: Speculate):
         self.state, self.grammars, self.commit = state, grammars, commit
+        self.speculate = speculate
         self.overlap = overlap
         self.forward_thread = ForwardThread(state.device) if overlap else None
 
     def run(self) -> None:
-        if self.overlap:
+        # a speculating request's next tokens depend on its last verify: those steps run
+        # synchronously (the pass in flight first)
+        if self.overlap and not self.speculate.any_wanted(self.state.running):
             self._run_overlapped()
-        elif any(r.seq_len > r.computed_len for r in self.state.running):
+            return
+        if self.overlap:
+            self.drain()
+        if any(r.seq_len > r.computed_len for r in self.state.running):
             self._run_sync()
 
     def shutdown(self) -> None:
@@ -93,34 +100,45 @@ class Decode:
 
     # ---- planning ----
 
-    def plan(self, reqs: list[Req]) -> tuple[list[Req], list[BatchRequest], torch.Tensor]:
+    def plan(self, reqs: list[Req], drafts: dict[Req, Draft] | None = None
+             ) -> tuple[list[Req], list[BatchRequest], torch.Tensor]:
         """Slots and query rows for every uncomputed token of `reqs` (the last of each wants
-        logits), marked computed: (the requests kept, parts, slots). Retraction may drop some.
+        logits) and each drafted one (each wants logits), marked computed: (the requests
+        kept, parts, slots). Retraction may drop some.
 
         NOTE: rows of one request see each other's K/V because every layer writes the pass's
         K/V into the pool before attention reads it; row i attends to positions < seq_len_i.
         """
+        drafts = drafts or {}
         free_behind_windows(self.state, reqs)  # before allocating: the slots are reused
-        slots = self.alloc(reqs)
+        slots = self.alloc(reqs, drafts)
         reqs = [r for r in reqs if r.status == ReqStatus.RUNNING]  # retraction removes some
         req_to_token = self.state.req_to_token
         parts, used = [], 0
         for req in reqs:
             start, end = req.computed_len, req.seq_len
-            req_to_token[req.req_pool_idx, start:end] = \
-                slots[used:used + end - start].to(torch.int32)
-            used += end - start
+            draft = drafts[req].tokens if req in drafts else []
+            n = end - start + len(draft)
+            req_to_token[req.req_pool_idx, start:start + n] = \
+                slots[used:used + n].to(torch.int32)
+            used += n
             parts += [BatchRequest(req.req_pool_idx, [req.token_at(pos)], pos,
                                    [0] if pos == end - 1 else []) for pos in range(start, end)]
-            req.computed_len = end
+            parts += [BatchRequest(req.req_pool_idx, [token], end + i, [0])
+                      for i, token in enumerate(draft)]
+            req.computed_len = start + n  # (speculate.commit takes back the rejected drafts)
         return reqs, parts, slots[:used]
 
-    def alloc(self, reqs: list[Req]) -> torch.Tensor:
-        """A slot per uncomputed token; retract the requests with the most tokens left until
-        it fits (under --enable-priority-scheduling the highest priority value first)."""
+    def alloc(self, reqs: list[Req], drafts: dict[Req, Draft] | None = None) -> torch.Tensor:
+        """A slot per uncomputed token (and drafted one); retract the requests with the most
+        tokens left until it fits (under --enable-priority-scheduling the highest priority
+        value first). A retracted request's draft goes with it."""
+        drafts = drafts or {}
         while True:
             live = [r for r in reqs if r.status == ReqStatus.RUNNING]
-            slots = self.state.kv.try_alloc(sum(r.seq_len - r.computed_len for r in live))
+            slots = self.state.kv.try_alloc(sum(
+                r.seq_len - r.computed_len + (len(drafts[r].tokens) if r in drafts else 0)
+                for r in live))
             if slots is not None:
                 return slots
             if len(live) <= 1:
@@ -136,9 +154,16 @@ class Decode:
     # ---- one pass, then its tokens ----
 
     def _run_sync(self) -> None:
-        reqs, parts, slots = self.plan([r for r in self.state.running
-                                        if r.seq_len > r.computed_len])
+        reqs = [r for r in self.state.running if r.seq_len > r.computed_len]
+        drafts = self.speculate.propose(reqs)
+        reqs, parts, slots = self.plan(reqs, drafts)
         if not reqs:
+            return
+        drafts = {r: drafts[r] for r in reqs if r in drafts}
+        if drafts:  # a verify pass: rows for the drafted tokens too
+            mask = self.speculate.start_fill(reqs, drafts)
+            logits = self.state.forward(ForwardMode.DECODE, parts, slots)
+            self.speculate.commit(reqs, logits, drafts, mask)
             return
         mask = self.grammars.start_fill(reqs)  # overlaps the forward
         logits = self.state.forward(ForwardMode.DECODE, parts, slots)

@@ -38,7 +38,10 @@ class KVCache:
         return slots
 
     def release(self, req: Req) -> None:
-        """Hand the request's computed tokens to the tree, unlock, give back its row."""
+        """Hand the request's computed tokens to the tree, unlock, give back its row. Slots
+        computed past its tokens (a verify pass's drafts, a token taken back) are freed: the
+        tree only gets the request's own tokens."""
+        self.drop_uncomputed(req)
         n = req.computed_len
         if req.window_freed is not None:  # only the part before the gap can join the tree
             first, below = req.window_freed

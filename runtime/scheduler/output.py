@@ -34,7 +34,8 @@ def make_output(req: Req) -> ReqTokenOut | None:
         output_logprobs=req.pending_logprobs if req.return_logprob else None,
         output_top_logprobs=req.pending_top_logprobs if req.top_logprobs_num else None,
         decode=None if req.announced else decode_spec(req), text_len=_text_len(req, end),
-        embedding=req.embedding, **input_logprobs)
+        embedding=req.embedding, spec=req.spec.report() if req.spec is not None else None,
+        **input_logprobs)
     req.pending_logprobs, req.pending_top_logprobs = [], []
     req.announced = True
     return out

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..detokenize import IncrementalDetokenizer
     from .reasoning import Thinking
     from .sessions import SessionNode
+    from .speculate import SpecState
 
 
 class ReqStatus(enum.Enum):
@@ -71,6 +72,11 @@ class Req:
     embed: EmbedSpec | None = None
     pooled: tuple[torch.Tensor, int] | None = None
     embedding: list[float] | None = None
+    # Speculative decoding (speculate.py): the request's own switch and prediction, and once it
+    # drafts, its drafter and counts.
+    speculative: bool | None = None
+    prediction_ids: list[int] | None = None
+    spec: SpecState | None = None
 
     @classmethod
     def from_message(cls, msg: GenerateReq, arrival: int, device: torch.device) -> Req:
@@ -80,7 +86,8 @@ class Req:
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num, arrival=arrival,
                   constraint=msg.constraint, priority=msg.priority or 0,
-                  cache_salt=msg.cache_salt, embed=msg.embed)
+                  cache_salt=msg.cache_salt, embed=msg.embed, speculative=msg.speculative,
+                  prediction_ids=msg.prediction_ids)
         if msg.sampling.seed is not None:
             req.generator = torch.Generator(device=device).manual_seed(msg.sampling.seed)
         return req

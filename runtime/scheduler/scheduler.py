@@ -8,7 +8,8 @@ The work is split by job, each part sharing the queues and counters (state.py):
 intake.py (a message becomes a waiting request), prefill.py (admission, extend, prompt
 logprobs), decode.py (planning, KV for decode, retraction, the overlapped path), commit.py
 (sampling, appending, stops, finishing), forced_tokens.py (jump-forward, budget-safe closing,
-rollback: tokens nobody sampled) and failures.py (one request's failure fails it alone).
+rollback: tokens nobody sampled), speculate.py (drafts verified in the decode pass) and
+failures.py (one request's failure fails it alone).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from .prefill import Prefill
 from .reasoning import SchedulerReasoning
 from .req import Req
 from .sessions import Sessions
+from .speculate import Speculate
 from .state import SchedulerState
 
 if TYPE_CHECKING:
@@ -83,8 +85,10 @@ class Scheduler:
         self.failures = Failures(state, self.grammars)
         forced = ForcedTokens(state, self.grammars)
         self.commit = Commit(state, self.grammars, self.reasoning, forced, self.failures)
+        self.speculate = Speculate(state, self.grammars, self.commit, args.speculation_config())
         self.decode = Decode(state, self.grammars, self.commit,
-                             overlap=overlap_wanted(args, state.device))
+                             overlap=overlap_wanted(args, state.device),
+                             speculate=self.speculate)
         self.prefill = Prefill(state, self.grammars, self.commit)
         self.intake = Intake(state, self.grammars, self.reasoning, forced, self.failures)
 

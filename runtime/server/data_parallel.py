@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 # SchedulerStats fields that add up over replicas (all of them but the rank).
 SUMMED_STATS = ("num_running", "num_waiting", "kv_used_tokens", "kv_total_tokens",
-                "cache_hit_tokens", "prompt_tokens", "generation_tokens")
+                "cache_hit_tokens", "prompt_tokens", "generation_tokens",
+                "spec_verify_passes", "spec_draft_tokens", "spec_accepted_tokens")
 
 
 def default_threads(args: ServerArgs) -> ServerArgs:

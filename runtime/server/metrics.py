@@ -57,6 +57,18 @@ class _SchedulerCollector(Collector):
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
         yield counter("cached_prompt_tokens", "Prompt tokens served from the radix cache.",
                       s.cache_hit_tokens)
+        passes, drafted, accepted = (s.spec_verify_passes, s.spec_draft_tokens,
+                                     s.spec_accepted_tokens)
+        yield counter("spec_verify_passes", "Speculative verify passes (one per request "
+                      "verified).", passes)
+        yield counter("spec_draft_tokens", "Tokens drafted for speculative decoding.", drafted)
+        yield counter("spec_accepted_tokens", "Drafted tokens the verify passes accepted.",
+                      accepted)
+        yield gauge("spec_accept_rate", "Drafted tokens accepted / drafted tokens (0: none "
+                    "drafted).", accepted / drafted if drafted else 0.0)
+        yield gauge("spec_accept_length", "Tokens a speculative verify pass makes per request "
+                    "on average: 1 + accepted / passes (1: none).",
+                    1 + accepted / passes if passes else 1.0)
 
 
 class _ReplicaCollector(Collector):

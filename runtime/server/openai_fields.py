@@ -59,7 +59,8 @@ CHAT_FIELDS: dict[str, tuple[str, str]] = {
     "prompt_cache_key": (NO_OP, "a hint: the radix cache reuses every shared prefix anyway"),
     "prompt_cache_options": (NO_OP, "a hint: the radix cache keeps prefixes until evicted"),
     "prompt_cache_retention": (NO_OP, "a hint: the radix cache keeps prefixes until evicted"),
-    "prediction": (UNUSED, "needs a speculative decoder; radixflow has none yet"),
+    "prediction": (SERVED, "drafted first by the n-gram speculative decoder (on for the "
+                           "request); usage says accepted/rejected_prediction_tokens"),
     "modalities": (SERVED, '["text"] only; "audio" is refused'),
     "verbosity": (SERVED, '"medium" (what a model does unasked) only; "low" and "high" are '
                           "refused"),

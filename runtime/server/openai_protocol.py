@@ -118,6 +118,8 @@ class _SamplingRequest(_Strict):
     cache_salt: str | None = None
     routed_dp_rank: int | None = None  # SGLang
     data_parallel_rank: int | None = None  # SGLang's deprecated name of routed_dp_rank
+    # radixflow: speculative decoding on or off for this request (speculation_fields.py)
+    speculative: bool | None = None
 
 
 class CompletionRequest(_SamplingRequest):

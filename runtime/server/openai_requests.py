@@ -22,6 +22,7 @@ from ..request_building import (
     tokenize_prompt,
 )
 from ..sampling_params import SamplingParams
+from ..speculation_fields import speculation_fields
 from .build_limits import NO_LIMITS, RENDER_TIMEOUT, BuildLimits
 from .chat_render import render_chat, template_variables
 from .openai_constraints import constraint_fields
@@ -176,6 +177,7 @@ def _build_job(client: SchedulerClient, body: AnyRequest, prompts: list[list[int
                echo: bool = False, constraint: dict | None = None,
                reasoning: ReasoningParser | None = None) -> Job:
     where = placement(body, priority_scheduling=limits.priority_scheduling, openai=True)
+    where.update(speculation_fields(body, client.tokenizer))
     requested = requested_sampling(body)
     explicit = "max_new_tokens" in requested
     reqs = []

@@ -209,10 +209,19 @@ def usage(job: Job, builders: list[ResponseBuilder]) -> dict:
     out = {"prompt_tokens": prompt, "completion_tokens": completion,
            "total_tokens": prompt + completion,
            "prompt_tokens_details": {"cached_tokens": sum(b.cached_tokens for b in firsts)}}
+    details = {}
     if job.reasoning is not None:  # reasoning models: the thinking's tokens, markers included
-        out["completion_tokens_details"] = {"reasoning_tokens": sum(
+        details["reasoning_tokens"] = sum(
             job.reasoning.reasoning_tokens(job.reasoning.mode(b.req.input_ids), b.output_ids)
-            for b in builders)}
+            for b in builders)
+    if any(b.req.prediction_ids for b in builders):  # Predicted Outputs: drafted from it
+        specs = [b.spec for b in builders if b.spec is not None]
+        accepted = sum(s.prediction_accepted_tokens for s in specs)
+        details["accepted_prediction_tokens"] = accepted
+        details["rejected_prediction_tokens"] = sum(
+            s.prediction_draft_tokens for s in specs) - accepted
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 

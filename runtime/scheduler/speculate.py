@@ -1,0 +1,256 @@
+"""Speculative decoding in the decode pass: draft, verify, keep what the model would have made.
+
+Drafting (`propose`): each request that speculates gets up to k tokens from its drafter
+(speculative/ngram.py: its prediction, then n-gram matches in its own tokens). A constrained
+request's draft is cut at the first token its grammar rejects, walking a fork of its grammar;
+the fork's state after each drafted token masks that token's row. Drafts stop before a stop
+token, within the request's max_new_tokens and context, and within the free KV slots (a draft
+never evicts or retracts anything).
+
+Verifying (`commit`): the pass computes the request's uncomputed tokens and then its drafted
+ones, one row each (decode.py's plan), logits at the last real token and at every drafted one.
+Every row is sampled as a decode step would sample it, with the output before it (penalties,
+min_new_tokens) and its grammar mask; the drafted tokens are accepted while each equals the
+token drawn before it. With a draft that is a single token, this is exactly the standard
+speculative sampling rule (accept with probability p(d), else draw from p without d): the
+outputs keep their distribution, and a greedy output is the one decoding without speculation
+makes. The first drawn token that differs (or the one after the last drafted) is the step's new
+token, so a step appends 1 + accepted tokens.
+
+KV: the drafted tokens' slots are written by the pass; an accepted token's slot becomes its
+KV (the request's computed length moves over it only once the token is committed and the
+request is still as expected), every other drafted slot goes back to the pool. The radix tree
+only ever gets committed tokens (kv_cache.release inserts a request's computed length).
+
+Acceptance steers the draft length (`SpecState.after_verify`): all accepted doubles it, none
+halves it, and at zero the request stops drafting for a while (a back-off that doubles each
+time), so a request with nothing to copy costs almost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..messages import SpecCounts
+from ..speculative.ngram import NgramDrafter
+from .grammar import MaskJob
+from .req import ReqStatus
+
+if TYPE_CHECKING:
+    from ..constrained import GrammarState
+    from ..speculative.config import SpeculationConfig
+    from .commit import Commit
+    from .grammar import SchedulerGrammar
+    from .req import Req
+    from .state import SchedulerState
+
+MAX_BACKOFF_STEPS = 64
+
+
+@dataclass
+class SpecState:
+    """One request's drafter, draft length and counts."""
+
+    drafter: NgramDrafter
+    max_k: int
+    k: int
+    pause: int = 0  # steps left without drafting
+    backoff: int = 4  # the next pause
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("verify_passes", "draft_tokens", "accepted_tokens", "prediction_draft_tokens",
+         "prediction_accepted_tokens"), 0))
+
+    def draft_len(self) -> int:
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.k
+
+    def after_verify(self, drafted: int, accepted: int) -> None:
+        if accepted == drafted:
+            self.k = min(self.max_k, self.k * 2)
+            self.backoff = 4
+        elif accepted == 0:
+            self.k //= 2
+            if self.k == 0:
+                self.pause, self.k = self.backoff, 1
+                self.backoff = min(MAX_BACKOFF_STEPS, self.backoff * 2)
+        else:
+            self.k = max(1, min(self.max_k, accepted + 1))
+
+    def report(self) -> SpecCounts:
+        return SpecCounts(**self.counts)
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # row i's grammar state (row 0's is the request's own; None: no grammar)
+    states: list[GrammarState | None]
+    from_prediction: bool
+
+
+class Speculate:
+    def __init__(self, state: SchedulerState, grammars: SchedulerGrammar, commit: Commit,
+                 config: SpeculationConfig):
+        self.state, self.grammars, self.commit_ = state, grammars, commit
+        self.config = config
+        stats = state.stats
+        for key in ("spec_verify_passes", "spec_draft_tokens", "spec_accepted_tokens"):
+            stats[key] = 0
+
+    def wants(self, req: Req) -> bool:
+        """Whether the request speculates: its own switch, else its prediction or the
+        server's flag; never while it thinks (its masks change there) or under a
+        max_repeat_run guard (its bans are per step)."""
+        on = req.speculative if req.speculative is not None else (
+            self.config.on or bool(req.prediction_ids))
+        return on and req.thinking is None and not (
+            req.grammar is not None and req.sampling.max_repeat_run)
+
+    def any_wanted(self, reqs: list[Req]) -> bool:
+        return any(self.wants(r) for r in reqs)
+
+    # ---- drafting ----
+
+    def propose(self, reqs: list[Req]) -> dict[Req, Draft]:
+        """Each speculating request's draft (requests without one are left out)."""
+        state = self.state
+        free = state.kv_pool.num_free - sum(r.seq_len - r.computed_len for r in reqs)
+        drafts: dict[Req, Draft] = {}
+        for req in reqs:
+            if free <= 0:
+                break
+            if not self.wants(req):
+                continue
+            spec = req.spec or self._start(req)
+            k = min(spec.draft_len(), req.num_tokens_left - 1,
+                    state.context_len - req.seq_len - 1, free)
+            if k <= 0:
+                continue
+            tokens, from_prediction = spec.drafter.draft(req.fill_ids, k)
+            draft = self._checked(req, tokens, from_prediction)
+            if draft is not None:
+                drafts[req] = draft
+                free -= len(draft.tokens)
+        return drafts
+
+    def _start(self, req: Req) -> SpecState:
+        config = self.config
+        drafter = NgramDrafter(config.min_window, config.max_window, req.prediction_ids,
+                               num_output_start=len(req.input_ids))
+        req.spec = SpecState(drafter, config.num_draft_tokens, config.num_draft_tokens)
+        return req.spec
+
+    def _checked(self, req: Req, tokens: list[int], from_prediction: bool) -> Draft | None:
+        """The draft cut before a stop token and at the first token the grammar rejects,
+        with each row's grammar state; None if nothing is left."""
+        stops = req.sampling.stop_token_ids
+        eos = () if req.sampling.ignore_eos else self.state.eos_ids
+        kept = []
+        for token in tokens:
+            if token in eos or token in stops:
+                break
+            kept.append(token)
+        grammar = req.grammar
+        if grammar is None:
+            return Draft(kept, [None] * (len(kept) + 1), from_prediction) if kept else None
+        if not kept or grammar.is_terminated():
+            return None
+        walk = grammar.fork()
+        states: list[GrammarState | None] = [grammar]
+        for i, token in enumerate(kept):
+            if not walk.accept_token(token):
+                kept = kept[:i]
+                break
+            states.append(walk.fork() if i < len(kept) - 1 else walk)
+        return Draft(kept, states, from_prediction) if kept else None
+
+    # ---- verifying ----
+
+    def start_fill(self, reqs: list[Req], drafts: dict[Req, Draft]) -> MaskJob | None:
+        """The pass's bitmask, a row per logits row, filled on the grammar thread."""
+        states = []
+        for req in reqs:
+            draft = drafts.get(req)
+            states += draft.states if draft is not None else [req.grammar]
+        rows = [i for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return None
+        backend = self.grammars.backend
+        bitmask = backend.allocate_bitmask(len(states))
+        return MaskJob(bitmask, rows, backend.fill_bitmasks_async(states, bitmask))
+
+    def commit(self, reqs: list[Req], logits: torch.Tensor, drafts: dict[Req, Draft],
+               mask: MaskJob | None) -> None:
+        """Sample every row, accept the drafted tokens the draws confirm, commit."""
+        rows_of, outputs = [], []
+        for req in reqs:
+            draft = drafts.get(req)
+            tokens = draft.tokens if draft is not None else []
+            rows_of += [req] * (len(tokens) + 1)
+            outputs += [req.output_ids + tokens[:i] for i in range(len(tokens) + 1)]
+        bitmask = mask_rows = None
+        if mask is not None:
+            bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
+        picked = self.commit_.pick(rows_of, logits, bitmask, mask_rows, outputs)
+        drawn = picked.next_ids.tolist()
+        logprobs = (picked.logprobs.tolist() if picked.logprobs is not None
+                    else [0.0] * len(drawn))
+        tops = None
+        if picked.top_logprobs is not None:
+            tops = [list(zip(v, i)) for v, i in zip(picked.top_logprobs[0].tolist(),
+                                                     picked.top_logprobs[1].tolist())]
+        row = 0
+        for req in reqs:
+            draft = drafts.get(req)
+            n = len(draft.tokens) + 1 if draft is not None else 1
+            rows = range(row, row + n)
+            row += n
+            if draft is None:
+                self.commit_.commit_token(req, drawn[rows[0]], logprobs[rows[0]],
+                                          tops[rows[0]] if tops else None)
+                continue
+            self._commit_drafted(req, draft, [drawn[r] for r in rows],
+                                 [logprobs[r] for r in rows],
+                                 [tops[r] for r in rows] if tops else None)
+
+    def _commit_drafted(self, req: Req, draft: Draft, drawn: list[int],
+                        logprobs: list[float], tops: list | None) -> None:
+        tokens = draft.tokens
+        accepted = 0
+        while accepted < len(tokens) and drawn[accepted] == tokens[accepted]:
+            accepted += 1
+        self._count(req, draft, accepted)
+        # the drafted tokens' slots: positions start .. start + len(tokens) - 1
+        start = req.seq_len
+        req_to_token = self.state.req_to_token
+        slots = req_to_token[req.req_pool_idx, start:start + len(tokens)].long().clone()
+        req.computed_len = start  # each drafted slot joins once its token is committed
+        kept = 0
+        for i in range(accepted + 1):
+            self.commit_.commit_token(req, drawn[i], logprobs[i], tops[i] if tops else None)
+            plain = (req.status == ReqStatus.RUNNING and req.finish is None
+                     and req.seq_len == start + i + 1 and req.output_ids[-1] == drawn[i]
+                     and req.computed_len == start + i)
+            if i == accepted or not plain:
+                break
+            req.computed_len = start + i + 1  # the drafted token's K/V is this token's
+            kept = i + 1
+        self.state.kv_pool.free(slots[kept:])
+
+    def _count(self, req: Req, draft: Draft, accepted: int) -> None:
+        counts, stats = req.spec.counts, self.state.stats
+        counts["verify_passes"] += 1
+        counts["draft_tokens"] += len(draft.tokens)
+        counts["accepted_tokens"] += accepted
+        if draft.from_prediction:
+            counts["prediction_draft_tokens"] += len(draft.tokens)
+            counts["prediction_accepted_tokens"] += accepted
+        stats["spec_verify_passes"] += 1
+        stats["spec_draft_tokens"] += len(draft.tokens)
+        stats["spec_accepted_tokens"] += accepted
+        req.spec.after_verify(len(draft.tokens), accepted)
