@@ -58,3 +58,28 @@ def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch, kerne
     assert len(got[2][n]) == len(want[2][n]) == SEEDED["max_new_tokens"]
     first, again, mixed = want
     assert first == again == mixed[:n]
+
+
+def test_triton_attention_verifies_drafted_tokens(tiny_llama, monkeypatch, kernel_device):
+    """Speculative decoding's verify pass through the Triton kernels: a request's drafted
+    tokens are rows of the decode pass, attending to each other's K/V written in that pass."""
+    from helpers.spec_oracle import Oracle
+
+    from radixflow.runtime.request_building import tokenize_prompt
+    from radixflow.runtime.scheduler import speculate
+
+    greedy = {**GREEDY, "max_new_tokens": 12}
+    with Engine(str(tiny_llama), dtype="float32", max_total_tokens=1024) as engine:
+        want = [r["output_ids"] for r in engine.generate(PROMPTS, greedy)]
+        tok = engine.tokenizer
+    monkeypatch.setattr(Oracle, "futures", [tokenize_prompt(tok, p) + w
+                                            for p, w in zip(PROMPTS, want)])
+    monkeypatch.setattr(Oracle, "wrong_at", 2)
+    monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    with Engine(str(tiny_llama), dtype="float32", device=kernel_device.type,
+                attention_backend="triton", max_total_tokens=1024,
+                speculative_algorithm="ngram") as engine:
+        got = engine.generate(PROMPTS, greedy)
+        engine.scheduler.check_slots()
+    assert [r["output_ids"] for r in got] == want
+    assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0

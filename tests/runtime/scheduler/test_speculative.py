@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from helpers.engine_checks import settle
+from helpers.spec_oracle import Oracle
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import InvalidRequest
@@ -67,26 +68,6 @@ def _only_committed(engine, prompts: list[str], outs: list[dict]) -> None:
     full = [tokenize_prompt(tok, p) + o["output_ids"] for p, o in zip(prompts, outs)]
     for seq in _tree_sequences(engine.scheduler.state.tree):
         assert any(f[:len(seq)] == seq for f in full), "the tree holds an uncommitted token"
-
-
-class Oracle:
-    """A drafter that knows each prompt's greedy continuation: `wrong_at` (per draft) makes
-    that drafted token wrong, so a verify pass accepts exactly the tokens before it."""
-
-    futures: list[list[int]] = []
-    wrong_at: int | None = None
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def draft(self, tokens: list[int], k: int) -> tuple[list[int], bool]:
-        for seq in self.futures:
-            if seq[:len(tokens)] == tokens:
-                nxt = list(seq[len(tokens):len(tokens) + k])
-                if self.wrong_at is not None and self.wrong_at < len(nxt):
-                    nxt[self.wrong_at] = (nxt[self.wrong_at] + 1) % 300 + 3
-                return nxt, False
-        return [], False
 
 
 @pytest.fixture(scope="module")

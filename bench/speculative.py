@@ -1,0 +1,312 @@
+"""Speculative decoding (n-gram / prompt lookup): radixflow with and without it, and llama.cpp
+with and without its own n-gram speculation, on the same greedy chat requests.
+
+    python -m bench.speculative --llama-server /tmp/anchor-llamacpp/build/bin/llama-server
+
+Workloads (seeded): copy_extract (documents holding the values, a JSON Schema response:
+copy-heavy), summarise_quote (a summary that quotes sentences verbatim), random_short (random
+words: little to copy). For each: single-stream TPOT per request, radixflow's off and on
+alternating per request on one server (the request's `speculative` field: off, on, on, off, ...),
+outputs compared token for token; acceptance from /metrics; 8-concurrent throughput (off, on,
+on, off); llama.cpp plain and with `--spec-type ngram-simple`, one server at a time (plain,
+spec, spec, plain). Then the verify pass's cost per drafted token, in-process: one request's
+decode pass with 1 + k rows at a 512-token context. Filed as a section of
+bench/results/speculative.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import functools
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from . import workloads as wl
+from .peers import serving
+from .report import Run, publish, run_key
+from .serve import metric
+
+RF_URL, LLAMA_URL = "http://127.0.0.1:18090", "http://127.0.0.1:18091"
+FIRSTS = ["Maria", "Kenji", "Oluwaseun", "Ingrid", "Rafael", "Priya", "Tomasz", "Aiyana"]
+LASTS = ["Delgado-Fernandez", "Nakamura", "Adeyemi", "Johansson", "Okonkwo", "Kowalczyk"]
+COMPANIES = ["Northwind Traders", "Contoso Pharmaceuticals", "Fabrikam Robotics",
+             "Tailspin Toys", "Wide World Importers", "Litware Systems"]
+STREETS = ["Harbor Boulevard", "Maple Avenue", "Rue de Rivoli", "Kurfurstendamm", "King Street"]
+SCHEMA = {"type": "object", "properties": {
+    k: {"type": "string"} for k in ("invoice_number", "vendor", "customer", "contact", "email",
+                                    "phone", "address", "total", "po_number")},
+    "required": ["invoice_number", "vendor", "customer", "contact", "email", "phone", "address",
+                 "total", "po_number"], "additionalProperties": False}
+
+
+def copy_extract(n: int, rng: random.Random) -> list[dict]:
+    out = []
+    for _ in range(n):
+        first, last = rng.choice(FIRSTS), rng.choice(LASTS)
+        vendor, customer = rng.sample(COMPANIES, 2)
+        doc = (f"Invoice {rng.randint(1000, 9999)}-{rng.choice('ABCDEFGH')} from {vendor}, "
+               f"billed to {customer} at {rng.randint(10, 9999)} {rng.choice(STREETS)}, "
+               f"Suite {rng.randint(100, 999)}. Contact: {first} {last}, phone "
+               f"+1 ({rng.randint(200, 999)}) 555-{rng.randint(1000, 9999)}, email "
+               f"{first.lower()}.{last.lower()}@{customer.split()[0].lower()}.example. Total "
+               f"due: ${rng.randint(100, 99999)}.{rng.randint(10, 99)}, purchase order "
+               f"PO-{rng.randint(10000, 99999)}-{rng.choice(['XZ', 'QK', 'LM'])}. "
+               + wl.words(rng, 40))
+        out.append({"messages": [{"role": "user", "content":
+                    "Extract the invoice's fields as JSON. Copy every value exactly as it is "
+                    "written in the document.\n\n" + doc}],
+                    "max_tokens": 200, "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "invoice", "schema": SCHEMA, "strict": True}}})
+    return out
+
+
+def summarise_quote(n: int, rng: random.Random) -> list[dict]:
+    out = []
+    for _ in range(n):
+        sentences = [wl._sentences(rng, 30) for _ in range(5)]
+        text = " ".join(sentences)
+        out.append({"messages": [{"role": "user", "content":
+                    "Summarise the text below in one sentence, then quote its first and its "
+                    f"last sentence word for word.\n\n{text}"}], "max_tokens": 160})
+    return out
+
+
+def random_short(n: int, rng: random.Random) -> list[dict]:
+    sessions = wl.random_short(n, rng.randint(0, 10**6))
+    return [{"messages": [{"role": "user", "content": s.turns[0].user}], "max_tokens": 64,
+             "ignore_eos": True} for s in sessions]
+
+
+WORKLOADS = {"copy_extract": copy_extract, "summarise_quote": summarise_quote,
+             "random_short": random_short}
+
+
+@functools.cache
+def model_id(url: str) -> str:
+    return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def chat(url: str, req: dict, extra: dict | None = None) -> dict:
+    """One streamed greedy chat request: its text, tokens, TTFT and TPOT."""
+    body = {"model": model_id(url), "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **req, **(extra or {})}
+    t0, first, pieces, usage = time.perf_counter(), None, [], {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    first = first or time.perf_counter()
+                    pieces.append(choice["delta"]["content"])
+    end = time.perf_counter()
+    tokens = usage.get("completion_tokens", len(pieces))
+    tpot = (end - first) / (tokens - 1) if first and tokens > 1 else None
+    return {"text": "".join(pieces), "tokens": tokens, "ttft": (first or end) - t0,
+            "tpot": tpot}
+
+
+def throughput(url: str, reqs: list[dict], extra: dict | None, concurrency: int) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        outs = list(pool.map(lambda r: chat(url, r, extra), reqs))
+    return sum(o["tokens"] for o in outs) / (time.perf_counter() - t0)
+
+
+def spec_counts(url: str) -> tuple[float, float, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return tuple(metric(text, f"radixflow:spec_{n}_total")
+                 for n in ("verify_passes", "draft_tokens", "accepted_tokens"))
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+# ---- radixflow: one server, the request's field switches it ----
+
+def radixflow(args, sets: dict[str, list[dict]]) -> dict:
+    cmd = ["radixflow", "serve", "--port", RF_URL.rsplit(":", 1)[1], "--log-level", "warning",
+           "--speculative-algorithm", "ngram",
+           "--speculative-num-draft-tokens", str(args.draft_tokens)]
+    res = {}
+    with serving(cmd, RF_URL):
+        for name, reqs in sets.items():
+            chat(RF_URL, reqs[0], {"speculative": False})  # warm (the grammar's first compile)
+            off, on, same = [], [], 0
+            before = spec_counts(RF_URL)
+            for i, req in enumerate(reqs):
+                order = [False, True] if i % 2 == 0 else [True, False]
+                got = {flag: chat(RF_URL, req, {"speculative": flag}) for flag in order}
+                off.append(got[False])
+                on.append(got[True])
+                same += got[False]["text"] == got[True]["text"]
+            passes, drafted, accepted = (a - b for a, b in zip(spec_counts(RF_URL), before))
+            tput = {False: [], True: []}
+            for flag in (False, True, True, False):
+                tput[flag].append(throughput(RF_URL, reqs, {"speculative": flag},
+                                             args.concurrency))
+            res[name] = {
+                "tpot_off": median([o["tpot"] for o in off]),
+                "tpot_on": median([o["tpot"] for o in on]),
+                "same": same, "n": len(reqs), "passes": passes, "drafted": drafted,
+                "accepted": accepted, "tput_off": median(tput[False]),
+                "tput_on": median(tput[True]),
+                "tokens": median([o["tokens"] for o in on])}
+    return res
+
+
+# ---- llama.cpp: one server at a time, plain and with its n-gram speculation ----
+
+@contextlib.contextmanager
+def llama(args, gguf: Path, spec: bool) -> Iterator[str]:
+    cmd = [str(args.llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port",
+           LLAMA_URL.rsplit(":", 1)[1], "--threads", str(args.threads), "--threads-batch",
+           str(args.threads), "--parallel", str(args.concurrency), "--ctx-size",
+           str(4096 * args.concurrency), "--cont-batching"]
+    if spec:
+        cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n",
+                str(args.llama_ngram_n), "--spec-ngram-simple-size-m", str(args.llama_draft_m)]
+    with serving(cmd, LLAMA_URL) as url:
+        model_id.cache_clear()
+        yield url
+
+
+def llama_cpp(args, sets: dict[str, list[dict]], gguf: Path) -> dict:
+    runs: dict[str, dict[bool, list]] = {n: {False: [], True: []} for n in sets}
+    for spec in (False, True, True, False):
+        with llama(args, gguf, spec) as url:
+            for name, reqs in sets.items():
+                chat(url, reqs[0])  # warm
+                outs = [chat(url, r) for r in reqs]
+                tput = throughput(url, reqs, None, args.concurrency)
+                runs[name][spec].append((outs, tput))
+    res = {}
+    for name, by in runs.items():
+        row = {}
+        for spec, label in ((False, "off"), (True, "on")):
+            row[f"tpot_{label}"] = median([median([o["tpot"] for o in outs])
+                                           for outs, _ in by[spec]])
+            row[f"tput_{label}"] = median([t for _, t in by[spec]])
+        row["same"] = sum(a["text"] == b["text"]
+                          for a, b in zip(by[False][0][0], by[True][0][0]))
+        res[name] = row
+    return res
+
+
+# ---- the verify pass's cost per drafted token ----
+
+def verify_cost(context: int = 512, repeats: int = 30) -> dict[int, float]:
+    import torch
+
+    from radixflow.runtime.engine import Engine
+    from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
+
+    times = {}
+    with Engine(None) as eng:
+        runner = eng.scheduler.runner
+        pool, table = runner.kv_pool, runner.req_to_token_pool.req_to_token
+        row = runner.req_to_token_pool.alloc()
+        slots = pool.alloc(context + 17)
+        table[row, :context + 17] = slots.to(torch.int32)
+        for rows in (1, 2, 3, 5, 9, 17):
+            parts = [BatchRequest(row, [100 + i], context + i, [0]) for i in range(rows)]
+            out = slots[context:context + rows]
+            samples = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                runner.forward(ForwardMode.DECODE, parts, out)
+                samples.append(time.perf_counter() - t)
+            times[rows] = statistics.median(samples) * 1000
+        pool.free(slots)
+        runner.req_to_token_pool.free(row)
+    return times
+
+
+def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) -> str:
+    lines = [f"## Speculative decoding, n-gram ({datetime.date.today()}, {level})", "",
+             f"`{args.command}`; SmolLM2-135M-Instruct (radixflow: its default model; "
+             "llama.cpp: the same Q4_1 GGUF), greedy, 2 threads, "
+             f"{args.requests} requests a workload, {args.concurrency} at a time for tok/s. "
+             "radixflow: `--speculative-algorithm ngram --speculative-num-draft-tokens "
+             f"{args.draft_tokens}`, off/on per request; llama.cpp: `--spec-type ngram-simple "
+             f"--spec-ngram-simple-size-n {args.llama_ngram_n} --spec-ngram-simple-size-m "
+             f"{args.llama_draft_m}`.", "",
+             "| workload | rf TPOT off / on (ms) | speedup | identical | accepted / drafted "
+             "| tokens per verify | rf 8-conc tok/s off / on |"
+             + (" llama.cpp TPOT off / on | llama.cpp 8-conc off / on |" if lc else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if lc else "")]
+    for name, r in rf.items():
+        rate = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
+        per = 1 + r["accepted"] / r["passes"] if r["passes"] else 1.0
+        row = (f"| {name} | {r['tpot_off'] * 1e3:.1f} / {r['tpot_on'] * 1e3:.1f} | "
+               f"{r['tpot_off'] / r['tpot_on']:.2f}x | {r['same']}/{r['n']} | "
+               f"{rate:.0%} ({r['accepted']:.0f}/{r['drafted']:.0f}) | {per:.2f} | "
+               f"{r['tput_off']:.0f} / {r['tput_on']:.0f} |")
+        if lc:
+            c = lc[name]
+            row += (f" {c['tpot_off'] * 1e3:.1f} / {c['tpot_on'] * 1e3:.1f} | "
+                    f"{c['tput_off']:.0f} / {c['tput_on']:.0f} |")
+        lines.append(row)
+    base = cost[1]
+    lines += ["", "The verify pass (one request, 512-token context, the C decode step): "
+              "ms per pass by rows (1 + drafted tokens), and each drafted token's cost as a "
+              "share of a plain step:", "",
+              "| rows | " + " | ".join(str(k) for k in cost) + " |",
+              "|---|" + "---|" * len(cost),
+              "| ms | " + " | ".join(f"{v:.2f}" for v in cost.values()) + " |",
+              "| per drafted token | - | " + " | ".join(
+                  f"{(v - base) / (k - 1) / base:.0%}" for k, v in cost.items() if k > 1) + " |"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--llama-server", type=Path, default=None)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--llama-ngram-n", type=int, default=3)
+    ap.add_argument("--llama-draft-m", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args(argv)
+    args.command = "python -m bench.speculative " + " ".join(argv or __import__("sys").argv[1:])
+    from radixflow.kernels.cpu.features import cpu_features
+
+    level = cpu_features().level
+    rng = random.Random(args.seed)
+    sets = {name: WORKLOADS[name](args.requests, rng) for name in args.workloads}
+    rf = radixflow(args, sets)
+    lc = None
+    if args.llama_server is not None:
+        from radixflow.runtime.model_loader.default_model import fetch_default_gguf
+
+        with tempfile.TemporaryDirectory() as tmp:
+            lc = llama_cpp(args, sets, fetch_default_gguf(Path(tmp)))
+    cost = verify_cost()
+    key = run_key(str(datetime.date.today()), level, *([args.label] if args.label else []))
+    publish(report(args, rf, lc, cost, level), Run("speculative", key),
+            raw={"radixflow": rf, "llama_cpp": lc, "verify_ms": cost})
+
+
+if __name__ == "__main__":
+    main()
