@@ -3,7 +3,9 @@
 Drafting (`propose`): each request that speculates gets up to k tokens from its drafter
 (speculative/ngram.py: its prediction, then n-gram matches in its own tokens). A constrained
 request's draft is cut at the first token its grammar rejects, walking a fork of its grammar;
-the fork's state after each drafted token masks that token's row. Drafts stop before a stop
+the fork's state after each drafted token masks that token's row. Then, if the request does not
+jump forward (it asked for logprobs, or --disable-jump-forward), the tokens its grammar forces
+after the draft are drafted too. Drafts stop before a stop
 token, within the request's max_new_tokens and context, and within the free KV slots (a draft
 never evicts or retracts anything).
 
@@ -132,7 +134,7 @@ class Speculate:
             if k <= 0:
                 continue
             tokens, from_prediction = spec.drafter.draft(req.fill_ids, k)
-            draft = self._checked(req, tokens, from_prediction)
+            draft = self._checked(req, tokens, from_prediction, k)
             if draft is not None:
                 drafts[req] = draft
                 free -= len(draft.tokens)
@@ -145,9 +147,11 @@ class Speculate:
         req.spec = SpecState(drafter, config.num_draft_tokens, config.num_draft_tokens)
         return req.spec
 
-    def _checked(self, req: Req, tokens: list[int], from_prediction: bool) -> Draft | None:
-        """The draft cut before a stop token and at the first token the grammar rejects,
-        with each row's grammar state; None if nothing is left."""
+    def _checked(self, req: Req, tokens: list[int], from_prediction: bool,
+                 k: int) -> Draft | None:
+        """The draft cut before a stop token and at the first token the grammar rejects, then
+        (a request that does not jump forward) extended by the tokens the grammar forces
+        after it, with each row's grammar state; None if nothing is left."""
         stops = req.sampling.stop_token_ids
         eos = () if req.sampling.ignore_eos else self.state.eos_ids
         kept = []
@@ -158,7 +162,7 @@ class Speculate:
         grammar = req.grammar
         if grammar is None:
             return Draft(kept, [None] * (len(kept) + 1), from_prediction) if kept else None
-        if not kept or grammar.is_terminated():
+        if grammar.is_terminated():
             return None
         walk = grammar.fork()
         states: list[GrammarState | None] = [grammar]
@@ -166,7 +170,15 @@ class Speculate:
             if not walk.accept_token(token):
                 kept = kept[:i]
                 break
-            states.append(walk.fork() if i < len(kept) - 1 else walk)
+            states.append(walk.fork())
+        if not req.can_jump and len(kept) < k:  # (a jumping request appends them anyway)
+            forced = walk.jump_forward(self.grammars.tokenizer, req.output_ids + kept,
+                                       max_new_tokens=k - len(kept), max_replaced=0)
+            for token in forced.token_ids if forced is not None else ():
+                if token in eos or token in stops or not walk.accept_token(token):
+                    break
+                kept.append(token)
+                states.append(walk.fork())
         return Draft(kept, states, from_prediction) if kept else None
 
     # ---- verifying ----

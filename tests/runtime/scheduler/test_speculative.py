@@ -290,3 +290,17 @@ def test_the_prediction_is_followed_then_searched():
     assert d.draft(prompt + [1, 2, 7, 4, 5], 2) == ([6], True)
     with pytest.raises(ValueError, match="n-gram sizes"):
         NgramDrafter(3, 2)
+
+
+def test_a_grammar_that_cannot_jump_drafts_what_it_forces(engines):
+    """A constrained request reporting logprobs never jumps forward: the tokens its grammar
+    forces are drafted instead, verified (and scored) in the pass."""
+    on, off = engines
+    params = {"max_new_tokens": 30, "json_schema": json.dumps(SCHEMA), **GREEDY}
+    want = off.generate(PROMPTS[3], params, return_logprob=True)
+    got = on.generate(PROMPTS[3], params, return_logprob=True)
+    assert got["output_ids"] == want["output_ids"]
+    meta = got["meta_info"]
+    assert meta["spec_accept_token_num"] > 0
+    assert len(meta["output_token_logprobs"]) == len(got["output_ids"])
+    settle(on)
