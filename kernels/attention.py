@@ -14,12 +14,16 @@ Both kernels read the K/V pool through `req_to_token` (page size 1: one slot per
 
 GQA: query head h reads KV head `h // (num_heads // num_kv_heads)`. Softmax in fp32; the
 output has q's dtype.
+
+An int8 cache (--kv-cache-dtype int8) is passed as kv_int8.QuantizedRows (codes and scales):
+the Triton kernels dequantize each tile they load to q's dtype, the references to fp32.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import kv_int8
 from .dispatch import Backend, pick_backend
 
 
@@ -106,8 +110,8 @@ def extend_attention_torch(q, k, v, k_cache, v_cache, req_to_token, req_pool_ind
             continue
         new = slice(start, start + extend_len)
         slots = req_to_token[row, :prefix_len].long()
-        keys = torch.cat([k_cache[slots], k[new].to(k_cache.dtype)])
-        values = torch.cat([v_cache[slots], v[new].to(v_cache.dtype)])
+        keys = torch.cat([_rows(k_cache, slots), _as_cached(k[new], k_cache)])
+        values = torch.cat([_rows(v_cache, slots), _as_cached(v[new], v_cache)])
         out[new] = attend(q[new], keys, values, scale=scale, first_pos=prefix_len,
                           window=window)
     return out
@@ -120,8 +124,8 @@ def decode_attention_torch(q, k_cache, v_cache, req_to_token, req_pool_indices, 
         if seq_len == 0:
             continue
         slots = req_to_token[row, :seq_len].long()
-        out[i:i + 1] = attend(q[i:i + 1], k_cache[slots], v_cache[slots], scale=scale,
-                              first_pos=seq_len - 1, window=window)
+        out[i:i + 1] = attend(q[i:i + 1], _rows(k_cache, slots), _rows(v_cache, slots),
+                              scale=scale, first_pos=seq_len - 1, window=window)
     return out
 
 
@@ -148,6 +152,20 @@ def attend(
     scores.masked_fill_(hidden[None], float("-inf"))
     probs = scores.softmax(dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+
+
+def _rows(cache, slots: torch.Tensor) -> torch.Tensor:
+    """cache[slots]: an int8 cache's (kv_int8.QuantizedRows) dequantized to fp32."""
+    if isinstance(cache, kv_int8.QuantizedRows):
+        return kv_int8.gather(cache, slots, torch.float32)
+    return cache[slots]
+
+
+def _as_cached(x: torch.Tensor, cache) -> torch.Tensor:
+    """New tokens' K or V as the cache holds them (an int8 cache: quantized, then back)."""
+    if isinstance(cache, kv_int8.QuantizedRows):
+        return kv_int8.dequantize(*kv_int8.quantize(x), torch.float32)
+    return x.to(cache.dtype)
 
 
 def _check_window(window: int | None) -> None:

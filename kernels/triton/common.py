@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_int8 import QuantizedRows
+
 
 @triton.jit
 def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -30,3 +32,29 @@ def needs_int64(*tensors: torch.Tensor) -> bool:
     """Whether element offsets into any of these tensors can pass int32 (32-bit offsets keep
     the gathered tiles' address math in half the registers)."""
     return any(t.numel() >= 2**31 for t in tensors)
+
+
+@triton.jit
+def dequantize_keys(k, Scale, slots, stride_s, mask_n, dtype: tl.constexpr):
+    """An int8 cache's key tile [BLOCK_D, BLOCK_N] (codes) times each key's scale, as dtype."""
+    scale = tl.load(Scale + slots * stride_s, mask=mask_n, other=0.0).to(tl.float32)
+    return (k.to(tl.float32) * scale[None, :]).to(dtype)
+
+
+@triton.jit
+def dequantize_values(v, Scale, slots, stride_s, mask_n, dtype: tl.constexpr):
+    """An int8 cache's value tile [BLOCK_N, BLOCK_D] (codes) times each key's scale, as dtype."""
+    scale = tl.load(Scale + slots * stride_s, mask=mask_n, other=0.0).to(tl.float32)
+    return (v.to(tl.float32) * scale[:, None]).to(dtype)
+
+
+def kv_tensors(k_cache, v_cache):
+    """((K tensor, its scales), (V tensor, its scales), is_int8) for the kernels: an int8
+    pool's codes and scales (kernels/kv_int8.py), or a float pool's tensors (standing in for
+    the scales the kernels then never read)."""
+    is_int8 = isinstance(k_cache, QuantizedRows)
+    if is_int8 != isinstance(v_cache, QuantizedRows):
+        raise ValueError("K and V caches must both be int8 (QuantizedRows) or both float")
+    if is_int8:
+        return tuple(k_cache), tuple(v_cache), True
+    return (k_cache, k_cache), (v_cache, v_cache), False

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, dot_options
+from .common import dequantize_keys, dequantize_values, dot, dot_options, kv_tensors
 from .decode_plan import (
     MAX_KV_SPLITS,
     MIN_SHARED_PREFIX,
@@ -56,10 +56,11 @@ _LOG2E = 1.0 / math.log(2.0)
 
 @triton.jit(do_not_specialize=["Window"])
 def _decode_split_kernel(
-    Q, K_cache, V_cache, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse,
+    Q, K_cache, V_cache, K_scale, V_scale, Req_to_token, Req_pool_indices, Seq_lens, Mid_o,
+    Mid_lse,
     qk_scale,  # softmax scale * log2(e)
     stride_q_b, stride_q_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
-    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ks_s, stride_vs_s,
     Shared_lens,  # [bs]: keys before the request's own (a shared prefix's), or unused
     Window,  # WINDOWED: the query sees the keys from seq_len - Window on
     GROUP: tl.constexpr,  # query heads per KV head
@@ -73,6 +74,7 @@ def _decode_split_kernel(
     UPCAST: tl.constexpr,
     SHARED: tl.constexpr,  # Shared_lens holds each request's shared prefix, skipped here
     WINDOWED: tl.constexpr,  # (never with SHARED)
+    KV_INT8: tl.constexpr,  # int8 codes, times K_scale / V_scale [slots, kv_heads] (fp16)
 ):
     req = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -103,6 +105,8 @@ def _decode_split_kernel(
     req_row = tl.load(Req_pool_indices + req).to(tl.int64)
     K_cache += kv_head * stride_kc_h
     V_cache += kv_head * stride_vc_h
+    K_scale += kv_head
+    V_scale += kv_head
 
     q = tl.load(Q + req * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
                 mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
@@ -117,10 +121,14 @@ def _decode_split_kernel(
         slots = slots.to(tl.int64)
         k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        if KV_INT8:
+            k = dequantize_keys(k, K_scale, slots, stride_ks_s, mask_n, q.dtype)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if KV_INT8:
+            v = dequantize_values(v, V_scale, slots, stride_vs_s, mask_n, q.dtype)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
@@ -182,6 +190,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     its last `window` keys; such a call never runs the cascade."""
     if q.stride(-1) != 1:
         q = q.contiguous()
+    (k_cache, k_scale), (v_cache, v_scale), kv_int8 = kv_tensors(k_cache, v_cache)
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -221,11 +230,11 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
                v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
                mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
-               mid_lse.stride(1))
+               mid_lse.stride(1), k_scale.stride(0), v_scale.stride(0))
 
     _decode_split_kernel[(bs, num_kv_heads * head_blocks_per_kv, num_kv_splits)](
-        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
-        scale * _LOG2E, *strides,
+        q, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, mid_o,
+        mid_lse, scale * _LOG2E, *strides,
         shared_prefix.lens if shared else seq_lens, window or 0,
         GROUP=group,
         HEADS_PER_PROGRAM=per_program,
@@ -237,6 +246,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         **dot_options(q),
         SHARED=shared,
         WINDOWED=window is not None,
+        KV_INT8=kv_int8,
         num_warps=4,
         num_stages=2,
     )
@@ -244,7 +254,8 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
         block_r = max(1, SHARED_ROWS // group)
         block_m = max(16, triton.next_power_of_2(block_r * group))
         _shared_prefix_kernel[(bs, num_kv_heads, num_kv_splits)](
-            q, k_cache, v_cache, req_to_token, req_pool_indices, shared_prefix.lens,
+            q, k_cache, v_cache, k_scale, v_scale, req_to_token, req_pool_indices,
+            shared_prefix.lens,
             shared_prefix.group_start, shared_prefix.group_end, mid_o, mid_lse,
             scale * _LOG2E, *strides, num_kv_splits,
             GROUP=group,
@@ -254,6 +265,7 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
             BLOCK_D=block_d,
             BLOCK_N=block_n,
             **dot_options(q),
+            KV_INT8=kv_int8,
             num_warps=shared_prefix_warps(block_m, block_d),
             num_stages=2,
         )
@@ -275,16 +287,17 @@ def decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices,
 def warm_up_decode_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
                              req_to_token: torch.Tensor, *, num_heads: int, scale: float,
                              num_kv_splits: int | None = None,
-                             windowed: bool = False) -> int:
+                             windowed: bool = False, q_dtype: torch.dtype | None = None) -> int:
     """Launch once each variant of `decode_variants` over these pools, so triton compiles them
     all now (`windowed`: each split count with a sliding window too); the count launched.
+    q_dtype: the queries' (default the pool's; an int8 pool's are the model's).
     Tensors alike in dtype and layout to a serving backend's (int64 lengths and rows, queries
     of the pool's dtype), so its launches find the variants compiled. Reads slot ids of the
     table's row 0, writes only its own outputs."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     bs = 2
-    q = torch.zeros((bs, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+    q = torch.zeros((bs, num_heads, head_dim), dtype=q_dtype or k_cache.dtype, device=device)
     rows = torch.zeros(bs, dtype=torch.int64, device=device)
     ones = torch.ones(bs, dtype=torch.int64, device=device)
     together = SharedPrefix(ones, torch.zeros_like(rows), torch.full_like(rows, bs))

@@ -14,16 +14,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import dot
+from .common import dequantize_keys, dequantize_values, dot
 
 
 @triton.jit
 def _shared_prefix_kernel(
-    Q, K_cache, V_cache, Req_to_token, Req_pool_indices, Shared_lens, Group_start, Group_end,
-    Mid_o, Mid_lse,
+    Q, K_cache, V_cache, K_scale, V_scale, Req_to_token, Req_pool_indices, Shared_lens,
+    Group_start, Group_end, Mid_o, Mid_lse,
     qk_scale,  # softmax scale * log2(e)
     stride_q_b, stride_q_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
-    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ks_s, stride_vs_s,
     FIRST_SPLIT,  # where its splits go in Mid_o / Mid_lse: after stage 1's
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_R: tl.constexpr,  # requests per program
@@ -33,6 +33,7 @@ def _shared_prefix_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    KV_INT8: tl.constexpr,  # int8 codes, times K_scale / V_scale [slots, kv_heads] (fp16)
 ):
     req = tl.program_id(0)  # a block's first member, or a program with nothing to do
     kv_head = tl.program_id(1)
@@ -59,6 +60,8 @@ def _shared_prefix_kernel(
     req_row = tl.load(Req_pool_indices + req).to(tl.int64)  # the prefix: every member's alike
     K_cache += kv_head * stride_kc_h
     V_cache += kv_head * stride_vc_h
+    K_scale += kv_head
+    V_scale += kv_head
     members = members.to(tl.int64)
 
     q = tl.load(Q + members[:, None] * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
@@ -73,10 +76,14 @@ def _shared_prefix_kernel(
         slots = slots.to(tl.int64)
         k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        if KV_INT8:
+            k = dequantize_keys(k, K_scale, slots, stride_ks_s, mask_n, q.dtype)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if KV_INT8:
+            v = dequantize_values(v, V_scale, slots, stride_vs_s, mask_n, q.dtype)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])

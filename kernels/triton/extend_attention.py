@@ -19,7 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, dot_options, needs_int64
+from .common import (
+    dequantize_keys,
+    dequantize_values,
+    dot,
+    dot_options,
+    kv_tensors,
+    needs_int64,
+)
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -42,12 +49,13 @@ def _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: 
 
 @triton.jit(do_not_specialize=["Window"])
 def _extend_attention_kernel(
-    Q, K, V, O, K_cache, V_cache,
+    Q, K, V, O, K_cache, V_cache, K_scale, V_scale,
     Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts,
     qk_scale,  # softmax scale * log2(e)
     Window,  # WINDOWED: the query at position p sees keys p - Window < k <= p
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_o_t, stride_o_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_req,
+    stride_ks_s, stride_vs_s,
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -57,6 +65,7 @@ def _extend_attention_kernel(
     UPCAST: tl.constexpr,
     INT64: tl.constexpr,  # element offsets that may pass 2**31
     WINDOWED: tl.constexpr,
+    KV_INT8: tl.constexpr,  # the cache: int8 codes, times K_scale / V_scale [slots, kv_heads]
 ):
     # Largest M blocks first: under causal masking they are the slowest.
     block_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -84,6 +93,8 @@ def _extend_attention_kernel(
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     K_cache += kv_head * stride_kc_h
     V_cache += kv_head * stride_vc_h
+    K_scale += kv_head
+    V_scale += kv_head
     K += kv_head * stride_k_h
     V += kv_head * stride_v_h
 
@@ -110,11 +121,15 @@ def _extend_attention_kernel(
                 slots = slots.to(tl.int64)
             k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
                         mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+            if KV_INT8:
+                k = dequantize_keys(k, K_scale, slots, stride_ks_s, mask_n, q.dtype)
             qk = dot(q, k, PRECISION, UPCAST) * qk_scale
             visible = mask_n[None, :] & (cols[None, :] > prefix_len + offs_m[:, None] - Window)
             qk = tl.where(visible, qk, float("-inf"))
             v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            if KV_INT8:
+                v = dequantize_values(v, V_scale, slots, stride_vs_s, mask_n, q.dtype)
             m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST, True)
     for start_n in range(prefix_full, prefix_len, BLOCK_N):
         cols = start_n + offs_n
@@ -124,10 +139,14 @@ def _extend_attention_kernel(
             slots = slots.to(tl.int64)
         k = tl.load(K_cache + (slots[None, :] * stride_kc_s + offs_d[:, None]),
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        if KV_INT8:
+            k = dequantize_keys(k, K_scale, slots, stride_ks_s, mask_n, q.dtype)
         qk = dot(q, k, PRECISION, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(V_cache + (slots[:, None] * stride_vc_s + offs_d[None, :]),
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if KV_INT8:
+            v = dequantize_values(v, V_scale, slots, stride_vs_s, mask_n, q.dtype)
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # New tokens strictly before this tile: every query row sees all of them (a window: those
@@ -186,6 +205,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
                             max_extend_len: int | None = None,
                             window: int | None = None) -> torch.Tensor:
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    (k_cache, k_scale), (v_cache, v_scale), kv_int8 = kv_tensors(k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
     bs = extend_lens.shape[0]
     out = torch.empty_like(q)
@@ -197,12 +217,13 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
     block_m, block_n, num_warps, num_stages = _tile_config(q, block_d)
     grid = (triton.cdiv(max_extend_len, block_m), num_heads, bs)
     _extend_attention_kernel[grid](
-        q, k, v, out, k_cache, v_cache,
+        q, k, v, out, k_cache, v_cache, k_scale, v_scale,
         req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts,
         scale * _LOG2E, window or 0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
+        v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0), k_scale.stride(0),
+        v_scale.stride(0),
         GROUP=num_heads // k_cache.shape[1],
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
@@ -211,6 +232,7 @@ def extend_attention_triton(q, k, v, k_cache, v_cache, req_to_token, req_pool_in
         **dot_options(q),
         INT64=needs_int64(q, k, v, out, k_cache, v_cache, req_to_token),
         WINDOWED=window is not None,
+        KV_INT8=kv_int8,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -234,15 +256,15 @@ def _tile_config(q: torch.Tensor, block_d: int) -> tuple[int, int, int, int]:
 
 def warm_up_extend_attention(k_cache: torch.Tensor, v_cache: torch.Tensor,
                              req_to_token: torch.Tensor, *, num_heads: int, scale: float,
-                             windowed: bool = False) -> None:
+                             windowed: bool = False, q_dtype: torch.dtype | None = None) -> None:
     """Launch the extend kernel once over these pools (one new token, no prefix), so triton
     compiles the variant a serving backend uses: its tile configuration depends only on the
     device, dtype and head size, and its lengths are int64 like the backend's. `windowed`: the
     sliding-window variant too (a model with windowed layers)."""
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
-    q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
-    kv = torch.zeros((1, num_kv_heads, head_dim), dtype=k_cache.dtype, device=device)
+    q = torch.zeros((1, num_heads, head_dim), dtype=q_dtype or k_cache.dtype, device=device)
+    kv = torch.zeros((1, num_kv_heads, head_dim), dtype=q.dtype, device=device)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
     for w in (None, 1) if windowed else (None,):  # (any window: it is not specialised on)
         extend_attention_triton(q, kv, kv, k_cache, v_cache, req_to_token, zero, zero, zero + 1,

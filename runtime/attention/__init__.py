@@ -35,7 +35,8 @@ def create_attention_backend(name: str, device: torch.device, num_heads: int, nu
     if name == "triton":
         from .triton_backend import TritonAttnBackend
 
-        return TritonAttnBackend(num_heads, num_kv_heads, head_dim, scale, windowed=windowed)
+        return TritonAttnBackend(num_heads, num_kv_heads, head_dim, scale, windowed=windowed,
+                                 dtype=dtype)
     raise ValueError(f"--attention-backend must be auto, torch_native or triton, got {name!r}")
 
 

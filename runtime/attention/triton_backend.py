@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixflow.kernels import kv_int8
 from radixflow.kernels.attention import decode_attention, extend_attention
 
 from ..forward_batch import ForwardBatch, ForwardMode
@@ -43,8 +44,10 @@ class _Plan:
 
 class TritonAttnBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 *, num_kv_splits: int | None = None, windowed: bool = False):
-        """windowed: some layer attends through a sliding window (warm_up compiles for it)."""
+                 *, num_kv_splits: int | None = None, windowed: bool = False,
+                 dtype: torch.dtype | None = None):
+        """windowed: some layer attends through a sliding window (warm_up compiles for it);
+        dtype: the model's (the queries' over an int8 KV pool; default bf16)."""
         if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads {num_heads} must be a positive multiple of "
                              f"num_kv_heads {num_kv_heads}")
@@ -52,6 +55,7 @@ class TritonAttnBackend:
         self.scale = scale
         self.num_kv_splits = num_kv_splits
         self.windowed = windowed
+        self.dtype = dtype or torch.bfloat16
 
     def warm_up(self, kv_pool: KVPool, req_to_token: torch.Tensor) -> None:
         """Compile every variant of the extend and decode kernels this backend can launch
@@ -60,16 +64,17 @@ class TritonAttnBackend:
         from radixflow.kernels.triton.extend_attention import warm_up_extend_attention
 
         started = time.perf_counter()
-        k_cache, v_cache = kv_pool.k[0], kv_pool.v[0]  # every layer's alike
+        k_cache, v_cache = kv_pool.layer(0)  # every layer's alike
+        q_dtype = self.dtype if kv_pool.is_int8 else None
         guard = (torch.cuda.device(kv_pool.device) if kv_pool.device.type == "cuda"
                  else contextlib.nullcontext())
         with guard:  # triton launches on the current device: make it the pool's
             warm_up_extend_attention(k_cache, v_cache, req_to_token, num_heads=self.num_heads,
-                                     scale=self.scale, windowed=self.windowed)
+                                     scale=self.scale, windowed=self.windowed, q_dtype=q_dtype)
             count = warm_up_decode_attention(k_cache, v_cache, req_to_token,
                                              num_heads=self.num_heads, scale=self.scale,
                                              num_kv_splits=self.num_kv_splits,
-                                             windowed=self.windowed)
+                                             windowed=self.windowed, q_dtype=q_dtype)
             if kv_pool.device.type == "cuda":
                 torch.cuda.synchronize(kv_pool.device)
         logger.info("Triton attention: extend and %d decode variants compiled in %.1f s",
@@ -118,9 +123,14 @@ class TritonAttnBackend:
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         pool = batch.kv_pool
         pool.write(layer_id, batch.out_slots, k, v)
-        k_cache, v_cache = pool.k[layer_id], pool.v[layer_id]
+        k_cache, v_cache = pool.layer(layer_id)
         out_dtype = q.dtype
-        q = q.to(k_cache.dtype)  # tl.dot wants one dtype on both sides
+        if pool.is_int8:  # the kernels dequantize the codes to q's dtype
+            # the new tokens' K/V as the pool holds them, so extend and later decodes agree
+            k, v = (kv_int8.dequantize(*kv_int8.quantize(x), q.dtype) for x in (k, v))
+        else:
+            q = q.to(k_cache.dtype)  # tl.dot wants one dtype on both sides
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         if batch.mode == ForwardMode.DECODE:
             splits, shared = plan.num_kv_splits, plan.shared_prefix
             if window is not None:
@@ -133,7 +143,7 @@ class TritonAttnBackend:
             return out.to(out_dtype)
         # The new tokens' K/V as the pool holds them, so extend and later decodes agree.
         out = extend_attention(
-            q, k.to(k_cache.dtype), v.to(v_cache.dtype), k_cache, v_cache, batch.req_to_token,
+            q, k, v, k_cache, v_cache, batch.req_to_token,
             batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, plan.extend_starts,
             scale=self.scale, max_extend_len=plan.max_extend_len, window=window,
             backend="triton")
