@@ -211,30 +211,44 @@ def llama_cpp(args, sets: dict[str, list[dict]], gguf: Path) -> dict:
 
 # ---- the verify pass's cost per drafted token ----
 
-def verify_cost(context: int = 512, repeats: int = 30) -> dict[int, float]:
+def verify_cost(context: int = 512, repeats: int = 30) -> dict[str, dict[int, float]]:
+    """ms per decode pass of 1 and of 8 requests (512-token contexts) with k drafted rows
+    each, k = 0, 1, 2, 4, 8, 16 (8 requests: up to 4)."""
     import torch
 
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
 
-    times = {}
+    times: dict[str, dict] = {"1": {}, "8": {}}
     with Engine(None) as eng:
         runner = eng.scheduler.runner
         pool, table = runner.kv_pool, runner.req_to_token_pool.req_to_token
-        row = runner.req_to_token_pool.alloc()
-        slots = pool.alloc(context + 17)
-        table[row, :context + 17] = slots.to(torch.int32)
-        for rows in (1, 2, 3, 5, 9, 17):
-            parts = [BatchRequest(row, [100 + i], context + i, [0]) for i in range(rows)]
-            out = slots[context:context + rows]
-            samples = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                runner.forward(ForwardMode.DECODE, parts, out)
-                samples.append(time.perf_counter() - t)
-            times[rows] = statistics.median(samples) * 1000
-        pool.free(slots)
-        runner.req_to_token_pool.free(row)
+        rows = [runner.req_to_token_pool.alloc() for _ in range(8)]
+        slots = [pool.alloc(context + 17) for _ in rows]
+        for row, s in zip(rows, slots):
+            table[row, :context + 17] = s.to(torch.int32)
+        for batch, drafts in (("1", (0, 1, 2, 4, 8, 16)), ("8", (0, 1, 2, 4))):
+            for k in drafts:
+                chosen = rows[:int(batch)]
+                parts = [BatchRequest(row, [100 + i], context + i, [0])
+                         for row in chosen for i in range(k + 1)]
+                out = torch.cat([s[context:context + k + 1] for s in slots[:int(batch)]])
+                samples = []
+                step = runner.cpu_decode.step if runner.cpu_decode is not None else None
+                if step is not None and batch == "1" and k in (0, 4):
+                    step.profile(True, cpu_time=True)
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    runner.forward(ForwardMode.DECODE, parts, out)
+                    samples.append(time.perf_counter() - t)
+                times[batch][k] = statistics.median(samples) * 1000
+                if step is not None and batch == "1" and k in (0, 4):
+                    phases = step.profile(False)
+                    times[f"phases k={k}"] = {name: round(sec / repeats * 1000, 3)
+                                              for name, sec in phases.items() if sec}
+        for row, s in zip(rows, slots):
+            pool.free(s)
+            runner.req_to_token_pool.free(row)
     return times
 
 
@@ -263,15 +277,25 @@ def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) 
             row += (f" {c['tpot_off'] * 1e3:.1f} / {c['tpot_on'] * 1e3:.1f} | "
                     f"{c['tput_off']:.0f} / {c['tput_on']:.0f} |")
         lines.append(row)
-    base = cost[1]
-    lines += ["", "The verify pass (one request, 512-token context, the C decode step): "
-              "ms per pass by rows (1 + drafted tokens), and each drafted token's cost as a "
-              "share of a plain step:", "",
-              "| rows | " + " | ".join(str(k) for k in cost) + " |",
-              "|---|" + "---|" * len(cost),
-              "| ms | " + " | ".join(f"{v:.2f}" for v in cost.values()) + " |",
-              "| per drafted token | - | " + " | ".join(
-                  f"{(v - base) / (k - 1) / base:.0%}" for k, v in cost.items() if k > 1) + " |"]
+    lines += ["", "The verify pass (512-token contexts, the C decode step, in-process): ms "
+              "per pass with k drafted rows per request, and each drafted token's cost as a "
+              "share of the pass without drafts:", ""]
+    for batch in ("1", "8"):
+        by_k = cost[batch]
+        base = by_k[0]
+        lines += [f"| {batch} request(s), k = | " + " | ".join(str(k) for k in by_k) + " |",
+                  "|---|" + "---|" * len(by_k),
+                  "| ms | " + " | ".join(f"{v:.2f}" for v in by_k.values()) + " |",
+                  "| per drafted token | - | " + " | ".join(
+                      f"{(v - base) / (k * int(batch)) / base:.1%}"
+                      for k, v in by_k.items() if k) + " |", ""]
+    phases = [cost.get("phases k=0"), cost.get("phases k=4")]
+    if all(phases):
+        lines += ["Where one request's pass goes (ms of thread 0's CPU time per pass; the C "
+                  "step's phase timers), without drafts and with 4:", "",
+                  "| phase | k = 0 | k = 4 |", "|---|---|---|"]
+        lines += [f"| {name} | {phases[0].get(name, 0):.2f} | {phases[1].get(name, 0):.2f} |"
+                  for name in phases[1]]
     return "\n".join(lines)
 
 
@@ -288,11 +312,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--verify-cost-only", action="store_true",
+                    help="print the verify pass's cost and stop (no servers)")
     args = ap.parse_args(argv)
     args.command = "python -m bench.speculative " + " ".join(argv or __import__("sys").argv[1:])
     from radixflow.kernels.cpu.features import cpu_features
 
     level = cpu_features().level
+    if args.verify_cost_only:
+        print(json.dumps(verify_cost(), indent=1))
+        return
     rng = random.Random(args.seed)
     sets = {name: WORKLOADS[name](args.requests, rng) for name in args.workloads}
     rf = radixflow(args, sets)
