@@ -52,8 +52,9 @@ class KVPool:
 
     dtype torch.int8 (--kv-cache-dtype int8) keeps K and V as int8 codes with an fp16 scale
     per slot and KV head (kernels/kv_int8.py), `k_scales` / `v_scales` [num_slots, kv_heads]
-    per layer, quantized by `write`; readers take `layer(i)`'s pair, whose int8 form
-    (kv_int8.QuantizedRows) each attention path dequantizes as it reads."""
+    per layer, quantized by `write` (keys after kv_int8.rotate); readers take `layer(i)`'s
+    pair, whose int8 form (kv_int8.QuantizedRows) each attention path dequantizes as it reads,
+    with its queries rotated (`rotate_queries`)."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -80,6 +81,10 @@ class KVPool:
         itemsize = torch.empty((), dtype=dtype).element_size()
         scale = kv_int8.SCALE_DTYPE.itemsize if dtype == torch.int8 else 0
         return 2 * num_layers * num_kv_heads * (head_dim * itemsize + scale)
+
+    def rotate_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """q [..., head_dim] as it meets this pool's stored keys: rotated in an int8 pool."""
+        return kv_int8.rotate(q) if self.is_int8 else q
 
     def layer(self, layer_id: int) -> tuple:
         """Layer layer_id's (K, V): tensors, or kv_int8.QuantizedRows in an int8 pool."""
@@ -122,8 +127,8 @@ class KVPool:
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # (a 16-bit pool under an fp32 model rounds K/V here)
         pool_k, pool_v = self.k[layer_id], self.v[layer_id]
-        if self.is_int8:
-            for x, codes, scales in ((k, pool_k, self.k_scales[layer_id]),
+        if self.is_int8:  # (keys rotated first: kv_int8.rotate)
+            for x, codes, scales in ((kv_int8.rotate(k), pool_k, self.k_scales[layer_id]),
                                      (v, pool_v, self.v_scales[layer_id])):
                 c, s = kv_int8.quantize(x)
                 codes.index_copy_(0, slots, c)

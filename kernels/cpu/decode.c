@@ -630,6 +630,21 @@ static double profile_clock(const rf_model *m) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* x (D values, D a power of two) times the orthonormal Hadamard matrix, Sylvester's order:
+ * kernels/kv_int8.py's rotate (an int8 cache stores its keys rotated, and its readers rotate
+ * the queries: q . k = (q H) . (k H)). */
+static void hadamard(float *x, int64_t D) {
+    for (int64_t h = 1; h < D; h *= 2)
+        for (int64_t i = 0; i < D; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                const float a = x[j], c = x[j + h];
+                x[j] = a + c;
+                x[j + h] = a - c;
+            }
+    const float s = 1.0f / sqrtf((float)D);
+    for (int64_t i = 0; i < D; i++) x[i] *= s;
+}
+
 /* One row's K and V (fp32 [kv_heads][head_dim] each) into the cache at `slot`: bf16, or int8
  * codes and an fp16 scale per KV head, quantized as kernels/kv_int8.py's quantize (scale =
  * amax / 127 rounded to fp16; codes rounded to nearest even with that scale). */
@@ -711,6 +726,8 @@ void rf_decode_batch(const rf_model *m, int64_t B, const float *x_in, const floa
                     if (norm) rms_norm_inplace(v, norm, D, m->eps);
                     rope(v, cos + r * D, sin + r * D, D);
                 }
+                if (L->k_cache == NULL && (D & (D - 1)) == 0) /* an int8 cache: rotated keys */
+                    for (int64_t h = 0; h < m->heads + m->kv_heads; h++) hadamard(qkv + h * D, D);
                 uint16_t *qb = b.qb + r * m->heads * qs;
                 for (int64_t h = 0; h < m->heads; h++)
                     for (int64_t d = 0; d < qs; d++)

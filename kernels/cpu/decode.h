@@ -49,7 +49,8 @@ typedef struct {
                        keys; 0: all of them */
     /* An int8 cache (kernels/kv_int8.py, set where k_cache is NULL): per slot and KV head,
      * head_dim codes [slots][kv_heads][head_dim] and their fp16 scale [slots][kv_heads]. The
-     * step writes its K/V quantized (store_kv); attention dequantizes each block of keys into
+     * step writes its K/V quantized (store_kv; keys and queries rotated first where head_dim
+     * is a power of two, kernels/kv_int8.py's rotate); attention dequantizes each block of keys into
      * scratch as it reads it (kv_slice, KV_SLICES): bf16 values at avx512; at avx2 the codes
      * (exact in bf16, the scales then folded into the scores and weights) for one request,
      * fp32 values for a shared prefix and prefill. */

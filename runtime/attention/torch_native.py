@@ -238,6 +238,7 @@ class TorchNativeAttnBackend:
                 batch: ForwardBatch, *, window: int | None = None) -> torch.Tensor:
         batch.kv_pool.write(layer_id, batch.out_slots, k, v)
         k_pool, v_pool = batch.kv_pool.layer(layer_id)
+        q = batch.kv_pool.rotate_queries(q)
         plan = batch.attn_metadata
         if window is not None:
             if window not in plan.windowed:  # the forward's first layer with this window

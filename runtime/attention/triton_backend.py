@@ -126,8 +126,11 @@ class TritonAttnBackend:
         k_cache, v_cache = pool.layer(layer_id)
         out_dtype = q.dtype
         if pool.is_int8:  # the kernels dequantize the codes to q's dtype
-            # the new tokens' K/V as the pool holds them, so extend and later decodes agree
-            k, v = (kv_int8.dequantize(*kv_int8.quantize(x), q.dtype) for x in (k, v))
+            # the new tokens' K/V as the pool holds them (keys rotated, as the queries), so
+            # extend and later decodes agree
+            q = pool.rotate_queries(q)
+            k, v = (kv_int8.dequantize(*kv_int8.quantize(x), q.dtype)
+                    for x in (kv_int8.rotate(k), v))
         else:
             q = q.to(k_cache.dtype)  # tl.dot wants one dtype on both sides
             k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)

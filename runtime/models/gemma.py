@@ -68,6 +68,7 @@ class GemmaAttention(Attention):
     def _attend(self, q: torch.Tensor, batch: ForwardBatch, i: int, n: int) -> torch.Tensor:
         """Request i's n queries [n, heads, d] over its keys in the pool -> [n, heads, d]."""
         seq = batch.seq_lens_cpu[i]
+        q = batch.kv_pool.rotate_queries(q)
         slots = batch.req_to_token[batch.req_pool_indices[i], :seq].long()
         group = self.num_heads // self.num_kv_heads
         keys, values = (_gather(pool, slots, q.dtype).repeat_interleave(group, dim=1)

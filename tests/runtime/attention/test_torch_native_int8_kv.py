@@ -20,6 +20,25 @@ from radixflow.runtime.memory_pool import KVPool, ReqToTokenPool
 H, KVH, D = 4, 2, 16
 
 
+def test_keys_are_stored_rotated_and_rotation_is_its_own_inverse():
+    x = torch.randn(5, KVH, D)
+    h = kv_int8.rotate(torch.eye(D))
+    torch.testing.assert_close(h, h.T)
+    torch.testing.assert_close(kv_int8.rotate(kv_int8.rotate(x)), x, atol=1e-6, rtol=0)
+    q = torch.randn(D)
+    torch.testing.assert_close(kv_int8.rotate(q) @ kv_int8.rotate(x).transpose(-1, -2),
+                               q @ x.transpose(-1, -2), atol=1e-5, rtol=1e-5)
+    t = torch.ones(3, 48)
+    assert kv_int8.rotate(t) is t and not kv_int8.is_rotated(48)  # no H of order 48
+    pool = KVPool(4, 1, KVH, D, torch.int8)
+    slots = pool.alloc(2)
+    pool.write(0, slots, x[:2], x[:2])
+    kr, vr = pool.layer(0)
+    rotated, plain = (kv_int8.gather(r, slots, torch.float32) for r in (kr, vr))
+    torch.testing.assert_close(rotated, kv_int8.rotate(x[:2]), atol=0.03, rtol=0)
+    torch.testing.assert_close(plain, x[:2], atol=0.03, rtol=0)
+
+
 def test_quantize_round_trip_and_zero_rows():
     x = torch.randn(50, KVH, D) * torch.logspace(-3, 2, 50)[:, None, None]
     x[3] = 0
@@ -42,7 +61,8 @@ def test_pool_writes_codes_and_scales_and_counts_their_bytes():
     pool.write(1, slots, k, v)
     kr, vr = pool.layer(1)
     assert isinstance(kr, kv_int8.QuantizedRows)
-    torch.testing.assert_close(kv_int8.gather(kr, slots, torch.float32), k, atol=0.03, rtol=0)
+    keys = kv_int8.rotate(kv_int8.gather(kr, slots, torch.float32))  # (H H = I)
+    torch.testing.assert_close(keys, k, atol=0.03, rtol=0)
     torch.testing.assert_close(kv_int8.gather(vr, slots, torch.float32), v, atol=0.03, rtol=0)
     assert int(pool.k[0].abs().sum()) == 0  # other layers untouched
     bf16 = KVPool.bytes_per_token(30, 3, 64, torch.bfloat16)
@@ -103,7 +123,8 @@ def run(mode, prefix_lens, ext_lens, pool_dtype, *, shared_prefix=0, dtype=torch
     out = backend.forward(q, k, v, 0, batch, window=window)
     k_rows, v_rows = pool.layer(0)
     if pool.is_int8:
-        keys_of = lambda s: kv_int8.gather(k_rows, s, torch.float32)  # noqa: E731
+        # the stored keys are rotated (kv_int8.rotate); rotated again, they are the keys
+        keys_of = lambda s: kv_int8.rotate(kv_int8.gather(k_rows, s, torch.float32))  # noqa: E731
         values_of = lambda s: kv_int8.gather(v_rows, s, torch.float32)  # noqa: E731
     else:
         keys_of, values_of = (lambda s: k_rows[s].float()), (lambda s: v_rows[s].float())
