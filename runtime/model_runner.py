@@ -160,12 +160,14 @@ class ModelRunner:
         """The most positions the KV pool could serve, known before the weights load (their
         rope tables are built then: Llama 3's 131,072 positions are ~0.2 GB at 8B, for a
         1 GiB pool that serves 8,192): the pool's tokens at bf16 K/V, the least a token can
-        take, or the model's context if that is less. The tables shrink again once the pool
-        is sized."""
+        take (an int8 one's with --kv-cache-dtype int8), or the model's context if that is
+        less. The tables shrink again once the pool is sized."""
         if self.device.type != "cpu":
             return self.context_len
         least = KVPool.bytes_per_token(self.model_args.num_layers, local.num_kv_heads,
-                                       self.model_args.head_dim, torch.bfloat16)
+                                       self.model_args.head_dim,
+                                       torch.int8 if self.args.kv_cache_dtype == "int8"
+                                       else torch.bfloat16)
         return min(self.context_len, self.args.max_total_tokens or self._default_num_slots(least))
 
     def _within_memory(self, num_slots: int, per_token: int) -> int:

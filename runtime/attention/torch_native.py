@@ -11,6 +11,11 @@ Extend batches over a bf16 pool, on a CPU whose build of radixflow's kernels tak
 dtype (bf16 at avx512, fp32 at avx2), run each request through `kernels.cpu.prefill` instead:
 causal attention as blocked products read straight from the pool, no gather, pad or mask.
 
+An int8 pool (--kv-cache-dtype int8, kernels/kv_int8.py) is read the same ways: the kernel
+takes its codes and scales in place; the torch paths dequantize what they gather (a request's
+or a block's keys, never the whole pool) to the queries' dtype; the queries are rotated as the
+pool's keys are (KVPool.rotate_queries).
+
 A sliding-window layer (`forward(..., window=w)`: the query at position p sees keys
 p - w < k <= p) whose window is shorter than some request's context gets plans of its own,
 made at its first layer and kept for the rest of the forward: decode gathers each request's

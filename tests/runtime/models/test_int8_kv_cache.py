@@ -47,6 +47,25 @@ def test_pool_holds_about_twice_the_tokens_in_the_same_memory(tiny_model_factory
     assert ratio == pytest.approx(2 * head_dim / (head_dim + 2), rel=0.01)
 
 
+def test_rope_tables_cover_the_context_an_int8_pool_serves(tiny_model_factory):
+    """A pool that holds fewer tokens than the model's context at bf16 but more at int8: the
+    rope tables, sized before the pool, cover what the int8 pool serves."""
+    from radixflow.runtime.memory_pool import KVPool
+
+    folder = tiny_model_factory("llama")
+    config = json.loads((folder / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token = KVPool.bytes_per_token(config["num_hidden_layers"],
+                                       config.get("num_key_value_heads", heads), head_dim,
+                                       torch.bfloat16)
+    context = config["max_position_embeddings"]
+    runner = _runner(folder, kv_cache_dtype="int8", max_total_tokens=None,
+                     kv_cache_gb=0.7 * context * per_token / 2**30, quantization="int4")
+    assert runner.kv_pool.num_slots > context == runner.context_len
+    assert runner.model.rope.cos.shape[0] >= context
+
+
 def test_c_step_over_int8_kv_matches_the_torch_path_over_it(tiny_model_factory):
     folder = tiny_model_factory("llama")
     runner = _runner(folder, quantization="int4", kv_cache_dtype="int8")
