@@ -101,7 +101,7 @@ def chat(url: str, req: dict, extra: dict | None = None) -> dict:
     """One streamed greedy chat request: its text, tokens, TTFT and TPOT."""
     body = {"model": model_id(url), "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **req, **(extra or {})}
-    t0, first, pieces, usage = time.perf_counter(), None, [], {}
+    t0, first, pieces, usage, timings = time.perf_counter(), None, [], {}, {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -109,6 +109,7 @@ def chat(url: str, req: dict, extra: dict | None = None) -> dict:
                 continue
             event = json.loads(line[5:])
             usage = event.get("usage") or usage
+            timings = event.get("timings") or timings  # llama.cpp's (draft_n, ...)
             for choice in event.get("choices") or []:
                 if (choice.get("delta") or {}).get("content"):
                     first = first or time.perf_counter()
@@ -117,7 +118,8 @@ def chat(url: str, req: dict, extra: dict | None = None) -> dict:
     tokens = usage.get("completion_tokens", len(pieces))
     tpot = (end - first) / (tokens - 1) if first and tokens > 1 else None
     return {"text": "".join(pieces), "tokens": tokens, "ttft": (first or end) - t0,
-            "tpot": tpot}
+            "tpot": tpot, "drafted": timings.get("draft_n", 0),
+            "accepted": timings.get("draft_n_accepted", 0)}
 
 
 def throughput(url: str, reqs: list[dict], extra: dict | None, concurrency: int) -> float:
@@ -205,6 +207,9 @@ def llama_cpp(args, sets: dict[str, list[dict]], gguf: Path) -> dict:
             row[f"tput_{label}"] = median([t for _, t in by[spec]])
         row["same"] = sum(a["text"] == b["text"]
                           for a, b in zip(by[False][0][0], by[True][0][0]))
+        spec_outs = [o for outs, _ in by[True] for o in outs]
+        row["drafted"] = sum(o["drafted"] for o in spec_outs)
+        row["accepted"] = sum(o["accepted"] for o in spec_outs)
         res[name] = row
     return res
 
@@ -263,8 +268,9 @@ def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) 
              f"{args.llama_draft_m}`.", "",
              "| workload | rf TPOT off / on (ms) | speedup | identical | accepted / drafted "
              "| tokens per verify | rf 8-conc tok/s off / on |"
-             + (" llama.cpp TPOT off / on | llama.cpp 8-conc off / on |" if lc else ""),
-             "|---|---|---|---|---|---|---|" + ("---|---|" if lc else "")]
+             + (" llama.cpp TPOT off / on | speedup | identical | accepted / drafted | "
+                "llama.cpp 8-conc off / on |" if lc else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|---|---|---|" if lc else "")]
     for name, r in rf.items():
         rate = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
         per = 1 + r["accepted"] / r["passes"] if r["passes"] else 1.0
@@ -274,7 +280,10 @@ def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) 
                f"{r['tput_off']:.0f} / {r['tput_on']:.0f} |")
         if lc:
             c = lc[name]
+            lrate = c["accepted"] / c["drafted"] if c["drafted"] else 0.0
             row += (f" {c['tpot_off'] * 1e3:.1f} / {c['tpot_on'] * 1e3:.1f} | "
+                    f"{c['tpot_off'] / c['tpot_on']:.2f}x | {c['same']}/{r['n']} | "
+                    f"{lrate:.0%} ({c['accepted']}/{c['drafted']}) | "
                     f"{c['tput_off']:.0f} / {c['tput_on']:.0f} |")
         lines.append(row)
     lines += ["", "The verify pass (512-token contexts, the C decode step, in-process): ms "
