@@ -51,9 +51,9 @@ typedef struct {
      * head_dim codes [slots][kv_heads][head_dim] and their fp16 scale [slots][kv_heads]. The
      * step writes its K/V quantized (store_kv; keys and queries rotated first where head_dim
      * is a power of two, kernels/kv_int8.py's rotate); attention dequantizes each block of keys into
-     * scratch as it reads it (kv_slice, KV_SLICES): bf16 values at avx512; at avx2 the codes
-     * (exact in bf16, the scales then folded into the scores and weights) for one request,
-     * fp32 values for a shared prefix and prefill. */
+     * scratch as it reads it (kv_slice, KV_SLICES) at avx512, as bf16 values; avx2 widens the
+     * codes to fp32 as it loads them (widen16: exact, the scales folded into the scores and
+     * weights) for one request, and into fp32 values for a shared prefix and prefill. */
     int8_t *k_codes, *v_codes;
     uint16_t *k_scales, *v_scales;
 } rf_layer;

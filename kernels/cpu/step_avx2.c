@@ -47,15 +47,29 @@ static inline __m256 sum8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
+/* Values c .. c + 15 of a K or V slice p (bf16, or with I8 an int8 cache's codes, exact) as
+ * fp32: its 8 even values, its 8 odd ones. I8 is a constant at each call. */
+static inline __attribute__((always_inline)) void widen16(const void *p, int64_t c, const int I8,
+                                                          __m256 *e, __m256 *o) {
+    if (I8) {
+        const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const int8_t *)p + c)));
+        *e = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 16));
+        *o = _mm256_cvtepi32_ps(_mm256_srai_epi32(x, 16));
+    } else {
+        const __m256i kv = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + c));
+        *e = _mm256_castsi256_ps(_mm256_slli_epi32(kv, 16));
+        *o = _mm256_castsi256_ps(_mm256_and_si256(kv, _mm256_set1_epi32((int)0xffff0000)));
+    }
+}
+
 /* The dot products of S query heads (permuted queries qp, D floats apart) with J keys (K
  * slices k[j0 .. j0 + J), D bf16 values), not yet summed: acc[g][j0 + j] gets 8 partial sums.
  * S and J are constants at each call, so the S * J accumulators stay in registers (the pragmas
  * unroll the small loops early enough for gcc to keep their arrays out of memory); each K
  * chunk is widened once for the S heads. */
-static inline __attribute__((always_inline)) void dots(const float *qp, const uint16_t *const *k,
+static inline __attribute__((always_inline)) void dots(const float *qp, const void *const *k,
                                                        int64_t D, __m256 (*acc)[BLOCK], int j0,
-                                                       const int S, const int J) {
-    const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
+                                                       const int S, const int J, const int I8) {
     __m256 a[SCORE_HEADS][8];
 #pragma GCC unroll 8
     for (int g = 0; g < S; g++)
@@ -64,9 +78,8 @@ static inline __attribute__((always_inline)) void dots(const float *qp, const ui
     for (int64_t c = 0; c < D; c += 16) {
 #pragma GCC unroll 8
         for (int j = 0; j < J; j++) {
-            __m256i kv = _mm256_loadu_si256((const __m256i *)(k[j0 + j] + c));
-            __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(kv, 16));
-            __m256 o = _mm256_castsi256_ps(_mm256_and_si256(kv, odd));
+            __m256 e, o;
+            widen16(k[j0 + j], c, I8, &e, &o);
 #pragma GCC unroll 8
             for (int g = 0; g < S; g++) {
                 a[g][j] = _mm256_fmadd_ps(e, _mm256_load_ps(qp + g * D + c), a[g][j]);
@@ -84,13 +97,14 @@ static inline __attribute__((always_inline)) void dots(const float *qp, const ui
  * `keys` repeating the last) into s[g][0 .. keys). Keys J at a time: 8 or 12 accumulators,
  * enough that the FMA chains (2 FMAs per accumulator per chunk) do not wait on each other. */
 static inline __attribute__((always_inline)) void block_scores(const float *qp,
-                                                               const uint16_t *const *k,
+                                                               const void *const *k,
                                                                int64_t D, int64_t keys,
-                                                               float *const *s, const int S) {
+                                                               float *const *s, const int S,
+                                                               const int I8) {
     const int J = S == 1 ? 8 : 4;
     __m256 acc[SCORE_HEADS][BLOCK];
     int j0 = 0;
-    for (; j0 < keys; j0 += J) dots(qp, k, D, acc, j0, S, J);
+    for (; j0 < keys; j0 += J) dots(qp, k, D, acc, j0, S, J, I8);
     for (; j0 < BLOCK; j0++) /* lanes summed below but not stored */
         for (int g = 0; g < S; g++) acc[g][j0] = _mm256_setzero_ps();
     for (int g = 0; g < S; g++)
@@ -111,18 +125,16 @@ static inline __attribute__((always_inline)) void block_scores(const float *qp,
  * order: per chunk, its 8 even values' sums then its 8 odd ones'). S and CC are constants at
  * each call: 2 S CC accumulators in registers. */
 static inline __attribute__((always_inline)) void weighted_values(
-    const uint16_t *const *v, int64_t keys, int64_t d0, const float *const *w, float *const *out,
-    const int S, const int CC) {
-    const __m256i odd = _mm256_set1_epi32((int)0xffff0000);
+    const void *const *v, int64_t keys, int64_t d0, const float *const *w, float *const *out,
+    const int S, const int CC, const int I8) {
     __m256 acc[12]; /* [g][c][even, odd] */
 #pragma GCC unroll 12
     for (int i = 0; i < 2 * S * CC; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t t = 0; t < keys; t++) {
 #pragma GCC unroll 4
         for (int c = 0; c < CC; c++) {
-            __m256i vv = _mm256_loadu_si256((const __m256i *)(v[t] + d0 + 16 * c));
-            __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(vv, 16));
-            __m256 o = _mm256_castsi256_ps(_mm256_and_si256(vv, odd));
+            __m256 e, o;
+            widen16(v[t], d0 + 16 * c, I8, &e, &o);
 #pragma GCC unroll 4
             for (int g = 0; g < S; g++) {
                 __m256 wt = _mm256_broadcast_ss(w[g] + t);
@@ -139,6 +151,31 @@ static inline __attribute__((always_inline)) void weighted_values(
             _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[2 * (g * CC + c)]));
             _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[2 * (g * CC + c) + 1]));
         }
+}
+
+/* weighted_values over all D values of S heads, in chunks of 16 values a call (8 or more
+ * accumulators). I8 is a constant at each call. */
+static inline __attribute__((always_inline)) void value_sums(
+    const void *const *v, int64_t keys, int64_t D, const float *const *w, float *const *out,
+    int S, const int I8) {
+    int64_t d0 = 0;
+    switch (S) {
+    case 1:
+        for (; d0 + 64 <= D; d0 += 64) weighted_values(v, keys, d0, w, out, 1, 4, I8);
+        for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 1, 1, I8);
+        break;
+    case 2:
+        for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 2, 2, I8);
+        for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 2, 1, I8);
+        break;
+    case 3:
+        for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 3, 2, I8);
+        for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 3, 1, I8);
+        break;
+    default:
+        for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 4, 1, I8);
+        break;
+    }
 }
 
 /* Prefetches the K or V slices that the walk over KV heads and their blocks of keys reads
@@ -171,7 +208,7 @@ static inline int subgroup(int64_t G, int64_t g0, int most) {
     return (int)(g0 < big * (small + 1) ? small + 1 : small);
 }
 
-/* ---- an int8 cache: blocks of keys dequantized into scratch as they are read ---- */
+/* ---- an int8 cache: codes widened as they are read (widen16, widen_codes) ---- */
 
 /* 16 codes as 16 int16, dword i holding values 2i (low half) and 2i + 1: their even values
  * and their odd ones as fp32, times scale. */
@@ -180,32 +217,6 @@ static inline void codes16(const int8_t *src, __m256 scale, __m256 *even, __m256
     *even = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 16)), scale);
     *odd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(x, 16)), scale);
 }
-
-/* D codes as bf16 (exact: |code| <= 127) in the cache's layout, into dst: what the bf16
- * kernels below read; the scales are folded in after them (the scores, the weights), so the
- * per-request attention stays exact in fp32 as over a bf16 cache. */
-static inline void kv_slice(const int8_t *src, int64_t D, uint16_t *dst) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000);
-    for (int64_t c = 0; c < D; c += 16) {
-        __m256 e, o;
-        codes16(src + c, one, &e, &o);
-        const __m256i eb = _mm256_srli_epi32(_mm256_castps_si256(e), 16);
-        const __m256i ob = _mm256_and_si256(_mm256_castps_si256(o), high);
-        _mm256_storeu_si256((__m256i *)(dst + c), _mm256_or_si256(eb, ob));
-    }
-}
-
-/* KV head kvh's slices of keys 0 .. n - 1 (slot of key j_: `at`) as codes into dst, D values
- * apart, and their scales into scale[0 .. n). */
-#define KV_SLICES(codes, scales, kv_heads, D, kvh, n, at, dst, scale)                            \
-    do {                                                                                        \
-        for (int64_t j_ = 0; j_ < (n); j_++) {                                                  \
-            const int64_t slot_ = (int64_t)(at);                                                \
-            kv_slice((codes) + (slot_ * (kv_heads) + (kvh)) * (D), (D), (dst) + j_ * (D));      \
-            (scale)[j_] = kv_scale((scales), slot_, (kv_heads), (kvh));                         \
-        }                                                                                       \
-    } while (0)
 
 /* This thread's keys [t0, t1): per head, its max score, sum of exp and exp-weighted V sum.
  * Per KV head, keys go in blocks of 16 whose K (then V) slices all of its query heads read
@@ -225,8 +236,7 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
     if (n <= 0) return;
     slots += t0;
     float qp[MAX_GROUP * MAX_HEAD_DIM] __attribute__((aligned(32))); /* one group's queries */
-    uint16_t kq[BLOCK * MAX_HEAD_DIM] __attribute__((aligned(32))); /* an int8 block's codes */
-    float ksc[BLOCK], wsc[VALUE_HEADS][BLOCK]; /* their scales; weights times V's scales */
+    float ksc[BLOCK], wsc[VALUE_HEADS][BLOCK]; /* int8: a block's scales; weights times them */
     const int int8 = L->k_cache == NULL;
     const void *kcache = int8 ? (const void *)L->k_codes : L->k_cache;
     const void *vcache = int8 ? (const void *)L->v_codes : L->v_cache;
@@ -247,10 +257,13 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
             prefetch_ahead(m, kcache, vcache, es, slots, n, kvh, b);
-            const uint16_t *k[BLOCK];
-            if (int8) {
-                KV_SLICES(L->k_codes, L->k_scales, m->kv_heads, D, kvh, keys, slots[b + j_], kq, ksc);
-                for (int j = 0; j < BLOCK; j++) k[j] = kq + (j < keys ? j : keys - 1) * D;
+            const void *k[BLOCK];
+            if (int8) { /* the codes in place, their scales folded into the scores below */
+                for (int j = 0; j < BLOCK; j++) {
+                    const int64_t slot = slots[b + (j < keys ? j : keys - 1)];
+                    k[j] = L->k_codes + slot * row + kvh * D;
+                    ksc[j] = kv_scale(L->k_scales, slot, m->kv_heads, kvh);
+                }
             } else {
                 for (int j = 0; j < BLOCK; j++) k[j] = kc + (int64_t)slots[b + (j < keys ? j : keys - 1)] * row;
             }
@@ -260,9 +273,9 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
                 for (int g = 0; g < S; g++) s[g] = scores + (kvh * G + g0 + g) * n + b;
                 const float *qs = qp + g0 * D;
                 switch (S) {
-                case 1: block_scores(qs, k, D, keys, s, 1); break;
-                case 2: block_scores(qs, k, D, keys, s, 2); break;
-                default: block_scores(qs, k, D, keys, s, 3); break;
+                case 1: int8 ? block_scores(qs, k, D, keys, s, 1, 1) : block_scores(qs, k, D, keys, s, 1, 0); break;
+                case 2: int8 ? block_scores(qs, k, D, keys, s, 2, 1) : block_scores(qs, k, D, keys, s, 2, 0); break;
+                default: int8 ? block_scores(qs, k, D, keys, s, 3, 1) : block_scores(qs, k, D, keys, s, 3, 0); break;
                 }
                 if (int8) /* q . (code scale) = (q . code) scale */
                     for (int g = 0; g < S; g++)
@@ -303,10 +316,12 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
         for (int64_t b = 0; b < n; b += BLOCK) {
             const int64_t keys = n - b < BLOCK ? n - b : BLOCK;
             prefetch_ahead(m, vcache, NULL, es, slots, n, kvh, b);
-            const uint16_t *v[BLOCK];
+            const void *v[BLOCK];
             if (int8) {
-                KV_SLICES(L->v_codes, L->v_scales, m->kv_heads, D, kvh, keys, slots[b + j_], kq, ksc);
-                for (int j = 0; j < keys; j++) v[j] = kq + j * D;
+                for (int j = 0; j < keys; j++) {
+                    v[j] = L->v_codes + (int64_t)slots[b + j] * row + kvh * D;
+                    ksc[j] = kv_scale(L->v_scales, slots[b + j], m->kv_heads, kvh);
+                }
             } else {
                 for (int j = 0; j < keys; j++) v[j] = vc + (int64_t)slots[b + j] * row;
             }
@@ -322,24 +337,10 @@ void rf_attend_part(const rf_model *m, const rf_layer *L, const float *q, const 
                         w[g] = wsc[g];
                     }
                 }
-                int64_t d0 = 0;
-                switch (S) { /* chunks of 16 values at a time: 8 or more accumulators */
-                case 1:
-                    for (; d0 + 64 <= D; d0 += 64) weighted_values(v, keys, d0, w, out, 1, 4);
-                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 1, 1);
-                    break;
-                case 2:
-                    for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 2, 2);
-                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 2, 1);
-                    break;
-                case 3:
-                    for (; d0 + 32 <= D; d0 += 32) weighted_values(v, keys, d0, w, out, 3, 2);
-                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 3, 1);
-                    break;
-                default:
-                    for (; d0 < D; d0 += 16) weighted_values(v, keys, d0, w, out, 4, 1);
-                    break;
-                }
+                if (int8)
+                    value_sums(v, keys, D, w, out, S, 1);
+                else
+                    value_sums(v, keys, D, w, out, S, 0);
                 g0 += S;
             }
         }
