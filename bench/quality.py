@@ -57,14 +57,15 @@ def score(text: str, chunk: int, **engine_args) -> tuple[torch.Tensor, list[int]
     return logprobs, top, applied, ids
 
 
-def score_decode(ids: list[int], level: str) -> tuple[torch.Tensor, list[int], str, list[int]]:
+def score_decode(ids: list[int], level: str, **engine_args
+                 ) -> tuple[torch.Tensor, list[int], str, list[int]]:
     """As `score`, the default engine's weights at CPU level `level`, every token fed as a
     one-token decode step."""
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.forward_batch import ForwardMode
     from radixflow.runtime.model_runner import BatchRequest
 
-    with Engine(None, max_total_tokens=8192, cpu_isa=level) as engine:
+    with Engine(None, max_total_tokens=8192, cpu_isa=level, **engine_args) as engine:
         runner = engine.scheduler.runner  # idle: the engine has no request
         if runner.cpu_decode is None:
             raise SystemExit("the C decode step does not run on this machine")
@@ -93,12 +94,18 @@ def main() -> None:
     ap.add_argument("--cpu-isa", default=None, help="radixflow's CPU level (default: the best)")
     ap.add_argument("--llama-perplexity", help="llama.cpp's llama-perplexity binary")
     ap.add_argument("--llama-args", default="", help="extra llama-perplexity arguments")
+    ap.add_argument("--kv-cache-dtype", default=None,
+                    help="score the default engine with this KV cache dtype (int8) against "
+                    "bf16 KV instead (the text: --text, then the other docs/*.md, to --chars)")
     ap.add_argument("--together", action="store_true",
                     help="--gguf: radixflow scores every chunk side by side in one decode batch "
                     "(a batch's precision) instead of one chunk at a time")
     args = ap.parse_args()
     if args.gguf:
         files_main(args)
+        return
+    if args.kv_cache_dtype:
+        kv_main(args)
         return
 
     from radixflow.kernels.cpu.features import detect, supported_levels
@@ -128,6 +135,61 @@ def main() -> None:
              "the bf16 model's own ops; quantized to 8-bit groups at avx2, as llama.cpp does).",
              "", *rows, ""]
     publish("\n".join(lines), None if args.no_write else Run("quality", date))
+
+
+def kv_main(args: argparse.Namespace) -> None:
+    """--kv-cache-dtype: the default engine over that KV cache against itself over a bf16 one,
+    both ways the text can be fed: prefill in chunks of --chunk tokens (each chunk attends to
+    the KV cache of the ones before it), and one-token decode steps through the C decode step
+    at each CPU level this machine runs."""
+    from radixflow.kernels.cpu.features import detect, supported_levels
+
+    docs = Path(__file__).parent.parent / "docs"
+    texts = [args.text] + sorted(p for p in docs.glob("*.md") if p != args.text)
+    text = "\n\n".join(p.read_text() for p in texts)[:args.chars]
+    levels = [lv for lv in supported_levels() if lv != "generic"]
+    kv, rows = args.kv_cache_dtype, []
+    dense = {"quantization": "none", "dtype": "float32"}  # no int8 activations: a low floor
+    pairs = {  # name: (run(kv dtype), the KV dtype compared with bf16)
+        "prefill": (lambda dtype: score(text, args.chunk, kv_cache_dtype=dtype), kv),
+        "prefill, fp32 KV (the floor)": (
+            lambda dtype: score(text, args.chunk, kv_cache_dtype=dtype), "float32"),
+        "prefill, fp32 weights": (lambda dtype: score(text, args.chunk, kv_cache_dtype=dtype,
+                                                      **dense), kv),
+        "prefill, fp32 weights, fp32 KV (the floor)": (
+            lambda dtype: score(text, args.chunk, kv_cache_dtype=dtype, **dense), "float32")}
+    for level in levels:
+        pairs[f"decode steps (C step), {level}"] = (
+            lambda dtype, level=level: score_decode(ids, level, kv_cache_dtype=dtype), kv)
+    ids, baselines = None, {}
+    for name, (run, other) in pairs.items():
+        key = name.removesuffix(", fp32 KV (the floor)")
+        if key not in baselines:
+            baselines[key] = run("bfloat16")
+        base, base_top, applied, got_ids = baselines[key]
+        ids = ids or got_ids
+        logprobs, top, _, _ = run(other)
+        diff = (logprobs - base).abs()
+        agree = sum(a == b for a, b in zip(top, base_top)) / len(top)
+        rows.append(f"| {name} | {other} | {applied} | {len(top)} | {diff.mean():.4f} "
+                    f"| {diff.max():.3f} | {agree:.2%} | {-base.mean():.4f} "
+                    f"| {-logprobs.mean():.4f} |")
+    date = datetime.date.today().isoformat()
+    lines = [f"# {kv} KV cache vs bf16 KV, default model, {date}", "",
+             f"Command: `python -m bench.quality --kv-cache-dtype {kv} --chars {args.chars} "
+             f"--chunk {args.chunk}`", "",
+             f"CPU: {detect().describe()}; levels measured: {', '.join(levels)}.", "",
+             f"Text: the first {args.chars} characters of `{args.text.name}` and the other "
+             "docs/*.md after it, teacher-forced; each row the same engine and weights with a "
+             f"bf16 and a {kv} KV cache; the floor rows: an fp32 KV cache against bf16 (how "
+             "far any small change of K/V moves that engine: its int8 activations, the default "
+             "weights', amplify it).", "",
+             "| fed as | KV vs bf16 KV | weights | scored tokens | mean abs d logprob "
+             "| max abs d logprob | top-1 agrees with bf16 KV | mean NLL, bf16 KV "
+             "| mean NLL, this KV |",
+             "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    key = f"{date}-kv-{kv}-{args.chars}"
+    publish("\n".join(lines), None if args.no_write else Run("quality", key))
 
 
 def files_main(args: argparse.Namespace) -> None:
