@@ -157,3 +157,20 @@ def test_engine_serves_int8_kv_and_reuses_it_from_the_prefix_cache(tiny_model_fa
     assert again["output_ids"] == first["output_ids"]
     assert again["meta_info"]["cached_tokens"] > 0
     assert longer["meta_info"]["cached_tokens"] > 0
+
+
+def test_gemma_attends_over_an_int8_pool(tmp_path):
+    """Gemma's own attention (soft-capped scores: models/gemma.py) reads an int8 pool through
+    the pool's layer() and rotate_queries: the prompt's logprobs close to an fp32 pool's."""
+    from helpers.family_models import make_family_model
+
+    folder, _, _ = make_family_model(tmp_path, "gemma3", tie_word_embeddings=True)
+    got = {}
+    for kv in ("float32", "int8"):
+        with Engine(str(folder), dtype="float32", max_total_tokens=256, kv_cache_dtype=kv,
+                    cpu_isa=LEVEL["cpu_isa"]) as eng:
+            res = eng.generate("The cache keeps every prefix that two requests share, so the",
+                               {"max_new_tokens": 1, "temperature": 0}, return_logprob=True,
+                               logprob_start_len=0)
+        got[kv] = torch.tensor([lp for lp, _, _ in res["meta_info"]["input_token_logprobs"][1:]])
+    assert float((got["int8"] - got["float32"]).abs().max()) < 0.1
