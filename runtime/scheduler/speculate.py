@@ -5,9 +5,10 @@ Drafting (`propose`): each request that speculates gets up to k tokens from its 
 request's draft is cut at the first token its grammar rejects, walking a fork of its grammar;
 the fork's state after each drafted token masks that token's row. Then, if the request does not
 jump forward (it asked for logprobs, or --disable-jump-forward), the tokens its grammar forces
-after the draft are drafted too. Drafts stop before a stop
-token, within the request's max_new_tokens and context, and within the free KV slots (a draft
-never evicts or retracts anything).
+after the draft are drafted too. Drafts stop before a stop token, within the request's
+max_new_tokens and context, within the free KV slots (a draft never evicts or retracts
+anything), and within the rows the C decode step takes in one call (MAX_VERIFY_ROWS
+elsewhere), the best recent acceptors first.
 
 Verifying (`commit`): the pass computes the request's uncomputed tokens and then its drafted
 ones, one row each (decode.py's plan), logits at the last real token and at every drafted one.
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from .state import SchedulerState
 
 MAX_BACKOFF_STEPS = 64
+# Rows of a verify pass (uncomputed and drafted tokens) beyond which nothing more is drafted,
+# where the C decode step does not set the limit (its rows a call: a larger pass would run as
+# torch ops, several times slower).
+MAX_VERIFY_ROWS = 256
 
 
 @dataclass
@@ -100,6 +105,8 @@ class Speculate:
                  config: SpeculationConfig):
         self.state, self.grammars, self.commit_ = state, grammars, commit
         self.config = config
+        c_step = getattr(state.runner, "cpu_decode", None)
+        self.max_rows = c_step.max_batch if c_step is not None else MAX_VERIFY_ROWS
         stats = state.stats
         for key in ("spec_verify_passes", "spec_draft_tokens", "spec_accepted_tokens"):
             stats[key] = 0
@@ -121,13 +128,15 @@ class Speculate:
     def propose(self, reqs: list[Req]) -> dict[Req, Draft]:
         """Each speculating request's draft (requests without one are left out)."""
         state = self.state
-        free = state.kv_pool.num_free - sum(r.seq_len - r.computed_len for r in reqs)
+        rows = sum(r.seq_len - r.computed_len for r in reqs)
+        free = min(state.kv_pool.num_free - rows, self.max_rows - rows)
         drafts: dict[Req, Draft] = {}
-        for req in reqs:
+        wanting = [r for r in reqs if self.wants(r)]
+        start_k = self.config.num_draft_tokens
+        wanting.sort(key=lambda r: -(r.spec.k if r.spec is not None else start_k))
+        for req in wanting:
             if free <= 0:
                 break
-            if not self.wants(req):
-                continue
             spec = req.spec or self._start(req)
             k = min(spec.draft_len(), req.num_tokens_left - 1,
                     state.context_len - req.seq_len - 1, free)

@@ -304,3 +304,32 @@ def test_a_grammar_that_cannot_jump_drafts_what_it_forces(engines):
     assert meta["spec_accept_token_num"] > 0
     assert len(meta["output_token_logprobs"]) == len(got["output_ids"])
     settle(on)
+
+
+def test_drafts_stay_within_a_pass_the_c_step_takes(engines, monkeypatch):
+    """No pass gets more rows than the C decode step takes in one call (here: a limit of 6),
+    the requests that accepted most recently drafting first."""
+    on, off = engines
+    prompts, params = _batch()
+    want = off.generate(prompts, params)
+    tok = on.tokenizer
+    monkeypatch.setattr(Oracle, "futures", [tokenize_prompt(tok, p) + w["output_ids"]
+                                            for p, w in zip(prompts, want)])
+    monkeypatch.setattr(Oracle, "wrong_at", None)
+    monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    spec = on.scheduler.speculate
+    monkeypatch.setattr(spec, "max_rows", 6)
+    passes, propose = [], spec.propose
+
+    def recording(reqs):
+        drafts = propose(reqs)
+        real = sum(r.seq_len - r.computed_len for r in reqs)
+        passes.append((real, sum(len(d.tokens) for d in drafts.values())))
+        return drafts
+
+    monkeypatch.setattr(spec, "propose", recording)
+    outs = on.generate(prompts, params)
+    assert [_strip(o) for o in outs] == [_strip(w) for w in want]
+    assert sum(drafted for _, drafted in passes) > 0
+    assert all(drafted == 0 or real + drafted <= 6 for real, drafted in passes), passes
+    settle(on)
