@@ -127,11 +127,13 @@ class Speculate:
 
     def propose(self, reqs: list[Req]) -> dict[Req, Draft]:
         """Each speculating request's draft (requests without one are left out)."""
+        wanting = [r for r in reqs if self.wants(r)]
+        if not wanting:
+            return {}
         state = self.state
         rows = sum(r.seq_len - r.computed_len for r in reqs)
         free = min(state.kv_pool.num_free - rows, self.max_rows - rows)
         drafts: dict[Req, Draft] = {}
-        wanting = [r for r in reqs if self.wants(r)]
         start_k = self.config.num_draft_tokens
         wanting.sort(key=lambda r: -(r.spec.k if r.spec is not None else start_k))
         for req in wanting:
@@ -213,7 +215,8 @@ class Speculate:
             draft = drafts.get(req)
             tokens = draft.tokens if draft is not None else []
             rows_of += [req] * (len(tokens) + 1)
-            outputs += [req.output_ids + tokens[:i] for i in range(len(tokens) + 1)]
+            outputs.append(req.output_ids)  # (a copy only for the rows after a draft)
+            outputs += [req.output_ids + tokens[:i] for i in range(1, len(tokens) + 1)]
         bitmask = mask_rows = None
         if mask is not None:
             bitmask, mask_rows = self.grammars.wait(mask, logits.device), mask.rows
