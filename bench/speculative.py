@@ -5,13 +5,19 @@ with and without its own n-gram speculation, on the same greedy chat requests.
 
 Workloads (seeded): copy_extract (documents holding the values, a JSON Schema response:
 copy-heavy), summarise_quote (a summary that quotes sentences verbatim), random_short (random
-words: little to copy). For each: single-stream TPOT per request, radixflow's off and on
-alternating per request on one server (the request's `speculative` field: off, on, on, off, ...),
-outputs compared token for token; acceptance from /metrics; 8-concurrent throughput (off, on,
-on, off); llama.cpp plain and with `--spec-type ngram-simple`, one server at a time (plain,
-spec, spec, plain). Then the verify pass's cost per drafted token, in-process: one request's
-decode pass with 1 + k rows at a 512-token context. Filed as a section of
-bench/results/speculative.md.
+words: little to copy), predicted (copy a text out; the request's `prediction`, OpenAI's
+Predicted Outputs, holds the output a plain run gave, as an editing client sends the text it
+expects: radixflow only, llama.cpp has no such field). For each: single-stream TPOT per
+request, radixflow's off and on alternating per request on one server (the request's
+`speculative` field: off, on, on, off, ...), outputs compared token for token; acceptance from
+/metrics; 8-concurrent throughput (off, on, on, off); llama.cpp plain and with `--spec-type
+ngram-simple`, one server at a time (plain, spec, spec, plain). Then the verify pass's cost per
+drafted token, in-process: one request's decode pass with 1 + k rows at a 512-token context.
+Filed as a section of bench/results/speculative.md.
+
+At model scale: `--model <a .gguf>` serves that file instead of the default model (to
+radixflow and llama.cpp both), e.g. peers/scale-models.sh's random-weight Llama-3.2-1B Q4_K_M:
+its text is gibberish, so only `predicted` (and the verify pass's cost) says anything there.
 """
 
 from __future__ import annotations
@@ -88,8 +94,20 @@ def random_short(n: int, rng: random.Random) -> list[dict]:
              "ignore_eos": True} for s in sessions]
 
 
+def predicted(n: int, rng: random.Random) -> list[dict]:
+    """Copy a text out; radixflow() gives each request its `prediction` (the plain output)."""
+    out = []
+    for _ in range(n):
+        text = " ".join(wl._sentences(rng, 30) for _ in range(3))
+        out.append({"messages": [{"role": "user", "content":
+                    f"Repeat the text below exactly, word for word.\n\n{text}"}],
+                    "max_tokens": 96, "ignore_eos": True})
+    return out
+
+
 WORKLOADS = {"copy_extract": copy_extract, "summarise_quote": summarise_quote,
-             "random_short": random_short}
+             "random_short": random_short, "predicted": predicted}
+PREDICTED = {"predicted"}  # the workloads whose requests carry a prediction (radixflow only)
 
 
 @functools.cache
@@ -142,27 +160,38 @@ def median(values: list[float]) -> float:
 
 # ---- radixflow: one server, the request's field switches it ----
 
+def plain(req: dict) -> dict:
+    """The request without its prediction (which would turn speculation on)."""
+    return {k: v for k, v in req.items() if k != "prediction"}
+
+
 def radixflow(args, sets: dict[str, list[dict]]) -> dict:
     cmd = ["radixflow", "serve", "--port", RF_URL.rsplit(":", 1)[1], "--log-level", "warning",
            "--speculative-algorithm", "ngram",
-           "--speculative-num-draft-tokens", str(args.draft_tokens)]
+           "--speculative-num-draft-tokens", str(args.draft_tokens),
+           *(["--model", str(args.model)] if args.model else [])]
     res = {}
     with serving(cmd, RF_URL):
+        model_id.cache_clear()
         for name, reqs in sets.items():
             chat(RF_URL, reqs[0], {"speculative": False})  # warm (the grammar's first compile)
+            if name in PREDICTED:  # the text a plain run gives, as the client's prediction
+                reqs = [{**r, "prediction": {"type": "content", "content": chat(
+                    RF_URL, r, {"speculative": False})["text"]}} for r in reqs]
             off, on, same = [], [], 0
             before = spec_counts(RF_URL)
             for i, req in enumerate(reqs):
                 order = [False, True] if i % 2 == 0 else [True, False]
-                got = {flag: chat(RF_URL, req, {"speculative": flag}) for flag in order}
+                got = {flag: chat(RF_URL, plain(req) if not flag else req,
+                                  {"speculative": flag}) for flag in order}
                 off.append(got[False])
                 on.append(got[True])
                 same += got[False]["text"] == got[True]["text"]
             passes, drafted, accepted = (a - b for a, b in zip(spec_counts(RF_URL), before))
             tput = {False: [], True: []}
             for flag in (False, True, True, False):
-                tput[flag].append(throughput(RF_URL, reqs, {"speculative": flag},
-                                             args.concurrency))
+                tput[flag].append(throughput(RF_URL, reqs if flag else list(map(plain, reqs)),
+                                             {"speculative": flag}, args.concurrency))
             res[name] = {
                 "tpot_off": median([o["tpot"] for o in off]),
                 "tpot_on": median([o["tpot"] for o in on]),
@@ -190,6 +219,7 @@ def llama(args, gguf: Path, spec: bool) -> Iterator[str]:
 
 
 def llama_cpp(args, sets: dict[str, list[dict]], gguf: Path) -> dict:
+    sets = {name: reqs for name, reqs in sets.items() if name not in PREDICTED}
     runs: dict[str, dict[bool, list]] = {n: {False: [], True: []} for n in sets}
     for spec in (False, True, True, False):
         with llama(args, gguf, spec) as url:
@@ -216,23 +246,25 @@ def llama_cpp(args, sets: dict[str, list[dict]], gguf: Path) -> dict:
 
 # ---- the verify pass's cost per drafted token ----
 
-def verify_cost(context: int = 512, repeats: int = 30) -> dict[str, dict[int, float]]:
+def verify_cost(context: int = 512, repeats: int = 30, model: str | None = None
+                ) -> dict[str, dict[int, float]]:
     """ms per decode pass of 1 and of 8 requests (512-token contexts) with k drafted rows
-    each, k = 0, 1, 2, 4, 8, 16 (8 requests: up to 4)."""
+    each, k = 0, 1, 2, 3, 4, 8, 16 (8 requests: up to 4); `model`: a .gguf or folder (None:
+    the default model)."""
     import torch
 
     from radixflow.runtime.engine import Engine
     from radixflow.runtime.forward_batch import BatchRequest, ForwardMode
 
     times: dict[str, dict] = {"1": {}, "8": {}}
-    with Engine(None) as eng:
+    with Engine(model, max_total_tokens=8 * (context + 17) + 64) as eng:
         runner = eng.scheduler.runner
         pool, table = runner.kv_pool, runner.req_to_token_pool.req_to_token
         rows = [runner.req_to_token_pool.alloc() for _ in range(8)]
         slots = [pool.alloc(context + 17) for _ in rows]
         for row, s in zip(rows, slots):
             table[row, :context + 17] = s.to(torch.int32)
-        for batch, drafts in (("1", (0, 1, 2, 4, 8, 16)), ("8", (0, 1, 2, 4))):
+        for batch, drafts in (("1", (0, 1, 2, 3, 4, 8, 16)), ("8", (0, 1, 2, 4))):
             for k in drafts:
                 chosen = rows[:int(batch)]
                 parts = [BatchRequest(row, [100 + i], context + i, [0])
@@ -259,13 +291,17 @@ def verify_cost(context: int = 512, repeats: int = 30) -> dict[str, dict[int, fl
 
 def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) -> str:
     lines = [f"## Speculative decoding, n-gram ({datetime.date.today()}, {level})", "",
-             f"`{args.command}`; SmolLM2-135M-Instruct (radixflow: its default model; "
-             "llama.cpp: the same Q4_1 GGUF), greedy, 2 threads, "
+             f"`{args.command}`; "
+             + (f"`{Path(args.model).name}`" if args.model else
+                "SmolLM2-135M-Instruct (radixflow: its default model"
+                + ("; llama.cpp: the same Q4_1 GGUF)" if lc else ")"))
+             + ", greedy, 2 threads, "
              f"{args.requests} requests a workload, {args.concurrency} at a time for tok/s. "
              "radixflow: `--speculative-algorithm ngram --speculative-num-draft-tokens "
-             f"{args.draft_tokens}`, off/on per request; llama.cpp: `--spec-type ngram-simple "
-             f"--spec-ngram-simple-size-n {args.llama_ngram_n} --spec-ngram-simple-size-m "
-             f"{args.llama_draft_m}`.", "",
+             f"{args.draft_tokens}`, off/on per request"
+             + ("; llama.cpp: `--spec-type ngram-simple --spec-ngram-simple-size-n "
+                f"{args.llama_ngram_n} --spec-ngram-simple-size-m {args.llama_draft_m}`."
+                if lc else "."), "",
              "| workload | rf TPOT off / on (ms) | speedup | identical | accepted / drafted "
              "| tokens per verify | rf 8-conc tok/s off / on |"
              + (" llama.cpp TPOT off / on | speedup | identical | accepted / drafted | "
@@ -278,7 +314,9 @@ def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) 
                f"{r['tpot_off'] / r['tpot_on']:.2f}x | {r['same']}/{r['n']} | "
                f"{rate:.0%} ({r['accepted']:.0f}/{r['drafted']:.0f}) | {per:.2f} | "
                f"{r['tput_off']:.0f} / {r['tput_on']:.0f} |")
-        if lc:
+        if lc and name not in lc:
+            row += " - | - | - | - | - |"
+        elif lc:
             c = lc[name]
             lrate = c["accepted"] / c["drafted"] if c["drafted"] else 0.0
             row += (f" {c['tpot_off'] * 1e3:.1f} / {c['tpot_on'] * 1e3:.1f} | "
@@ -312,6 +350,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a .gguf both engines serve (default: radixflow's default model)")
+    ap.add_argument("--verify-repeats", type=int, default=30,
+                    help="decode passes timed per cell of the verify-cost table")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--draft-tokens", type=int, default=4)
@@ -328,8 +370,9 @@ def main(argv: list[str] | None = None) -> None:
     from radixflow.kernels.cpu.features import cpu_features
 
     level = cpu_features().level
+    model = str(args.model) if args.model else None
     if args.verify_cost_only:
-        print(json.dumps(verify_cost(), indent=1))
+        print(json.dumps(verify_cost(repeats=args.verify_repeats, model=model), indent=1))
         return
     rng = random.Random(args.seed)
     sets = {name: WORKLOADS[name](args.requests, rng) for name in args.workloads}
@@ -339,8 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         from radixflow.runtime.model_loader.default_model import fetch_default_gguf
 
         with tempfile.TemporaryDirectory() as tmp:
-            lc = llama_cpp(args, sets, fetch_default_gguf(Path(tmp)))
-    cost = verify_cost()
+            lc = llama_cpp(args, sets, args.model or fetch_default_gguf(Path(tmp)))
+    cost = verify_cost(repeats=args.verify_repeats, model=model)
     key = run_key(str(datetime.date.today()), level, *([args.label] if args.label else []))
     publish(report(args, rf, lc, cost, level), Run("speculative", key),
             raw={"radixflow": rf, "llama_cpp": lc, "verify_ms": cost})

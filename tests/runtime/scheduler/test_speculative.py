@@ -189,12 +189,14 @@ def test_a_wrong_prediction_changes_nothing(engines):
     settle(off)
 
 
-def test_the_c_decode_step_verifies_token_identically(tiny_llama, cpu_level, monkeypatch):
-    """At each CPU level: a request's verify rows get exact 16-bit products and attend alone
-    (never as a shared prefix of each other), as the request decoding alone does."""
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "int8"])
+def test_the_c_decode_step_verifies_token_identically(tiny_llama, cpu_level, monkeypatch,
+                                                      kv_cache_dtype):
+    """At each CPU level, over a bf16 and an int8 KV cache: a request's verify rows get exact
+    16-bit products and attend alone (never as a shared prefix of each other), as the request
+    decoding alone does (an int8 cache: each drafted token's K/V quantized as a step would)."""
     common = dict(quantization="int4", max_total_tokens=2048, cpu_isa=cpu_level,
-                  dtype="float32",
-                  kv_cache_dtype="bfloat16", max_running_requests=16)
+                  dtype="float32", kv_cache_dtype=kv_cache_dtype, max_running_requests=16)
     prompts, params = _batch()
     # alone, and over a prefix long enough to be attended as a shared one (>= 64 slots)
     prompts += [PROMPTS[0] * 8] * 2
