@@ -1,0 +1,105 @@
+"""Variants of the int8 KV format, scored before building them: the default model (dense fp32
+weights) teacher-forced over docs/*.md with its K and/or V passed through a variant's
+quantize-dequantize on their way into an fp32 pool, against the same engine over a bf16 pool
+(bench.quality --kv-cache-dtype's comparison).
+
+    python -m bench.kv_int8_variants --chars 4000 --chunk 4
+    python -m bench.kv_int8_variants --chars 18000 --chunk 64
+
+Variants (any mix, per K and V): `rot` (the Hadamard rotation kernels/kv_int8.py applies to
+keys), `center` (keys minus a per layer and KV head mean, calibrated on another text,
+README.md: softmax gives every key of a query the same shift q . m, so attention is unchanged
+by it), `sink` (the first token's key kept exact). Prints one line per variant; writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).parent.parent
+VARIANTS = {  # name: (key steps, value steps); None: left exact
+    "fp32 KV (the floor)": (None, None),
+    "K rot": (("rot",), None),
+    "V": (None, ()),
+    "V rot": (None, ("rot",)),
+    "K rot, V (the current format)": (("rot",), ()),
+    "K rot, V rot": (("rot",), ("rot",)),
+    "K center rot": (("center", "rot"), None),
+    "K rot sink": (("rot", "sink"), None),
+    "K center rot sink": (("center", "rot", "sink"), None),
+    "K center rot, V": (("center", "rot"), ()),
+    "K center rot, V rot": (("center", "rot"), ("rot",)),
+}
+
+
+def through_int8(x: torch.Tensor, steps: tuple[str, ...], mean: torch.Tensor | None,
+                 first: bool) -> torch.Tensor:
+    """x [tokens, kv_heads, head_dim] as a variant stores and reads it back."""
+    from radixflow.kernels import kv_int8
+
+    x = x.float()
+    shift = mean if "center" in steps else 0
+    y = x - shift
+    if "rot" in steps:
+        y = kv_int8.rotate(y)
+    y = kv_int8.dequantize(*kv_int8.quantize(y), torch.float32)
+    if "rot" in steps:
+        y = kv_int8.rotate(y)  # (H H = I)
+    y = y + shift
+    if "sink" in steps and first:
+        y[0] = x[0]
+    return y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--chars", type=int, default=4000)
+    ap.add_argument("--chunk", type=int, default=4)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = ap.parse_args()
+
+    from radixflow.runtime import memory_pool
+
+    from .quality import score
+
+    docs = ROOT / "docs"
+    texts = [docs / "dsl.md"] + sorted(p for p in docs.glob("*.md") if p.name != "dsl.md")
+    text = "\n\n".join(p.read_text() for p in texts)[:args.chars]
+    dense = {"quantization": "none", "dtype": "float32"}
+    write, keys, state = memory_pool.KVPool.write, {}, {"variant": None, "seen": set()}
+
+    def patched(self, layer_id, slots, k, v):
+        variant = state["variant"]
+        if variant == "calibrate":
+            keys.setdefault(layer_id, []).append(k.detach().float().clone())
+        elif variant is not None:
+            k_steps, v_steps = VARIANTS[variant]
+            first = layer_id not in state["seen"]
+            state["seen"].add(layer_id)
+            if k_steps is not None:
+                k = through_int8(k, k_steps, means[layer_id], first)
+            if v_steps is not None:
+                v = through_int8(v, v_steps, None, first)
+        return write(self, layer_id, slots, k, v)
+
+    memory_pool.KVPool.write = patched
+    state["variant"] = "calibrate"
+    score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
+    means = {layer: torch.cat(k)[1:].mean(0) for layer, k in keys.items()}
+    state["variant"] = None
+    base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
+    print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")
+    for name in args.variants:
+        state["variant"], state["seen"] = name, set()
+        logprobs, top, _, _ = score(text, args.chunk, kv_cache_dtype="float32", **dense)
+        diff = (logprobs - base).abs()
+        agree = sum(a == b for a, b in zip(top, base_top)) / len(top)
+        print(f"| {name} | {diff.mean():.4f} | {diff.max():.3f} | {agree:.2%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
