@@ -32,6 +32,8 @@ VARIANTS = {  # name: (key steps, value steps); None: left exact
     "K center rot sink": (("center", "rot", "sink"), None),
     "K center rot, V": (("center", "rot"), ()),
     "K center rot, V rot": (("center", "rot"), ("rot",)),
+    "K first rot": (("first", "rot"), None),
+    "K first rot, V": (("first", "rot"), ()),
 }
 
 
@@ -41,7 +43,7 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...], mean: torch.Tensor | N
     from radixflow.kernels import kv_int8
 
     x = x.float()
-    shift = mean if "center" in steps else 0
+    shift = mean[0] if "center" in steps else mean[1] if "first" in steps else 0
     y = x - shift
     if "rot" in steps:
         y = kv_int8.rotate(y)
@@ -89,7 +91,7 @@ def main() -> None:
     memory_pool.KVPool.write = patched
     state["variant"] = "calibrate"
     score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
-    means = {layer: torch.cat(k)[1:].mean(0) for layer, k in keys.items()}
+    means = {layer: (torch.cat(k)[1:].mean(0), torch.cat(k)[0]) for layer, k in keys.items()}
     state["variant"] = None
     base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
     print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")

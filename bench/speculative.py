@@ -169,6 +169,7 @@ def radixflow(args, sets: dict[str, list[dict]]) -> dict:
     cmd = ["radixflow", "serve", "--port", RF_URL.rsplit(":", 1)[1], "--log-level", "warning",
            "--speculative-algorithm", "ngram",
            "--speculative-num-draft-tokens", str(args.draft_tokens),
+           "--speculative-ngram-min-match-window-size", str(args.ngram_min_window),
            *(["--model", str(args.model)] if args.model else [])]
     res = {}
     with serving(cmd, RF_URL):
@@ -357,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--ngram-min-window", type=int, default=2,
+                    help="radixflow's --speculative-ngram-min-match-window-size")
     ap.add_argument("--llama-ngram-n", type=int, default=3)
     ap.add_argument("--llama-draft-m", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
