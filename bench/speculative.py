@@ -182,6 +182,9 @@ def radixflow(args, sets: dict[str, list[dict]]) -> dict:
             off, on, same = [], [], 0
             before = spec_counts(RF_URL)
             for i, req in enumerate(reqs):
+                if name not in PREDICTED:  # its prompt cached, as for both runs below (a
+                    # prefill from the cache can round differently from a cold one)
+                    chat(RF_URL, {**plain(req), "max_tokens": 1}, {"speculative": False})
                 order = [False, True] if i % 2 == 0 else [True, False]
                 got = {flag: chat(RF_URL, plain(req) if not flag else req,
                                   {"speculative": flag}) for flag in order}
