@@ -27,15 +27,7 @@ only ever gets committed tokens (kv_cache.release inserts a request's computed l
 
 Acceptance steers the draft length (`SpecState.after_verify`): all accepted doubles it, none
 halves it, and at zero the request stops drafting for a while (a back-off that doubles each
-time); so do MISSES_BEFORE_PAUSE proposals in a row that find nothing to draft. A paused
-request does not speculate (`wants`), so while every running request is paused decode steps
-overlap again (decode.py): a request with nothing to copy costs almost nothing.
-
-And the pass's cost trims the drafts (`_worth_running`): each drafted row's expected tokens
-(its request's recent acceptance rate to the power of its place in the draft) against what a
-row costs here (speculative/row_cost.py: pass time by rows, learned from the passes run), so
-only the rows that raise the tokens a second run: all of them on a small model's step, few in
-a batch whose products are compute-bound per row.
+time), so a request with nothing to copy costs almost nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +39,6 @@ import torch
 
 from ..messages import SpecCounts
 from ..speculative.ngram import NgramDrafter
-from ..speculative.row_cost import RowCost
 from .grammar import MaskJob
 from .req import ReqStatus
 
@@ -60,13 +51,6 @@ if TYPE_CHECKING:
     from .state import SchedulerState
 
 MAX_BACKOFF_STEPS = 64
-MISSES_BEFORE_PAUSE = 4
-# A request's acceptance rate before its first verify; a rate moves by this share of each
-# verify's, and a request whose drafts are not worth a pass drifts back by DRIFT a step (so
-# its drafts get tried again).
-PRIOR_RATE = 0.6
-RATE_WEIGHT = 0.3
-DRIFT = 0.02
 # Rows of a verify pass (uncomputed and drafted tokens) beyond which nothing more is drafted,
 # where the C decode step does not set the limit (its rows a call: a larger pass would run as
 # torch ops, several times slower).
@@ -80,38 +64,29 @@ class SpecState:
     drafter: NgramDrafter
     max_k: int
     k: int
-    resume_at: int = 0  # the decode step (Speculate.step) it drafts again from
-    misses: int = 0  # proposals in a row with nothing to draft
-    rate: float = PRIOR_RATE  # recent share of drafted tokens accepted
+    pause: int = 0  # steps left without drafting
     backoff: int = 4  # the next pause
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("verify_passes", "draft_tokens", "accepted_tokens", "prediction_draft_tokens",
          "prediction_accepted_tokens"), 0))
 
-    def after_verify(self, drafted: int, accepted: int, step: int) -> None:
-        self.rate += RATE_WEIGHT * (accepted / drafted - self.rate)
-        self.misses = 0
+    def draft_len(self) -> int:
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.k
+
+    def after_verify(self, drafted: int, accepted: int) -> None:
         if accepted == drafted:
             self.k = min(self.max_k, self.k * 2)
             self.backoff = 4
         elif accepted == 0:
             self.k //= 2
             if self.k == 0:
-                self.k = 1
-                self._pause(step)
+                self.pause, self.k = self.backoff, 1
+                self.backoff = min(MAX_BACKOFF_STEPS, self.backoff * 2)
         else:
             self.k = max(1, min(self.max_k, accepted + 1))
-
-    def after_miss(self, step: int) -> None:
-        """A proposal found nothing to draft."""
-        self.misses += 1
-        if self.misses >= MISSES_BEFORE_PAUSE:
-            self.misses = 0
-            self._pause(step)
-
-    def _pause(self, step: int) -> None:
-        self.resume_at = step + 1 + self.backoff
-        self.backoff = min(MAX_BACKOFF_STEPS, self.backoff * 2)
 
     def report(self) -> SpecCounts:
         return SpecCounts(**self.counts)
@@ -132,8 +107,6 @@ class Speculate:
         self.config = config
         c_step = getattr(state.runner, "cpu_decode", None)
         self.max_rows = c_step.max_batch if c_step is not None else MAX_VERIFY_ROWS
-        self.row_cost = RowCost()
-        self.step = 0  # decode steps so far (`tick`): a paused request's clock
         stats = state.stats
         for key in ("spec_verify_passes", "spec_draft_tokens", "spec_accepted_tokens"):
             stats[key] = 0
@@ -145,12 +118,7 @@ class Speculate:
         on = req.speculative if req.speculative is not None else (
             self.config.on or bool(req.prediction_ids))
         return on and req.thinking is None and not (
-            req.grammar is not None and req.sampling.max_repeat_run) and (
-            req.spec is None or req.spec.resume_at <= self.step)
-
-    def tick(self) -> None:
-        """A decode step begins (overlapped or not)."""
-        self.step += 1
+            req.grammar is not None and req.sampling.max_repeat_run)
 
     def any_wanted(self, reqs: list[Req]) -> bool:
         return any(self.wants(r) for r in reqs)
@@ -172,41 +140,16 @@ class Speculate:
             if free <= 0:
                 break
             spec = req.spec or self._start(req)
-            k = min(spec.k, req.num_tokens_left - 1, state.context_len - req.seq_len - 1, free)
+            k = min(spec.draft_len(), req.num_tokens_left - 1,
+                    state.context_len - req.seq_len - 1, free)
             if k <= 0:
                 continue
             tokens, from_prediction = spec.drafter.draft(req.fill_ids, k)
             draft = self._checked(req, tokens, from_prediction, k)
-            if draft is None:
-                spec.after_miss(self.step)
-                continue
-            drafts[req] = draft
-            free -= len(draft.tokens)
-        return self._worth_running(drafts, rows)
-
-    def observe_pass(self, rows: int, seconds: float) -> None:
-        """A decode pass of `rows` rows took `seconds`, from its plan to its commit."""
-        self.row_cost.observe(rows, seconds)
-
-    def _worth_running(self, drafts: dict[Req, Draft], plain_rows: int) -> dict[Req, Draft]:
-        """The drafts cut to the rows that raise the expected tokens a second: the i-th
-        token of a request's draft is expected to add rate ** i tokens."""
-        rows = sorted(((-(req.spec.rate ** i), i, req) for req, draft in drafts.items()
-                       for i in range(1, len(draft.tokens) + 1)), key=lambda c: c[:2])
-        keep = self.row_cost.rows_worth_drafting(plain_rows, [-g for g, _, _ in rows])
-        lengths = dict.fromkeys(drafts, 0)
-        for _, _, req in rows[:keep]:
-            lengths[req] += 1
-        kept = {}
-        for req, draft in drafts.items():
-            n = lengths[req]
-            if n == len(draft.tokens):
-                kept[req] = draft
-            elif n:
-                kept[req] = Draft(draft.tokens[:n], draft.states[:n + 1], draft.from_prediction)
-            else:  # not worth a row now: its rate drifts back toward the prior
-                req.spec.rate += DRIFT * (PRIOR_RATE - req.spec.rate)
-        return kept
+            if draft is not None:
+                drafts[req] = draft
+                free -= len(draft.tokens)
+        return drafts
 
     def _start(self, req: Req) -> SpecState:
         config = self.config
@@ -334,4 +277,4 @@ class Speculate:
         stats["spec_verify_passes"] += 1
         stats["spec_draft_tokens"] += len(draft.tokens)
         stats["spec_accepted_tokens"] += accepted
-        req.spec.after_verify(len(draft.tokens), accepted, self.step)
+        req.spec.after_verify(len(draft.tokens), accepted)
