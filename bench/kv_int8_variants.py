@@ -9,7 +9,8 @@ quantize-dequantize on their way into an fp32 pool, against the same engine over
 Variants (any mix, per K and V): `rot` (the Hadamard rotation kernels/kv_int8.py applies to
 keys), `center` (keys minus a per layer and KV head mean, calibrated on another text,
 README.md: softmax gives every key of a query the same shift q . m, so attention is unchanged
-by it), `sink` (the first token's key kept exact). Prints one line per variant; writes nothing.
+by it), `first` (keys minus the calibration text's first key instead), `sink` (the first
+token's key kept exact). Prints one line per variant; writes nothing.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ VARIANTS = {  # name: (key steps, value steps); None: left exact
 }
 
 
-def through_int8(x: torch.Tensor, steps: tuple[str, ...], mean: torch.Tensor | None,
-                 first: bool) -> torch.Tensor:
-    """x [tokens, kv_heads, head_dim] as a variant stores and reads it back."""
+def through_int8(x: torch.Tensor, steps: tuple[str, ...],
+                 offsets: tuple[torch.Tensor, torch.Tensor] | None, first: bool) -> torch.Tensor:
+    """x [tokens, kv_heads, head_dim] as a variant stores and reads it back; offsets: the
+    layer's calibrated key mean and first key (what `center` / `first` subtract)."""
     from radixflow.kernels import kv_int8
 
     x = x.float()
-    shift = mean[0] if "center" in steps else mean[1] if "first" in steps else 0
+    shift = offsets[0] if "center" in steps else offsets[1] if "first" in steps else 0
     y = x - shift
     if "rot" in steps:
         y = kv_int8.rotate(y)
@@ -83,7 +85,7 @@ def main() -> None:
             first = layer_id not in state["seen"]
             state["seen"].add(layer_id)
             if k_steps is not None:
-                k = through_int8(k, k_steps, means[layer_id], first)
+                k = through_int8(k, k_steps, offsets[layer_id], first)
             if v_steps is not None:
                 v = through_int8(v, v_steps, None, first)
         return write(self, layer_id, slots, k, v)
@@ -91,7 +93,7 @@ def main() -> None:
     memory_pool.KVPool.write = patched
     state["variant"] = "calibrate"
     score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
-    means = {layer: (torch.cat(k)[1:].mean(0), torch.cat(k)[0]) for layer, k in keys.items()}
+    offsets = {layer: (torch.cat(k)[1:].mean(0), torch.cat(k)[0]) for layer, k in keys.items()}
     state["variant"] = None
     base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
     print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")
