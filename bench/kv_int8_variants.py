@@ -10,7 +10,10 @@ Variants (any mix, per K and V): `rot` (the Hadamard rotation kernels/kv_int8.py
 keys), `center` (keys minus a per layer and KV head mean, calibrated on another text,
 README.md: softmax gives every key of a query the same shift q . m, so attention is unchanged
 by it), `first` (keys minus the calibration text's first key instead), `sink` (the first
-token's key kept exact). Prints one line per variant; writes nothing.
+token's key kept exact), `snap` (`center` with the mean moved by less than half a code step so
+that the calibration text's first key, the attention sink, lands on the int8 grid: stored
+exactly wherever a text starts with the same token, and no second storage form: what
+kernels/kv_int8.py builds). Prints one line per variant; writes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ VARIANTS = {  # name: (key steps, value steps); None: left exact
     "K center rot, V rot": (("center", "rot"), ("rot",)),
     "K first rot": (("first", "rot"), None),
     "K first rot, V": (("first", "rot"), ()),
+    "K snap rot": (("snap", "rot"), None),
+    "K snap rot, V": (("snap", "rot"), ()),
 }
 
 
@@ -45,7 +50,9 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...],
     from radixflow.kernels import kv_int8
 
     x = x.float()
-    shift = offsets[0] if "center" in steps else offsets[1] if "first" in steps else 0
+    shift = {"center": offsets and offsets[0], "first": offsets and offsets[1],
+             "snap": offsets and offsets[2]}
+    shift = next((shift[s] for s in steps if s in shift), 0)
     y = x - shift
     if "rot" in steps:
         y = kv_int8.rotate(y)
@@ -56,6 +63,17 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...],
     if "sink" in steps and first:
         y[0] = x[0]
     return y
+
+
+def _offsets(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's calibration keys [tokens, kv_heads, head_dim] -> (their mean leaving the first
+    out, the first, the mean snapped: first - snapped mean quantizes exactly after rotation)."""
+    from radixflow.kernels import kv_int8
+
+    mean, first = keys[1:].mean(0), keys[0]
+    rotated = kv_int8.rotate(first)
+    grid = kv_int8.dequantize(*kv_int8.quantize(rotated - kv_int8.rotate(mean)), torch.float32)
+    return mean, first, kv_int8.rotate(rotated - grid)
 
 
 def main() -> None:
@@ -93,7 +111,7 @@ def main() -> None:
     memory_pool.KVPool.write = patched
     state["variant"] = "calibrate"
     score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
-    offsets = {layer: (torch.cat(k)[1:].mean(0), torch.cat(k)[0]) for layer, k in keys.items()}
+    offsets = {layer: _offsets(torch.cat(k)) for layer, k in keys.items()}
     state["variant"] = None
     base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
     print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")

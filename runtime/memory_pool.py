@@ -52,9 +52,10 @@ class KVPool:
 
     dtype torch.int8 (--kv-cache-dtype int8) keeps K and V as int8 codes with an fp16 scale
     per slot and KV head (kernels/kv_int8.py), `k_scales` / `v_scales` [num_slots, kv_heads]
-    per layer, quantized by `write` (keys after kv_int8.rotate); readers take `layer(i)`'s
-    pair, whose int8 form (kv_int8.QuantizedRows) each attention path dequantizes as it reads,
-    with its queries rotated (`rotate_queries`)."""
+    per layer, quantized by `write` (keys rotated, kv_int8.rotate, then less the layer's
+    `k_offsets`, kv_int8.key_offset: zeros until runtime/kv_calibration.py sets them);
+    readers take `layer(i)`'s pair, whose int8 form (kv_int8.QuantizedRows) each attention
+    path dequantizes as it reads, with its queries rotated (`rotate_queries`)."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -62,11 +63,15 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.is_int8 = dtype == torch.int8
-        self.k_scales = self.v_scales = None
+        self.k_scales = self.v_scales = self.k_offsets = None
         if self.is_int8:
             self.k_scales, self.v_scales = (
                 [torch.zeros(shape[:2], dtype=kv_int8.SCALE_DTYPE, device=device)
                  for _ in range(num_layers)] for _ in range(2))
+            # filled in place (the C decode step holds pointers to them)
+            self.k_offsets = [torch.zeros(shape[1:], dtype=torch.float32, device=device)
+                              for _ in range(num_layers)]
+        self._key_log: dict[int, list[torch.Tensor]] | None = None
         self.num_slots = num_slots
         self.device = torch.device(device)
         # A stack whose top is its end; popped slots are handed out in ascending order, so a
@@ -127,8 +132,11 @@ class KVPool:
     def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # (a 16-bit pool under an fp32 model rounds K/V here)
         pool_k, pool_v = self.k[layer_id], self.v[layer_id]
-        if self.is_int8:  # (keys rotated first: kv_int8.rotate)
-            for x, codes, scales in ((kv_int8.rotate(k), pool_k, self.k_scales[layer_id]),
+        if self.is_int8:
+            if self._key_log is not None:
+                self._key_log.setdefault(layer_id, []).append(kv_int8.rotate(k).float())
+            for x, codes, scales in ((self._stored_keys(layer_id, k), pool_k,
+                                      self.k_scales[layer_id]),
                                      (v, pool_v, self.v_scales[layer_id])):
                 c, s = kv_int8.quantize(x)
                 codes.index_copy_(0, slots, c)
@@ -138,6 +146,28 @@ class KVPool:
             k, v = k.to(pool_k.dtype), v.to(pool_v.dtype)
         pool_k.index_copy_(0, slots, k)
         pool_v.index_copy_(0, slots, v)
+
+
+    def _stored_keys(self, layer_id: int, k: torch.Tensor) -> torch.Tensor:
+        """An int8 pool's keys before they are quantized: rotated, less the layer's offset."""
+        return kv_int8.rotate(k).float() - self.k_offsets[layer_id]
+
+    def as_stored(self, layer_id: int, k: torch.Tensor, v: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """New tokens' K and V [tokens, kv_heads, head_dim] as this int8 pool holds them,
+        dequantized to `dtype`: for an attention path that reads them from its inputs rather
+        than from the pool."""
+        return tuple(kv_int8.dequantize(*kv_int8.quantize(x), dtype)
+                     for x in (self._stored_keys(layer_id, k), v))
+
+    def record_keys(self) -> dict[int, list[torch.Tensor]]:
+        """Start logging, per layer, every key an int8 pool is given, as stored before the
+        offset (fp32, rotated): runtime/kv_calibration.py's; `stop_recording` ends it."""
+        self._key_log = {}
+        return self._key_log
+
+    def stop_recording(self) -> None:
+        self._key_log = None
 
 
 class HiddenSumPool:

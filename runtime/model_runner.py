@@ -114,6 +114,7 @@ class ModelRunner:
         self.compiled_decode = (self._compile_decode()
                                 if args.enable_torch_compile and self.cpu_decode is None
                                 and not args.is_embedding else None)
+        self._calibrate_kv(model_folder)
         host_memory.release_freed()  # what loading freed (~0.15 GB at 1B) back to the system
         if self.tp and self.tp.is_driver:
             from .distributed.plan import PlanSender
@@ -122,6 +123,24 @@ class ModelRunner:
         logger.info("model %s loaded: %s on %s, KV pool %d tokens of %s (%.2f GiB)",
                     ma.architecture, self.dtype, self.device, num_slots, self.kv_dtype,
                     num_slots * per_token / 2**30)
+
+    def _calibrate_kv(self, model_folder) -> None:
+        """An int8 pool's key offsets (kv_calibration.py), set before any request (on every
+        tensor-parallel rank, before rank 0 starts sending plans)."""
+        from . import kv_calibration
+
+        why = kv_calibration.why_not(self)
+        if why is not None:
+            if self.kv_pool.is_int8:
+                logger.info("int8 KV cache: keys stored uncentred: %s", why)
+            return
+        from .chat_template import chat_template_text
+        from .model_loader import load_tokenizer
+
+        tokenizer = load_tokenizer(self.args.tokenizer or model_folder)
+        if self.args.chat_template is not None:
+            tokenizer.chat_template = chat_template_text(self.args.chat_template)
+        kv_calibration.calibrate(self, kv_calibration.calibration_ids(tokenizer))
 
     def _kv_dtype(self) -> torch.dtype:
         """--kv-cache-dtype; auto: the model's, but 16-bit where the C decode step can run

@@ -52,7 +52,8 @@ class _Layer(ctypes.Structure):
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("moe", ctypes.POINTER(_Moe)), ("window", ctypes.c_int64),
                 ("k_codes", ctypes.c_void_p), ("v_codes", ctypes.c_void_p),
-                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p)]
+                ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
+                ("k_offset", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):

@@ -647,7 +647,8 @@ static void hadamard(float *x, int64_t D) {
 
 /* One row's K and V (fp32 [kv_heads][head_dim] each) into the cache at `slot`: bf16, or int8
  * codes and an fp16 scale per KV head, quantized as kernels/kv_int8.py's quantize (scale =
- * amax / 127 rounded to fp16; codes rounded to nearest even with that scale). */
+ * amax / 127 rounded to fp16; codes rounded to nearest even with that scale), the keys less
+ * the layer's k_offset first. */
 static void store_kv(const rf_model *m, const rf_layer *L, int64_t slot, const float *k,
                      const float *v) {
     const int64_t D = m->head_dim, kv_size = m->kv_heads * D;
@@ -658,18 +659,23 @@ static void store_kv(const rf_model *m, const rf_layer *L, int64_t slot, const f
         }
         return;
     }
+    float centred[MAX_HEAD_DIM];
     for (int half = 0; half < 2; half++) {
-        const float *x = half ? v : k;
         int8_t *codes = (half ? L->v_codes : L->k_codes) + slot * kv_size;
         uint16_t *scales = (half ? L->v_scales : L->k_scales) + slot * m->kv_heads;
         for (int64_t h = 0; h < m->kv_heads; h++) {
+            const float *x = (half ? v : k) + h * D;
+            if (!half && L->k_offset) {
+                for (int64_t d = 0; d < D; d++) centred[d] = x[d] - L->k_offset[h * D + d];
+                x = centred;
+            }
             float amax = 0;
-            for (int64_t d = 0; d < D; d++) amax = fabsf(x[h * D + d]) > amax ? fabsf(x[h * D + d]) : amax;
+            for (int64_t d = 0; d < D; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
             const uint16_t s16 = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
             const float s = _cvtsh_ss(s16);
             scales[h] = s16;
             for (int64_t d = 0; d < D; d++) {
-                float c = s > 0 ? nearbyintf(x[h * D + d] / s) : 0;
+                float c = s > 0 ? nearbyintf(x[d] / s) : 0;
                 c = c > 127 ? 127 : c < -127 ? -127 : c;
                 codes[h * D + d] = (int8_t)c;
             }

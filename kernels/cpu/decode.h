@@ -56,6 +56,9 @@ typedef struct {
      * weights) for one request, and into fp32 values for a shared prefix and prefill. */
     int8_t *k_codes, *v_codes;
     uint16_t *k_scales, *v_scales;
+    const float *k_offset; /* an int8 cache's: fp32 [kv_heads][head_dim], subtracted from each
+                              (rotated) key before it is quantized (kernels/kv_int8.py's
+                              key_offset; attention is unchanged by it) */
 } rf_layer;
 
 typedef struct {

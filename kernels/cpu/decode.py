@@ -106,6 +106,7 @@ class LayerWeights:
     window: int = 0  # a sliding window: each row attends its last `window` keys; 0: all
     k_scales: torch.Tensor | None = None
     v_scales: torch.Tensor | None = None
+    k_offset: torch.Tensor | None = None  # an int8 cache's: fp32 [kv_heads, head_dim] or None
 
     def weights(self) -> list[TiledWeight]:
         mlp = self.moe.weights() if self.moe else [self.gate_up, self.down]
@@ -190,9 +191,10 @@ def _kv_cache(lw: LayerWeights, shape: ModelShape) -> tuple[int | None, int | No
 
 
 def _kv_int8(lw: LayerWeights, shape: ModelShape) -> tuple[int | None, ...]:
-    """rf_layer's k_codes, v_codes, k_scales, v_scales (an int8 cache), else Nones."""
+    """rf_layer's k_codes, v_codes, k_scales, v_scales, k_offset (an int8 cache), else
+    Nones."""
     if lw.k_cache.dtype != torch.int8:
-        return None, None, None, None
+        return None, None, None, None, None
     rows = lw.k_cache.shape[0]
     for t, shp, dtype in ((lw.k_cache, (rows, shape.kv_heads, shape.head_dim), torch.int8),
                           (lw.v_cache, (rows, shape.kv_heads, shape.head_dim), torch.int8),
@@ -201,7 +203,13 @@ def _kv_int8(lw: LayerWeights, shape: ModelShape) -> tuple[int | None, ...]:
         if t is None or t.dtype != dtype or tuple(t.shape) != shp or not t.is_contiguous():
             raise ValueError("an int8 KV cache needs contiguous int8 codes [slots, kv_heads, "
                              "head_dim] and fp16 scales [slots, kv_heads] for K and V")
-    return (_ptr(lw.k_cache), _ptr(lw.v_cache), _ptr(lw.k_scales), _ptr(lw.v_scales))
+    offset = lw.k_offset
+    if offset is not None and (offset.dtype != torch.float32 or not offset.is_contiguous()
+                               or tuple(offset.shape) != (shape.kv_heads, shape.head_dim)):
+        raise ValueError("an int8 KV cache's key offset must be contiguous fp32 [kv_heads, "
+                         "head_dim]")
+    return (_ptr(lw.k_cache), _ptr(lw.v_cache), _ptr(lw.k_scales), _ptr(lw.v_scales),
+            _ptr(offset))
 
 
 class DecodeStep:

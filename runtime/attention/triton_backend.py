@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixflow.kernels import kv_int8
 from radixflow.kernels.attention import decode_attention, extend_attention
 
 from ..forward_batch import ForwardBatch, ForwardMode
@@ -129,8 +128,7 @@ class TritonAttnBackend:
             # the new tokens' K/V as the pool holds them (keys rotated, as the queries), so
             # extend and later decodes agree
             q = pool.rotate_queries(q)
-            k, v = (kv_int8.dequantize(*kv_int8.quantize(x), q.dtype)
-                    for x in (kv_int8.rotate(k), v))
+            k, v = pool.as_stored(layer_id, k, v, q.dtype)
         else:
             q = q.to(k_cache.dtype)  # tl.dot wants one dtype on both sides
             k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)

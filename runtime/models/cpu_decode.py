@@ -120,7 +120,8 @@ class CpuDecode:
                 _norm(attn.q_norm), _norm(attn.k_norm), _fp32(bias), *weights,
                 kv_pool.k[i], kv_pool.v[i], moe=moe, window=attn.window or 0,
                 k_scales=kv_pool.k_scales[i] if kv_pool.is_int8 else None,
-                v_scales=kv_pool.v_scales[i] if kv_pool.is_int8 else None))
+                v_scales=kv_pool.v_scales[i] if kv_pool.is_int8 else None,
+                k_offset=kv_pool.k_offsets[i] if kv_pool.is_int8 else None))
         head = _tiled(model.lm_head)
         if head is None:
             return None, "its output head has no tiled weights"

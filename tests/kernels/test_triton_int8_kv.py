@@ -87,6 +87,9 @@ def test_triton_backend_over_an_int8_pool_matches_torch_native(kernel_device):
                             (TritonAttnBackend(heads, kv_heads, dim, 0.2,
                                                dtype=torch.float32), kernel_device)):
         pool = KVPool(100, 1, kv_heads, dim, torch.int8, device)
+        # keys stored centred (a calibrated pool's): the new tokens' too (KVPool.as_stored)
+        pool.k_offsets[0].copy_(torch.randn(kv_heads, dim,
+                                            generator=torch.Generator().manual_seed(3)))
         table = ReqToTokenPool(2, 64, device).req_to_token
         got = []
         for mode, prefix, new in ((ForwardMode.EXTEND, [0, 0], [9, 5]),

@@ -2,8 +2,9 @@
 quantization against kernels/kv_int8.py's definition; every attention plan (extend with a
 prefix, padded decode, the cascade over a shared prefix, a sliding window, one request's run of
 consecutive slots, the CPU prefill kernel at each level) against an fp32 reference over the
-dequantized pool (tight: only the path's own rounding), and against the same batch over a
-bf16 pool (loose: int8's error)."""
+dequantized pool with its key offset added back (tight: only the path's own rounding; the
+offset shifts every score of a query alike), and against the same batch over a bf16 pool
+(loose: int8's error)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,45 @@ def test_keys_are_stored_rotated_and_rotation_is_its_own_inverse():
     rotated, plain = (kv_int8.gather(r, slots, torch.float32) for r in (kr, vr))
     torch.testing.assert_close(rotated, kv_int8.rotate(x[:2]), atol=0.03, rtol=0)
     torch.testing.assert_close(plain, x[:2], atol=0.03, rtol=0)
+
+
+def test_key_offset_is_near_the_mean_and_puts_the_first_key_on_the_grid():
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(60, KVH, D, generator=g) + 5 * torch.randn(1, KVH, D, generator=g)
+    keys[0] *= 3  # the sink: far from the others
+    offset = kv_int8.key_offset(keys)
+    assert offset.shape == (KVH, D) and offset.dtype == torch.float32
+    first = keys[0] - offset
+    torch.testing.assert_close(kv_int8.dequantize(*kv_int8.quantize(first), torch.float32),
+                               first, atol=1e-5, rtol=0)
+    mean = keys[1:].mean(0)
+    half_step = (keys[0] - mean).abs().amax(-1, keepdim=True) / 254
+    assert bool(((offset - mean).abs() <= half_step * 1.01).all())
+    # centred, the others' error falls: their common part no longer sets their scale
+    err = {name: (kv_int8.dequantize(*kv_int8.quantize(keys[1:] - c), torch.float32)
+                  - (keys[1:] - c)).abs().mean()
+           for name, c in (("plain", 0), ("centred", offset))}
+    assert err["centred"] < 0.5 * err["plain"]
+
+
+def test_pool_stores_keys_less_its_offset_and_logs_them_when_asked():
+    pool = KVPool(8, 2, KVH, D, torch.int8)
+    assert all(bool((o == 0).all()) for o in pool.k_offsets)
+    pool.k_offsets[1].copy_(torch.randn(KVH, D))
+    slots = pool.alloc(3)
+    k, v = torch.randn(3, KVH, D), torch.randn(3, KVH, D)
+    log = pool.record_keys()
+    pool.write(1, slots, k, v)
+    pool.stop_recording()
+    pool.write(1, slots, k, v)  # not logged
+    assert list(log) == [1] and len(log[1]) == 1
+    torch.testing.assert_close(log[1][0], kv_int8.rotate(k))
+    stored = kv_int8.gather(pool.layer(1)[0], slots, torch.float32)
+    torch.testing.assert_close(stored + pool.k_offsets[1], kv_int8.rotate(k), atol=0.03, rtol=0)
+    as_stored_k, as_stored_v = pool.as_stored(1, k, v, torch.float32)
+    torch.testing.assert_close(as_stored_k, stored, atol=1e-6, rtol=0)
+    torch.testing.assert_close(as_stored_v, kv_int8.gather(pool.layer(1)[1], slots,
+                                                           torch.float32), atol=1e-6, rtol=0)
 
 
 def test_quantize_round_trip_and_zero_rows():
@@ -95,6 +135,8 @@ def run(mode, prefix_lens, ext_lens, pool_dtype, *, shared_prefix=0, dtype=torch
     g = torch.Generator().manual_seed(0)
     bs = len(prefix_lens)
     pool = KVPool(600, 1, KVH, D, pool_dtype)
+    if pool.is_int8:  # keys stored centred (as a calibrated pool's): attention unchanged
+        pool.k_offsets[0].copy_(torch.randn(KVH, D, generator=torch.Generator().manual_seed(7)))
     table = ReqToTokenPool(bs, 512).req_to_token
     shared = pool.alloc(shared_prefix)
     for i, p in enumerate(prefix_lens):
@@ -123,8 +165,10 @@ def run(mode, prefix_lens, ext_lens, pool_dtype, *, shared_prefix=0, dtype=torch
     out = backend.forward(q, k, v, 0, batch, window=window)
     k_rows, v_rows = pool.layer(0)
     if pool.is_int8:
-        # the stored keys are rotated (kv_int8.rotate); rotated again, they are the keys
-        keys_of = lambda s: kv_int8.rotate(kv_int8.gather(k_rows, s, torch.float32))  # noqa: E731
+        # the stored keys are rotated (kv_int8.rotate) less the offset: with it added back and
+        # rotated again, they are the keys
+        keys_of = lambda s: kv_int8.rotate(  # noqa: E731
+            kv_int8.gather(k_rows, s, torch.float32) + pool.k_offsets[0])
         values_of = lambda s: kv_int8.gather(v_rows, s, torch.float32)  # noqa: E731
     else:
         keys_of, values_of = (lambda s: k_rows[s].float()), (lambda s: v_rows[s].float())

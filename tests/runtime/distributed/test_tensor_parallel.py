@@ -304,3 +304,22 @@ def test_qwen3_qk_norm_replicated_kv_tp4(tiny_model_factory):
     with Engine(model, tp_size=4, **ENGINE_ARGS) as four:
         assert four.scheduler.runner.tp.spec.kv_replicas == 2
         _assert_same(reference, _greedy_and_logprobs(four))
+
+
+def test_int8_kv_tp2_calibrates_each_ranks_heads(tiny_llama):
+    """--kv-cache-dtype int8 over two ranks: every rank runs the start-up calibration prefill
+    (kv_calibration.py; its collectives matched) and centres its own KV heads' keys as one
+    rank does those heads; greedy output as one rank's."""
+    args = {**ENGINE_ARGS, "kv_cache_dtype": "int8"}
+    with Engine(str(tiny_llama), **args) as one:
+        ids_1, lps_1 = _greedy_and_logprobs(one)
+        pool = one.scheduler.runner.kv_pool
+        first_head = [o[:1].clone() for o in pool.k_offsets]
+    with Engine(str(tiny_llama), tp_size=2, **args) as two:
+        ids_2, lps_2 = _greedy_and_logprobs(two)
+        rank0 = [o.clone() for o in two.scheduler.runner.kv_pool.k_offsets]
+    assert all(float(o.abs().max()) > 0 for o in rank0)
+    for mine, single in zip(rank0, first_head, strict=True):
+        torch.testing.assert_close(mine, single, atol=1e-4, rtol=1e-4)
+    assert ids_2 == ids_1
+    assert max(abs(a - b) for x, y in zip(lps_1, lps_2) for a, b in zip(x, y)) < 2e-2

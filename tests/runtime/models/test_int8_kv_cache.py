@@ -66,6 +66,40 @@ def test_rope_tables_cover_the_context_an_int8_pool_serves(tiny_model_factory):
     assert runner.model.rope.cos.shape[0] >= context
 
 
+def test_keys_are_stored_centred_and_the_calibrations_first_key_exactly(tiny_model_factory):
+    """Start-up calibrates the key offsets (kv_calibration.py); a prompt that starts as the
+    calibration's does (a chat request's template) stores its first key on the int8 grid,
+    exactly, where later keys keep int8's error."""
+    from radixflow.kernels import kv_int8
+    from radixflow.runtime.kv_calibration import calibration_ids
+    from radixflow.runtime.model_loader import load_tokenizer
+
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, quantization="int4", kv_cache_dtype="int8")
+    pool = runner.kv_pool
+    assert all(float(o.abs().max()) > 0 for o in pool.k_offsets)
+    ids = calibration_ids(load_tokenizer(folder))[:16]
+    slots = pool.alloc(len(ids))
+    runner.req_to_token_pool.req_to_token[0, :len(ids)] = slots.to(torch.int32)
+    log = pool.record_keys()
+    runner.forward(ForwardMode.EXTEND, [BatchRequest(0, ids, 0, [len(ids) - 1])], slots)
+    pool.stop_recording()
+    for layer, (keys,) in log.items():
+        stored = kv_int8.gather(pool.layer(layer)[0], slots, torch.float32)
+        err = (stored + pool.k_offsets[layer] - keys).abs().amax(-1)  # [tokens, kv_heads]
+        scale = keys.abs().amax(-1)
+        assert bool((err[0] <= 1e-5 * scale[0]).all()), (layer, err[0])
+        assert bool((err[1:] > 1e-4 * scale[1:]).any())
+    pool.free(slots)
+
+
+def test_calibration_leaves_no_slot_or_row_taken(tiny_model_factory):
+    folder = tiny_model_factory("llama")
+    runner = _runner(folder, quantization="int4", kv_cache_dtype="int8")
+    assert runner.kv_pool.num_free == runner.kv_pool.num_slots
+    assert runner.req_to_token_pool.num_free == runner.req_to_token_pool.size
+
+
 def test_c_step_over_int8_kv_matches_the_torch_path_over_it(tiny_model_factory):
     folder = tiny_model_factory("llama")
     runner = _runner(folder, quantization="int4", kv_cache_dtype="int8")
@@ -157,6 +191,19 @@ def test_engine_serves_int8_kv_and_reuses_it_from_the_prefix_cache(tiny_model_fa
     assert again["output_ids"] == first["output_ids"]
     assert again["meta_info"]["cached_tokens"] > 0
     assert longer["meta_info"]["cached_tokens"] > 0
+
+
+def test_soft_capped_scores_keep_keys_uncentred(tmp_path):
+    """Gemma 2's tanh-capped scores would change under a shift of every key: no offsets."""
+    from helpers.family_models import make_family_model
+
+    folder, _, _ = make_family_model(tmp_path, "gemma2", tie_word_embeddings=True)
+    config = json.loads((folder / "config.json").read_text())
+    runner = ModelRunner(ServerArgs(model=str(folder), dtype="float32", max_total_tokens=64,
+                                    kv_cache_dtype="int8", cpu_isa=LEVEL["cpu_isa"]),
+                         folder, config)
+    assert runner.model_args.attn_softcap is not None
+    assert all(bool((o == 0).all()) for o in runner.kv_pool.k_offsets)
 
 
 def test_gemma_attends_over_an_int8_pool(tmp_path):
