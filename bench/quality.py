@@ -97,6 +97,11 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default=None,
                     help="score the default engine with this KV cache dtype (int8) against "
                     "bf16 KV instead (the text: --text, then the other docs/*.md, to --chars)")
+    ap.add_argument("--chat", action="store_true",
+                    help="--kv-cache-dtype: the text as a chat request's prompt (the model's "
+                    "chat template around it: its first token every chat prompt's)")
+    ap.add_argument("--fp32-weights-only", action="store_true",
+                    help="--kv-cache-dtype: only the rows with dense fp32 weights")
     ap.add_argument("--together", action="store_true",
                     help="--gguf: radixflow scores every chunk side by side in one decode batch "
                     "(a batch's precision) instead of one chunk at a time")
@@ -147,6 +152,8 @@ def kv_main(args: argparse.Namespace) -> None:
     docs = Path(__file__).parent.parent / "docs"
     texts = [args.text] + sorted(p for p in docs.glob("*.md") if p != args.text)
     text = "\n\n".join(p.read_text() for p in texts)[:args.chars]
+    if args.chat:
+        text = _as_chat_prompt(text)
     levels = [lv for lv in supported_levels() if lv != "generic"]
     kv, rows = args.kv_cache_dtype, []
     dense = {"quantization": "none", "dtype": "float32"}  # no int8 activations: a low floor
@@ -161,6 +168,8 @@ def kv_main(args: argparse.Namespace) -> None:
     for level in levels:
         pairs[f"decode steps (C step), {level}"] = (
             lambda dtype, level=level: score_decode(ids, level, kv_cache_dtype=dtype), kv)
+    if args.fp32_weights_only:
+        pairs = {name: pair for name, pair in pairs.items() if "fp32 weights" in name}
     ids, baselines = None, {}
     for name, (run, other) in pairs.items():
         key = name.removesuffix(", fp32 KV (the floor)")
@@ -175,21 +184,35 @@ def kv_main(args: argparse.Namespace) -> None:
                     f"| {diff.max():.3f} | {agree:.2%} | {-base.mean():.4f} "
                     f"| {-logprobs.mean():.4f} |")
     date = datetime.date.today().isoformat()
+    chat = " --chat" if args.chat else ""
+    only = " --fp32-weights-only" if args.fp32_weights_only else ""
     lines = [f"# {kv} KV cache vs bf16 KV, default model, {date}", "",
              f"Command: `python -m bench.quality --kv-cache-dtype {kv} --chars {args.chars} "
-             f"--chunk {args.chunk}`", "",
+             f"--chunk {args.chunk}{chat}{only}`", "",
              f"CPU: {detect().describe()}; levels measured: {', '.join(levels)}.", "",
              f"Text: the first {args.chars} characters of `{args.text.name}` and the other "
              "docs/*.md after it, teacher-forced; each row the same engine and weights with a "
              f"bf16 and a {kv} KV cache; the floor rows: an fp32 KV cache against bf16 (how "
              "far any small change of K/V moves that engine: its int8 activations, the default "
-             "weights', amplify it).", "",
+             "weights', amplify it)." + (" The text is the user message of a chat prompt "
+                                          "(the chat template around it)." if chat else ""), "",
              "| fed as | KV vs bf16 KV | weights | scored tokens | mean abs d logprob "
              "| max abs d logprob | top-1 agrees with bf16 KV | mean NLL, bf16 KV "
              "| mean NLL, this KV |",
              "|---|---|---|---|---|---|---|---|---|", *rows, ""]
-    key = f"{date}-kv-{kv}-{args.chars}"
+    key = f"{date}-kv-{kv}-{args.chars}{'-chat' if chat else ''}"
     publish("\n".join(lines), None if args.no_write else Run("quality", key))
+
+
+def _as_chat_prompt(text: str) -> str:
+    """`text` as the user message of a chat prompt, rendered by the default model's chat
+    template as the server renders one."""
+    from radixflow.runtime.model_loader import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(None))
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def files_main(args: argparse.Namespace) -> None:
