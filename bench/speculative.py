@@ -10,9 +10,10 @@ Predicted Outputs, holds the output a plain run gave, as an editing client sends
 expects: radixflow only, llama.cpp has no such field). For each: single-stream TPOT per
 request, radixflow's off and on alternating per request on one server (the request's
 `speculative` field: off, on, on, off, ...), outputs compared token for token; acceptance from
-/metrics; 8-concurrent throughput (off, on, on, off); llama.cpp plain and with `--spec-type
-ngram-simple`, one server at a time (plain, spec, spec, plain). Then the verify pass's cost per
-drafted token, in-process: one request's decode pass with 1 + k rows at a 512-token context.
+/metrics; 8-concurrent throughput (rounds of off, on, on, off: --throughput-rounds); llama.cpp
+plain and with `--spec-type ngram-simple`, one server at a time (plain, spec, spec, plain).
+Then the verify pass's cost per drafted token, in-process: one request's decode pass with
+1 + k rows at a 512-token context.
 Filed as a section of bench/results/speculative.md.
 
 At model scale: `--model <a .gguf>` serves that file instead of the default model (to
@@ -193,7 +194,7 @@ def radixflow(args, sets: dict[str, list[dict]]) -> dict:
                 same += got[False]["text"] == got[True]["text"]
             passes, drafted, accepted = (a - b for a, b in zip(spec_counts(RF_URL), before))
             tput = {False: [], True: []}
-            for flag in (False, True, True, False):
+            for flag in (False, True, True, False) * args.throughput_rounds:
                 tput[flag].append(throughput(RF_URL, reqs if flag else list(map(plain, reqs)),
                                              {"speculative": flag}, args.concurrency))
             res[name] = {
@@ -361,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--throughput-rounds", type=int, default=1,
+                    help="radixflow's concurrent throughput runs: this many rounds of (off, on, "
+                    "on, off), medians (a round of --requests 4 varies by +-15%% run to run)")
     ap.add_argument("--ngram-min-window", type=int, default=2,
                     help="radixflow's --speculative-ngram-min-match-window-size")
     ap.add_argument("--llama-ngram-n", type=int, default=3)
