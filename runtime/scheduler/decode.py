@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -154,6 +155,7 @@ class Decode:
     # ---- one pass, then its tokens ----
 
     def _run_sync(self) -> None:
+        started = time.perf_counter()
         reqs = [r for r in self.state.running if r.seq_len > r.computed_len]
         drafts = self.speculate.propose(reqs)
         reqs, parts, slots = self.plan(reqs, drafts)
@@ -164,10 +166,11 @@ class Decode:
             mask = self.speculate.start_fill(reqs, drafts)
             logits = self.state.forward(ForwardMode.DECODE, parts, slots)
             self.speculate.commit(reqs, logits, drafts, mask)
-            return
-        mask = self.grammars.start_fill(reqs)  # overlaps the forward
-        logits = self.state.forward(ForwardMode.DECODE, parts, slots)
-        self.commit.sample(reqs, logits, mask)
+        else:
+            mask = self.grammars.start_fill(reqs)  # overlaps the forward
+            logits = self.state.forward(ForwardMode.DECODE, parts, slots)
+            self.commit.sample(reqs, logits, mask)
+        self.speculate.observe_pass(len(parts), time.perf_counter() - started)
 
     # ---- overlapped: the next pass computes while this one's tokens are committed ----
 

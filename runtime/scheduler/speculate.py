@@ -28,6 +28,16 @@ only ever gets committed tokens (kv_cache.release inserts a request's computed l
 Acceptance steers the draft length (`SpecState.after_verify`): all accepted doubles it, none
 halves it, and at zero the request stops drafting for a while (a back-off that doubles each
 time), so a request with nothing to copy costs almost nothing.
+
+And the pass's cost trims the drafts (`_worth_running`): each drafted row's expected tokens
+against what a row costs here (speculative/row_cost.py: pass time by rows, learned from the
+passes run), so only the rows that raise the tokens a second run: all of them on a small
+model's single stream, only sure ones in a batch whose products are compute-bound per row
+(AVX2's int8 products: a row of a batch of 8 costs about what the token it may add is worth).
+A row's expected tokens are its request's recent acceptance rate to the power of its place in
+the draft, the rate counted over the drafted tokens a verify *reached* (each one whose
+predecessors were all accepted): acceptance is bursty (a copied span is accepted whole, then
+its end is rejected), so accepted / drafted would underrate the later tokens of a draft.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import torch
 
 from ..messages import SpecCounts
 from ..speculative.ngram import NgramDrafter
+from ..speculative.row_cost import RowCost
 from .grammar import MaskJob
 from .req import ReqStatus
 
@@ -51,6 +62,12 @@ if TYPE_CHECKING:
     from .state import SchedulerState
 
 MAX_BACKOFF_STEPS = 64
+# A request's acceptance rate before its first verify; a rate moves by this share of each
+# verify's, and a request whose drafts are not worth a pass drifts back by DRIFT a step (so
+# its drafts get tried again).
+PRIOR_RATE = 0.7
+RATE_WEIGHT = 0.3
+DRIFT = 0.02
 # Rows of a verify pass (uncomputed and drafted tokens) beyond which nothing more is drafted,
 # where the C decode step does not set the limit (its rows a call: a larger pass would run as
 # torch ops, several times slower).
@@ -66,6 +83,7 @@ class SpecState:
     k: int
     pause: int = 0  # steps left without drafting
     backoff: int = 4  # the next pause
+    rate: float = PRIOR_RATE  # recent share of the reached drafted tokens accepted
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("verify_passes", "draft_tokens", "accepted_tokens", "prediction_draft_tokens",
          "prediction_accepted_tokens"), 0))
@@ -77,6 +95,8 @@ class SpecState:
         return self.k
 
     def after_verify(self, drafted: int, accepted: int) -> None:
+        reached = accepted + (accepted < drafted)  # the first rejected one was reached too
+        self.rate += RATE_WEIGHT * (accepted / reached - self.rate)
         if accepted == drafted:
             self.k = min(self.max_k, self.k * 2)
             self.backoff = 4
@@ -107,6 +127,7 @@ class Speculate:
         self.config = config
         c_step = getattr(state.runner, "cpu_decode", None)
         self.max_rows = c_step.max_batch if c_step is not None else MAX_VERIFY_ROWS
+        self.row_cost = RowCost()
         stats = state.stats
         for key in ("spec_verify_passes", "spec_draft_tokens", "spec_accepted_tokens"):
             stats[key] = 0
@@ -149,7 +170,31 @@ class Speculate:
             if draft is not None:
                 drafts[req] = draft
                 free -= len(draft.tokens)
-        return drafts
+        return self._worth_running(drafts, rows)
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        """A decode pass of `rows` rows took `seconds`, from its plan to its commit."""
+        self.row_cost.observe(rows, seconds)
+
+    def _worth_running(self, drafts: dict[Req, Draft], plain_rows: int) -> dict[Req, Draft]:
+        """The drafts cut to the rows that raise the expected tokens a second: the i-th
+        token of a request's draft is expected to add rate ** i tokens."""
+        rows = sorted(((-(req.spec.rate ** i), i, req) for req, draft in drafts.items()
+                       for i in range(1, len(draft.tokens) + 1)), key=lambda c: c[:2])
+        keep = self.row_cost.rows_worth_drafting(plain_rows, [-g for g, _, _ in rows])
+        lengths = dict.fromkeys(drafts, 0)
+        for _, _, req in rows[:keep]:
+            lengths[req] += 1
+        kept = {}
+        for req, draft in drafts.items():
+            n = lengths[req]
+            if n == len(draft.tokens):
+                kept[req] = draft
+            elif n:
+                kept[req] = Draft(draft.tokens[:n], draft.states[:n + 1], draft.from_prediction)
+            else:  # not worth a row now: its rate drifts back toward the prior
+                req.spec.rate += DRIFT * (PRIOR_RATE - req.spec.rate)
+        return kept
 
     def _start(self, req: Req) -> SpecState:
         config = self.config

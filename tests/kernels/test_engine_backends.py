@@ -63,7 +63,7 @@ def test_triton_kernels_give_the_cpu_paths_tokens(tiny_llama, monkeypatch, kerne
 def test_triton_attention_verifies_drafted_tokens(tiny_llama, monkeypatch, kernel_device):
     """Speculative decoding's verify pass through the Triton kernels: a request's drafted
     tokens are rows of the decode pass, attending to each other's K/V written in that pass."""
-    from helpers.spec_oracle import Oracle
+    from helpers.spec_oracle import Oracle, every_draft_runs
 
     from radixflow.runtime.request_building import tokenize_prompt
     from radixflow.runtime.scheduler import speculate
@@ -76,6 +76,7 @@ def test_triton_attention_verifies_drafted_tokens(tiny_llama, monkeypatch, kerne
                                             for p, w in zip(PROMPTS, want)])
     monkeypatch.setattr(Oracle, "wrong_at", 2)
     monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    every_draft_runs(monkeypatch)
     with Engine(str(tiny_llama), dtype="float32", device=kernel_device.type,
                 attention_backend="triton", max_total_tokens=1024,
                 speculative_algorithm="ngram") as engine:

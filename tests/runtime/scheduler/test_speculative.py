@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from helpers.engine_checks import settle
-from helpers.spec_oracle import Oracle
+from helpers.spec_oracle import Oracle, every_draft_runs
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import InvalidRequest
@@ -25,6 +25,11 @@ SCHEMA = {"type": "object",
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "a b c a b c a b",
            "Numbers: 1 2 3 1 2 3 1 2", "Please answer in JSON:", "Hello"]
 GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(autouse=True)
+def _every_draft_runs(monkeypatch):
+    every_draft_runs(monkeypatch)  # (the cost gate: test_speculation_cost.py)
 
 
 def _params() -> list[dict]:
