@@ -29,11 +29,13 @@ Acceptance steers the draft length (`SpecState.after_verify`): all accepted doub
 halves it, and at zero the request stops drafting for a while (a back-off that doubles each
 time), so a request with nothing to copy costs almost nothing.
 
-And the pass's cost trims the drafts (`_worth_running`): each drafted row's expected tokens
-against what a row costs here (speculative/row_cost.py: pass time by rows, learned from the
-passes run), so only the rows that raise the tokens a second run: all of them on a small
-model's single stream, only sure ones in a batch whose products are compute-bound per row
-(AVX2's int8 products: a row of a batch of 8 costs about what the token it may add is worth).
+In a pass of several requests the pass's cost trims the drafts (`_worth_running`): each
+drafted row's expected tokens against what a row costs here (speculative/row_cost.py: pass
+time by rows, learned from the passes run), so only the rows that raise the tokens a second
+run. A batch's products are compute-bound per row at avx2 (int8 products), so a drafted row
+of a batch of 8 costs about what a plain row does, and only sure ones pay; a lone request's
+drafted rows cost 25-40% of its pass at avx2 (bench/results/speculative.md) and are not trimmed
+(its draft length follows its acceptance alone).
 A row's expected tokens are its request's recent acceptance rate to the power of its place in
 the draft, the rate counted over the drafted tokens a verify *reached* (each one whose
 predecessors were all accepted): acceptance is bursty (a copied span is accepted whole, then
@@ -170,6 +172,8 @@ class Speculate:
             if draft is not None:
                 drafts[req] = draft
                 free -= len(draft.tokens)
+        if len(reqs) == 1:  # one request: its rows are cheap beside the pass (see above)
+            return drafts
         return self._worth_running(drafts, rows)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
