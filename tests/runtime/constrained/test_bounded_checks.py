@@ -100,7 +100,8 @@ def _adversarial() -> dict[str, dict]:
 def test_adversarial_schemas_are_checked_in_bounded_time(name):
     spec = json.dumps(_adversarial()[name])
     assert len(spec) <= 64 * 1024, len(spec)
-    elapsed, verdict = _timed("json_schema", spec, repeat=1)
+    # best of 2: one check under a full CI run once took 1.05 s where it takes ~80 ms alone
+    elapsed, verdict = _timed("json_schema", spec, repeat=2)
     assert elapsed < BOUND_S, (name, elapsed, verdict)
 
 
