@@ -147,7 +147,6 @@ class KVPool:
         pool_k.index_copy_(0, slots, k)
         pool_v.index_copy_(0, slots, v)
 
-
     def _stored_keys(self, layer_id: int, k: torch.Tensor) -> torch.Tensor:
         """An int8 pool's keys before they are quantized: rotated, less the layer's offset."""
         return kv_int8.rotate(k).float() - self.k_offsets[layer_id]
