@@ -172,17 +172,19 @@ class Speculate:
             if draft is not None:
                 drafts[req] = draft
                 free -= len(draft.tokens)
-        if len(reqs) == 1:  # one request: its rows are cheap beside the pass (see above)
-            return drafts
-        return self._worth_running(drafts, rows)
+        return self._worth_running(drafts, rows, len(reqs))
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         """A decode pass of `rows` rows took `seconds`, from its plan to its commit."""
         self.row_cost.observe(rows, seconds)
 
-    def _worth_running(self, drafts: dict[Req, Draft], plain_rows: int) -> dict[Req, Draft]:
+    def _worth_running(self, drafts: dict[Req, Draft], plain_rows: int,
+                       requests: int = 2) -> dict[Req, Draft]:
         """The drafts cut to the rows that raise the expected tokens a second: the i-th
-        token of a request's draft is expected to add rate ** i tokens."""
+        token of a request's draft is expected to add rate ** i tokens. A pass of one
+        request keeps its draft whole (its rows are cheap beside the pass: see above)."""
+        if requests <= 1:
+            return drafts
         rows = sorted(((-(req.spec.rate ** i), i, req) for req, draft in drafts.items()
                        for i in range(1, len(draft.tokens) + 1)), key=lambda c: c[:2])
         keep = self.row_cost.rows_worth_drafting(plain_rows, [-g for g, _, _ in rows])

@@ -90,3 +90,12 @@ def test_the_rate_counts_the_drafted_tokens_a_verify_reached():
     state.rate = 0.5
     state.after_verify(drafted=4, accepted=0)
     assert state.rate == pytest.approx(0.5 - RATE_WEIGHT * 0.5)
+
+
+def test_a_lone_requests_draft_is_never_cut():
+    spec = Speculate.__new__(Speculate)
+    spec.row_cost = _cost(0.0, 0.010, rows=(8, 16))  # rows as dear as tokens: a batch cuts
+    poor = _Req(0.2)
+    drafts = {poor: Draft([5, 6, 7], ["p0", "p1", "p2", "p3"], False)}
+    assert spec._worth_running(drafts, plain_rows=1, requests=2) == {}
+    assert spec._worth_running(drafts, plain_rows=1, requests=1) == drafts
