@@ -170,6 +170,7 @@ def radixflow(args, sets: dict[str, list[dict]]) -> dict:
     cmd = ["radixflow", "serve", "--port", RF_URL.rsplit(":", 1)[1], "--log-level", "warning",
            "--speculative-algorithm", "ngram",
            "--speculative-num-draft-tokens", str(args.draft_tokens),
+           "--speculative-prediction-draft-tokens", str(args.prediction_draft_tokens),
            "--speculative-ngram-min-match-window-size", str(args.ngram_min_window),
            *(["--model", str(args.model)] if args.model else [])]
     res = {}
@@ -303,7 +304,8 @@ def report(args, rf: dict, lc: dict | None, cost: dict[int, float], level: str) 
              + ", greedy, 2 threads, "
              f"{args.requests} requests a workload, {args.concurrency} at a time for tok/s. "
              "radixflow: `--speculative-algorithm ngram --speculative-num-draft-tokens "
-             f"{args.draft_tokens}`, off/on per request"
+             f"{args.draft_tokens} --speculative-prediction-draft-tokens "
+             f"{args.prediction_draft_tokens}`, off/on per request"
              + ("; llama.cpp: `--spec-type ngram-simple --spec-ngram-simple-size-n "
                 f"{args.llama_ngram_n} --spec-ngram-simple-size-m {args.llama_draft_m}`."
                 if lc else "."), "",
@@ -362,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--prediction-draft-tokens", type=int, default=16)
     ap.add_argument("--throughput-rounds", type=int, default=1,
                     help="radixflow's concurrent throughput runs: this many rounds of (off, on, "
                     "on, off), medians (a round of --requests 4 varies by +-15%% run to run)")

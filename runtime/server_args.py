@@ -103,6 +103,10 @@ class ServerArgs:
         "their distribution. Off by default; a request may turn it on or off (speculative)")
     speculative_num_draft_tokens: int = _arg(
         4, "tokens drafted per request and step, at most (fewer while its acceptance is low)")
+    speculative_prediction_draft_tokens: int = _arg(
+        16, "tokens drafted per request and step from a request's prediction (OpenAI's "
+        "Predicted Outputs), at most: a prediction's drafts are mostly accepted whole, so "
+        "longer drafts pay")
     speculative_ngram_min_match_window_size: int = _arg(
         2, "the shortest n-gram whose match drafts tokens")
     speculative_ngram_max_match_window_size: int = _arg(

@@ -16,6 +16,8 @@ class SpeculationConfig:
 
     on: bool = False
     num_draft_tokens: int = 4
+    # drafts from a request's prediction are accepted nearly whole, so they may run longer
+    prediction_draft_tokens: int = MAX_DRAFT_TOKENS
     min_window: int = 2
     max_window: int = 5
 
@@ -30,6 +32,10 @@ class SpeculationConfig:
         if not 1 <= k <= MAX_DRAFT_TOKENS:
             raise ValueError(f"--speculative-num-draft-tokens must be in [1, "
                              f"{MAX_DRAFT_TOKENS}], got {k}")
+        from_prediction = args.speculative_prediction_draft_tokens
+        if not 1 <= from_prediction <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"--speculative-prediction-draft-tokens must be in [1, "
+                             f"{MAX_DRAFT_TOKENS}], got {from_prediction}")
         low = args.speculative_ngram_min_match_window_size
         high = args.speculative_ngram_max_match_window_size
         if not 1 <= low <= high <= MAX_WINDOW:
@@ -37,5 +43,8 @@ class SpeculationConfig:
                              "--speculative-ngram-min-match-window-size <= "
                              f"--speculative-ngram-max-match-window-size <= {MAX_WINDOW}, "
                              f"got {low} and {high}")
-        return cls(on=algorithm is not None, num_draft_tokens=k, min_window=low,
-                   max_window=high)
+        return cls(on=algorithm is not None, num_draft_tokens=k,
+                   prediction_draft_tokens=from_prediction, min_window=low, max_window=high)
+
+    def longest_draft(self, from_prediction: bool) -> int:
+        return self.prediction_draft_tokens if from_prediction else self.num_draft_tokens

@@ -185,6 +185,35 @@ def test_a_request_turns_it_off_and_prediction_turns_it_on(engines):
     settle(off)
 
 
+def test_a_prediction_drafts_past_the_ngram_draft_length(engines, monkeypatch):
+    """A prediction's drafts grow to --speculative-prediction-draft-tokens (16); the n-grams'
+    stay within --speculative-num-draft-tokens (the `on` engine's 5)."""
+    on, off = engines
+    prompts, params = PROMPTS[:2], [{"max_new_tokens": 40, **GREEDY, "ignore_eos": True}] * 2
+    want = off.generate(prompts, params)
+    spec = on.scheduler.speculate
+    drafted, propose = [], spec.propose
+
+    def recording(reqs):
+        drafts = propose(reqs)
+        drafted.extend((bool(r.prediction_ids), len(d.tokens)) for r, d in drafts.items())
+        return drafts
+
+    monkeypatch.setattr(spec, "propose", recording)
+    predicted = [on.generate(prompts[0], params[0], prediction=want[0]["text"]),
+                 on.generate(prompts[1], params[1])]
+    assert [o["output_ids"] for o in predicted] == [w["output_ids"] for w in want]
+    longest = {p: max((n for q, n in drafted if q == p), default=0) for p in (True, False)}
+    assert longest[True] == 16  # (its first draft: the prediction's start)
+    assert 0 < longest[False] <= 5
+    settle(on)
+
+
+def test_prediction_draft_length_is_a_start_up_flag():
+    with pytest.raises(ValueError, match="--speculative-prediction-draft-tokens"):
+        ServerArgs(speculative_prediction_draft_tokens=17)
+
+
 def test_a_wrong_prediction_changes_nothing(engines):
     on, off = engines
     prompt, params = PROMPTS[0], {"max_new_tokens": 24, **GREEDY, "ignore_eos": True}
