@@ -13,12 +13,17 @@ by it), `first` (keys minus the calibration text's first key instead), `sink` (t
 token's key kept exact), `snap` (`center` with the mean moved by less than half a code step so
 that the calibration text's first key, the attention sink, lands on the int8 grid: stored
 exactly wherever a text starts with the same token, and no second storage form: what
-kernels/kv_int8.py builds). Prints one line per variant; writes nothing.
+kernels/kv_int8.py builds), `long` (`snap` around the keys' long-run mean instead: the
+calibration keys turned back by their RoPE angles, averaged, and turned by the mean rotation
+over positions 0 .. LONG_RUN - 1, so that channels which rotate within a long context are not
+centred on where they stood in a short calibration). Prints one line per variant; writes
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -40,7 +45,9 @@ VARIANTS = {  # name: (key steps, value steps); None: left exact
     "K first rot, V": (("first", "rot"), ()),
     "K snap rot": (("snap", "rot"), None),
     "K snap rot, V": (("snap", "rot"), ()),
+    "K long rot, V": (("long", "rot"), ()),
 }
+LONG_RUN = 4096  # positions the `long` mean averages the rotation over
 
 
 def through_int8(x: torch.Tensor, steps: tuple[str, ...],
@@ -51,7 +58,7 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...],
 
     x = x.float()
     shift = {"center": offsets and offsets[0], "first": offsets and offsets[1],
-             "snap": offsets and offsets[2]}
+             "snap": offsets and offsets[2], "long": offsets and offsets[3]}
     shift = next((shift[s] for s in steps if s in shift), 0)
     y = x - shift
     if "rot" in steps:
@@ -65,15 +72,40 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...],
     return y
 
 
-def _offsets(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer's calibration keys [tokens, kv_heads, head_dim] -> (their mean leaving the first
-    out, the first, the mean snapped: first - snapped mean quantizes exactly after rotation)."""
+def _snapped(mean: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """mean moved so that first - it quantizes exactly after rotation."""
     from radixflow.kernels import kv_int8
 
-    mean, first = keys[1:].mean(0), keys[0]
     rotated = kv_int8.rotate(first)
     grid = kv_int8.dequantize(*kv_int8.quantize(rotated - kv_int8.rotate(mean)), torch.float32)
-    return mean, first, kv_int8.rotate(rotated - grid)
+    return kv_int8.rotate(rotated - grid)
+
+
+def _turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] turned as RoPE turns it (rotate_half pairs), by angles cos/sin
+    [..., head_dim / 2]."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+def _long_run_mean(keys: torch.Tensor, theta: float) -> torch.Tensor:
+    """The mean of post-RoPE keys over positions 0 .. LONG_RUN - 1, from the calibration keys
+    (positions 0 ..): each turned back to position 0, averaged, turned by the mean rotation."""
+    d = keys.shape[-1]
+    freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    back = torch.arange(keys.shape[0], dtype=torch.float64)[:, None] * freq
+    still = _turned(keys, back.cos()[:, None].float(), -back.sin()[:, None].float())[1:].mean(0)
+    ahead = torch.arange(LONG_RUN, dtype=torch.float64)[:, None] * freq
+    return _turned(still, ahead.cos().mean(0).float(), ahead.sin().mean(0).float())
+
+
+def _offsets(keys: torch.Tensor, theta: float) -> tuple[torch.Tensor, ...]:
+    """A layer's calibration keys [tokens, kv_heads, head_dim] -> (their mean leaving the first
+    out, the first, the mean snapped: first - snapped mean quantizes exactly after rotation,
+    the long-run mean snapped)."""
+    mean, first = keys[1:].mean(0), keys[0]
+    return mean, first, _snapped(mean, first), _snapped(_long_run_mean(keys, theta), first)
 
 
 def main() -> None:
@@ -85,6 +117,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from radixflow.runtime import memory_pool
+    from radixflow.runtime.model_loader import resolve_model
 
     from .quality import score
 
@@ -111,7 +144,9 @@ def main() -> None:
     memory_pool.KVPool.write = patched
     state["variant"] = "calibrate"
     score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
-    offsets = {layer: _offsets(torch.cat(k)) for layer, k in keys.items()}
+    theta = json.loads((resolve_model(None) / "config.json").read_text())
+    theta = theta.get("rope_theta") or theta["rope_parameters"]["rope_theta"]
+    offsets = {layer: _offsets(torch.cat(k), theta) for layer, k in keys.items()}
     state["variant"] = None
     base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
     print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")
