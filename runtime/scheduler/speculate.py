@@ -8,7 +8,7 @@ jump forward (it asked for logprobs, or --disable-jump-forward), the tokens its 
 after the draft are drafted too. Drafts stop before a stop token, within the request's
 max_new_tokens and context, within the free KV slots (a draft never evicts or retracts
 anything), and within the rows the C decode step takes in one call (MAX_VERIFY_ROWS
-elsewhere), the best recent acceptors first.
+elsewhere), the best recent acceptors first and, among equals, the least verified.
 
 Verifying (`commit`): the pass computes the request's uncomputed tokens and then its drafted
 ones, one row each (decode.py's plan), logits at the last real token and at every drafted one.
@@ -163,7 +163,10 @@ class Speculate:
         free = min(state.kv_pool.num_free - rows, self.max_rows - rows)
         drafts: dict[Req, Draft] = {}
         start_k = self.config.num_draft_tokens
-        wanting.sort(key=lambda r: -(r.spec.k if r.spec is not None else start_k))
+        # the best recent acceptors first; among equals, the ones verified least (a pass whose
+        # rows run out would otherwise leave the same requests undrafted step after step)
+        wanting.sort(key=lambda r: (-r.spec.k, r.spec.counts["verify_passes"])
+                     if r.spec is not None else (-start_k, 0))
         for req in wanting:
             if free <= 0:
                 break

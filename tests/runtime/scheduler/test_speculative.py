@@ -369,3 +369,33 @@ def test_drafts_stay_within_a_pass_the_c_step_takes(engines, monkeypatch):
     assert sum(drafted for _, drafted in passes) > 0
     assert all(drafted == 0 or real + drafted <= 6 for real, drafted in passes), passes
     settle(on)
+
+
+def test_requests_take_turns_when_a_pass_has_rows_for_one_draft(engines, monkeypatch):
+    """Four requests whose drafts are all right and a pass with rows for one draft: each gets
+    the rows in turn, not the first one step after step."""
+    on, off = engines
+    prompts = PROMPTS[:4]
+    params = [{"max_new_tokens": 24, "ignore_eos": True, **GREEDY}] * 4
+    want = off.generate(prompts, params)
+    tok = on.tokenizer
+    monkeypatch.setattr(Oracle, "futures", [tokenize_prompt(tok, p) + w["output_ids"]
+                                            for p, w in zip(prompts, want)])
+    monkeypatch.setattr(Oracle, "wrong_at", None)
+    monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    spec = on.scheduler.speculate
+    monkeypatch.setattr(spec, "max_rows", 8)  # 4 plain rows + one draft of 4
+    drafting, propose = [], spec.propose
+
+    def recording(reqs):
+        drafts = propose(reqs)
+        if len(reqs) == 4 and drafts:
+            drafting.append({id(r) for r in drafts})
+        return drafts
+
+    monkeypatch.setattr(spec, "propose", recording)
+    outs = on.generate(prompts, params)
+    assert [o["output_ids"] for o in outs] == [w["output_ids"] for w in want]
+    assert len(drafting) >= 4
+    assert len(set().union(*drafting[:4])) == 4, "the same request drafted again"
+    settle(on)
