@@ -342,17 +342,25 @@ def test_a_grammar_that_cannot_jump_drafts_what_it_forces(engines):
     settle(on)
 
 
-def test_drafts_stay_within_a_pass_the_c_step_takes(engines, monkeypatch):
-    """No pass gets more rows than the C decode step takes in one call (here: a limit of 6),
-    the requests that accepted most recently drafting first."""
+def _drafting_right(engines, prompts, params, monkeypatch) -> list[dict]:
+    """The `on` engine drafts with an Oracle that knows the greedy outputs (returned, from the
+    `off` engine): every draft right."""
     on, off = engines
-    prompts, params = _batch()
     want = off.generate(prompts, params)
     tok = on.tokenizer
     monkeypatch.setattr(Oracle, "futures", [tokenize_prompt(tok, p) + w["output_ids"]
                                             for p, w in zip(prompts, want)])
     monkeypatch.setattr(Oracle, "wrong_at", None)
     monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    return want
+
+
+def test_drafts_stay_within_a_pass_the_c_step_takes(engines, monkeypatch):
+    """No pass gets more rows than the C decode step takes in one call (here: a limit of 6),
+    the requests that accepted most recently drafting first."""
+    on = engines[0]
+    prompts, params = _batch()
+    want = _drafting_right(engines, prompts, params, monkeypatch)
     spec = on.scheduler.speculate
     monkeypatch.setattr(spec, "max_rows", 6)
     passes, propose = [], spec.propose
@@ -374,15 +382,10 @@ def test_drafts_stay_within_a_pass_the_c_step_takes(engines, monkeypatch):
 def test_requests_take_turns_when_a_pass_has_rows_for_one_draft(engines, monkeypatch):
     """Four requests whose drafts are all right and a pass with rows for one draft: each gets
     the rows in turn, not the first one step after step."""
-    on, off = engines
+    on = engines[0]
     prompts = PROMPTS[:4]
     params = [{"max_new_tokens": 24, "ignore_eos": True, **GREEDY}] * 4
-    want = off.generate(prompts, params)
-    tok = on.tokenizer
-    monkeypatch.setattr(Oracle, "futures", [tokenize_prompt(tok, p) + w["output_ids"]
-                                            for p, w in zip(prompts, want)])
-    monkeypatch.setattr(Oracle, "wrong_at", None)
-    monkeypatch.setattr(speculate, "NgramDrafter", Oracle)
+    want = _drafting_right(engines, prompts, params, monkeypatch)
     spec = on.scheduler.speculate
     monkeypatch.setattr(spec, "max_rows", 8)  # 4 plain rows + one draft of 4
     drafting, propose = [], spec.propose
