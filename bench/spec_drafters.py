@@ -60,14 +60,15 @@ def outputs(names: list[str], requests: int, seed: int) -> dict[str, list[tuple]
     return got
 
 
-def occurrences(seq: list[int], low: int, high: int) -> list[int]:
-    """Where the continuations of the longest n-gram (low <= n <= high) ending seq start."""
+def occurrences(seq: list[int], low: int, high: int) -> tuple[list[int], int]:
+    """Where the continuations of the longest n-gram (low <= n <= high) ending seq start, and
+    its n (0: no match)."""
     for n in range(min(high, len(seq) - 1), low - 1, -1):
         suffix = seq[-n:]
         found = [i + n for i in range(len(seq) - n) if seq[i:i + n] == suffix]
         if found:
-            return found
-    return []
+            return found, n
+    return [], 0
 
 
 def accepted(draft: list[int], future: list[int]) -> int:
@@ -107,18 +108,15 @@ def shipped(low: int, high: int) -> Callable[[], Drafter]:
 
 def by_match(low: int, high: int) -> Callable[[], Drafter]:
     def draft(seq, future, k):
-        for n in range(min(high, len(seq) - 1), low - 1, -1):
-            found = [i + n for i in range(len(seq) - n) if seq[i:i + n] == seq[-n:]]
-            if found:
-                return seq[found[-1]:found[-1] + min(k, n)]
-        return []
+        found, n = occurrences(seq, low, high)
+        return seq[found[-1]:found[-1] + min(k, n)] if found else []
     return lambda: draft
 
 
 def best_occurrence(low: int, high: int) -> Callable[[], Drafter]:
     def draft(seq, future, k):
         best = []
-        for at in occurrences(seq, low, high):
+        for at in occurrences(seq, low, high)[0]:
             cont = seq[at:at + k]
             n = accepted(cont, future)
             if n > len(best):
