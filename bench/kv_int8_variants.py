@@ -16,8 +16,11 @@ exactly wherever a text starts with the same token, and no second storage form: 
 kernels/kv_int8.py builds), `long` (`snap` around the keys' long-run mean instead: the
 calibration keys turned back by their RoPE angles, averaged, and turned by the mean rotation
 over positions 0 .. LONG_RUN - 1, so that channels which rotate within a long context are not
-centred on where they stood in a short calibration). Prints one line per variant; writes
-nothing.
+centred on where they stood in a short calibration), `qs` (with `qsnap`: keys stored as
+(k - c) / s and read by queries q * s, s per KV head and RoPE channel pair = (K / Q)^(1/4), K
+and Q the calibration's mean square centred key and query there, which minimises the score
+error of uniform codes; the offset snapped in the scaled space). Prints one line per variant;
+writes nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ VARIANTS = {  # name: (key steps, value steps); None: left exact
     "K snap rot": (("snap", "rot"), None),
     "K snap rot, V": (("snap", "rot"), ()),
     "K long rot, V": (("long", "rot"), ()),
+    "K snap qs rot": (("qsnap", "qs", "rot"), None),
+    "K snap qs rot, V": (("qsnap", "qs", "rot"), ()),
 }
 LONG_RUN = 4096  # positions the `long` mean averages the rotation over
 
@@ -58,15 +63,17 @@ def through_int8(x: torch.Tensor, steps: tuple[str, ...],
 
     x = x.float()
     shift = {"center": offsets and offsets[0], "first": offsets and offsets[1],
-             "snap": offsets and offsets[2], "long": offsets and offsets[3]}
+             "snap": offsets and offsets[2], "long": offsets and offsets[3],
+             "qsnap": offsets and offsets[5]}
     shift = next((shift[s] for s in steps if s in shift), 0)
-    y = x - shift
+    scale = offsets[4] if "qs" in steps else 1
+    y = (x - shift) / scale
     if "rot" in steps:
         y = kv_int8.rotate(y)
     y = kv_int8.dequantize(*kv_int8.quantize(y), torch.float32)
     if "rot" in steps:
         y = kv_int8.rotate(y)  # (H H = I)
-    y = y + shift
+    y = y * scale + shift
     if "sink" in steps and first:
         y[0] = x[0]
     return y
@@ -100,12 +107,30 @@ def _long_run_mean(keys: torch.Tensor, theta: float) -> torch.Tensor:
     return _turned(still, ahead.cos().mean(0).float(), ahead.sin().mean(0).float())
 
 
-def _offsets(keys: torch.Tensor, theta: float) -> tuple[torch.Tensor, ...]:
+def _channel_scale(keys: torch.Tensor, mean: torch.Tensor, queries: torch.Tensor
+                   ) -> torch.Tensor:
+    """Per KV head and channel s [kv_heads, head_dim]: keys are stored as (k - c) / s, queries
+    read them as q * s. The score error of uniform codes is ~ (sum s^2 Q)(sum K / s^2), Q and
+    K a channel's mean square query and centred key; s = (K / Q)^(1/4) minimises it."""
+    k2 = (keys[1:] - mean).pow(2).mean(0)
+    q2 = queries.pow(2).mean((0, 2))
+    half = k2.shape[-1] // 2  # RoPE turns channels i and i + half together: one scale a pair
+    k2 = (k2[..., :half] + k2[..., half:]).repeat(1, 2)
+    q2 = (q2[..., :half] + q2[..., half:]).repeat(1, 2)
+    s = (k2 / q2.clamp_min(1e-12)).clamp_min(1e-12) ** 0.25
+    return s / s.mean(-1, keepdim=True)
+
+
+def _offsets(keys: torch.Tensor, theta: float, queries: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, ...]:
     """A layer's calibration keys [tokens, kv_heads, head_dim] -> (their mean leaving the first
     out, the first, the mean snapped: first - snapped mean quantizes exactly after rotation,
-    the long-run mean snapped)."""
+    the long-run mean snapped, the channel scale, the mean snapped in the scaled space)."""
     mean, first = keys[1:].mean(0), keys[0]
-    return mean, first, _snapped(mean, first), _snapped(_long_run_mean(keys, theta), first)
+    scale = _channel_scale(keys, mean, queries) if queries is not None else None
+    qsnap = None if scale is None else _snapped(mean / scale, first / scale) * scale
+    return (mean, first, _snapped(mean, first), _snapped(_long_run_mean(keys, theta), first),
+            scale, qsnap)
 
 
 def main() -> None:
@@ -128,7 +153,7 @@ def main() -> None:
     write, keys, state = memory_pool.KVPool.write, {}, {"variant": None, "seen": set()}
 
     def patched(self, layer_id, slots, k, v):
-        variant = state["variant"]
+        variant, state["layer"] = state["variant"], layer_id
         if variant == "calibrate":
             keys.setdefault(layer_id, []).append(k.detach().float().clone())
         elif variant is not None:
@@ -142,11 +167,25 @@ def main() -> None:
         return write(self, layer_id, slots, k, v)
 
     memory_pool.KVPool.write = patched
+    rotate_queries, queries = memory_pool.KVPool.rotate_queries, {}
+
+    def logged(self, q):
+        if state["variant"] == "calibrate":
+            queries.setdefault(state["layer"], []).append(q.detach().float().clone())
+        return rotate_queries(self, q)
+
+    memory_pool.KVPool.rotate_queries = logged
     state["variant"] = "calibrate"
     score((ROOT / "README.md").read_text()[:3000], 64, kv_cache_dtype="float32", **dense)
     theta = json.loads((resolve_model(None) / "config.json").read_text())
     theta = theta.get("rope_theta") or theta["rope_parameters"]["rope_theta"]
-    offsets = {layer: _offsets(torch.cat(k), theta) for layer, k in keys.items()}
+    if len(queries) != len(keys):
+        raise SystemExit(f"queries seen in {len(queries)} layers of {len(keys)}")
+    offsets = {}
+    for layer, k in keys.items():
+        k = torch.cat(k)
+        q = torch.cat(queries[layer]).reshape(k.shape[0], k.shape[1], -1, k.shape[2])
+        offsets[layer] = _offsets(k, theta, q)
     state["variant"] = None
     base, base_top, _, _ = score(text, args.chunk, kv_cache_dtype="bfloat16", **dense)
     print(f"{len(base_top)} tokens scored; each variant against the bf16 KV cache:")
