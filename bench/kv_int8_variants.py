@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--chars", type=int, default=4000)
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--exact-layers", nargs="*", type=int, default=[],
+                    help="layers whose K/V stay exact (fp32) in every variant")
     args = ap.parse_args()
 
     from radixflow.runtime import memory_pool
@@ -156,7 +158,7 @@ def main() -> None:
         variant, state["layer"] = state["variant"], layer_id
         if variant == "calibrate":
             keys.setdefault(layer_id, []).append(k.detach().float().clone())
-        elif variant is not None:
+        elif variant is not None and layer_id not in args.exact_layers:
             k_steps, v_steps = VARIANTS[variant]
             first = layer_id not in state["seen"]
             state["seen"].add(layer_id)
