@@ -121,14 +121,15 @@ def _channel_scale(keys: torch.Tensor, mean: torch.Tensor, queries: torch.Tensor
     return s / s.mean(-1, keepdim=True)
 
 
-def _offsets(keys: torch.Tensor, theta: float, queries: torch.Tensor | None = None
+def _offsets(keys: torch.Tensor, theta: float, queries: torch.Tensor
              ) -> tuple[torch.Tensor, ...]:
     """A layer's calibration keys [tokens, kv_heads, head_dim] -> (their mean leaving the first
     out, the first, the mean snapped: first - snapped mean quantizes exactly after rotation,
-    the long-run mean snapped, the channel scale, the mean snapped in the scaled space)."""
+    the long-run mean snapped, the channel scale, the mean snapped in the scaled space);
+    queries [tokens, kv_heads, group, head_dim]: the same tokens' queries."""
     mean, first = keys[1:].mean(0), keys[0]
-    scale = _channel_scale(keys, mean, queries) if queries is not None else None
-    qsnap = None if scale is None else _snapped(mean / scale, first / scale) * scale
+    scale = _channel_scale(keys, mean, queries)
+    qsnap = _snapped(mean / scale, first / scale) * scale
     return (mean, first, _snapped(mean, first), _snapped(_long_run_mean(keys, theta), first),
             scale, qsnap)
 
