@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+# Two test workers share two cores: OpenMP threads that spin while waiting for work take a core
+# the other worker's test needs (a fifth of the suite's CPU time). Before torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 import radixflow  # noqa: F401  (first: it puts the checkout's root behind PyPI's `kernels`)
 
