@@ -25,11 +25,14 @@ def load_config(folder: Path) -> dict[str, Any]:
 
 
 def load_tokenizer(folder: Path):
-    """The folder's fast (Rust `tokenizers`) tokenizer, read from local files only."""
-    from transformers import AutoTokenizer
+    """The folder's fast (Rust `tokenizers`) tokenizer, read from local files only: the one
+    transformers' AutoTokenizer gives (tokenizer_class.py: without importing torch once the
+    folder's class is known)."""
+    from .tokenizer_class import load_and_record, load_recorded
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = (load_recorded(Path(folder), local_files_only=True)
+                     or load_and_record(Path(folder), local_files_only=True))
     except (OSError, ValueError) as e:
         raise ModelNotFound(f"cannot load a tokenizer from {folder}: {e}") from e
     if not tokenizer.is_fast:
