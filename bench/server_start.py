@@ -24,7 +24,7 @@ import requests
 
 from radixflow.runtime.ipc import free_port
 from radixflow.runtime.model_loader import resolve_model
-from radixflow.runtime.model_loader.tokenizer_class import _record_path
+from radixflow.runtime.model_loader.tokenizer_class import record_path
 
 
 def start_once(model: str | None, log: Path) -> dict:
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     folder = resolve_model(args.model)
-    record = _record_path(Path(folder))
+    record = record_path(Path(folder))
     runs: dict[str, list[dict]] = {"auto": [], "recorded": []}
     log = Path(tempfile.mkdtemp()) / "serve.log"
     start_once(args.model, log)  # warms the page cache and writes the record

@@ -34,7 +34,9 @@ _DECISION_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json",
 _FROM_AUTO = {"_from_auto": True}
 
 
-def _record_path(folder: Path) -> Path | None:
+def record_path(folder: Path) -> Path | None:
+    """Where the folder's record is (or would be) kept, as the folder is now; None without
+    transformers."""
     try:
         from transformers import __version__ as transformers_version
     except ImportError:
@@ -54,7 +56,7 @@ def _record_path(folder: Path) -> Path | None:
 def load_recorded(folder: Path, **kwargs: Any) -> Any | None:
     """The folder's tokenizer through the class AutoTokenizer picked for it last time, or None
     (no record, or one that no longer applies)."""
-    path = _record_path(folder)
+    path = record_path(folder)
     if path is None or not path.is_file():
         return None
     try:
@@ -78,7 +80,7 @@ def load_and_record(folder: Path, **kwargs: Any) -> Any:
 
 
 def _write(folder: Path, record: dict) -> None:
-    path = _record_path(folder)
+    path = record_path(folder)
     if path is None:
         return
     try:
