@@ -4,8 +4,8 @@ Starts the server (default model unless --model) again and again, alternating tw
 `auto`, with the tokenizer class record of the model folder removed first (the HTTP process
 asks transformers' AutoTokenizer, which imports torch), and `recorded`, with the record left
 from the start before (runtime/model_loader/tokenizer_class.py). Per start: seconds from the
-launch to the first 200 from /health, the HTTP process's resident memory then, and whether
-libtorch is mapped into it.
+launch to the first 200 from /health (ServerProcess polls every 0.25 s), the HTTP process's
+resident memory then, and whether libtorch is mapped into it.
 
     python -m bench.server_start --rounds 4
 """
@@ -14,44 +14,25 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-import requests
-
-from radixflow.runtime.ipc import free_port
 from radixflow.runtime.model_loader import resolve_model
 from radixflow.runtime.model_loader.tokenizer_class import record_path
+from radixflow.runtime.server.process import ServerProcess
 
 
-def start_once(model: str | None, log: Path) -> dict:
-    port = free_port()
-    cmd = [sys.executable, "-m", "radixflow.runtime.cli", "serve", "--port", str(port),
-           "--log-level", "warning", *(["--model", model] if model else [])]
+def start_once(model: str | None) -> dict:
     t0 = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+    server = ServerProcess(model, log_level="warning")  # returns once /health answers 200
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
         ready_s = time.monotonic() - t0
-        status = Path(f"/proc/{proc.pid}/status").read_text()
+        pid = server.proc.pid
+        status = Path(f"/proc/{pid}/status").read_text()
         rss_kb = int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1])
-        torch_mapped = "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
+        torch_mapped = "libtorch" in Path(f"/proc/{pid}/maps").read_text()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.shutdown()
     return {"ready_s": ready_s, "rss_mib": rss_kb / 1024, "torch": torch_mapped}
 
 
@@ -63,13 +44,12 @@ def main() -> None:
     folder = resolve_model(args.model)
     record = record_path(Path(folder))
     runs: dict[str, list[dict]] = {"auto": [], "recorded": []}
-    log = Path(tempfile.mkdtemp()) / "serve.log"
-    start_once(args.model, log)  # warms the page cache and writes the record
+    start_once(args.model)  # warms the page cache and writes the record
     for _ in range(args.rounds):
         for mode in ("recorded", "auto", "auto", "recorded"):
             if mode == "auto" and record is not None:
                 record.unlink(missing_ok=True)
-            runs[mode].append(start_once(args.model, log))
+            runs[mode].append(start_once(args.model))
             print(mode, runs[mode][-1], flush=True)
     print("\n| mode | starts | s to /health, median (min-max) | HTTP process RSS MiB "
           "| torch in it |")
