@@ -580,10 +580,10 @@ def _q4_k_values(d: torch.Tensor, dmin: torch.Tensor, sc_low: torch.Tensor, mn_l
 
 
 # GGUF block types rf_repack converts (ggml's type ids) and the format each becomes
-# (Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
-REPACKS = {(2, "q4_0"), (2, "q4_1"), (6, "q5_0"), (7, "q5_1"), (10, "q2_k"), (11, "q3_k"),
-           (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"), (8, "q8_0"),
-           (20, "iq4_nl"), (23, "iq4_xs")}
+# (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS)
+REPACKS = {(2, "q4_0"), (2, "q4_1"), (3, "q4_1"), (6, "q5_0"), (7, "q5_1"), (10, "q2_k"),
+           (11, "q3_k"), (12, "q4_1"), (12, "q4_k"), (13, "q5_k"), (14, "q6"), (14, "q6_k"),
+           (8, "q8_0"), (20, "iq4_nl"), (23, "iq4_xs")}
 _GROUP_BYTES = {"q4_0": 288, "q4_1": 320, "q5_0": 352, "q5_1": 384, "q6": 448, "q8_0": 576,
                 "iq4_nl": 288}
 # bytes before the nibbles

@@ -8,6 +8,7 @@
  *   Q5_K       -> q5_k   as stored: q4_k's fields and the fifth bits
  *   Q4_0       -> q4_0   as stored: d, the nibbles
  *   Q5_0, Q5_1 -> q5_0, q5_1 as stored: d (Q5_1: m), the nibbles, the fifth bits
+ *   Q4_1       -> q4_1   as stored: d, m, the nibbles
  *   IQ4_NL     -> iq4_nl as stored: d, the nibbles (indices into IQ4_VALUES)
  *   IQ4_XS     -> iq4_xs as stored: d, each group's ls - 32 as int8, the nibbles
  *   Q4_K, Q4_0 -> q4_1   fp16 scale d * sc (Q4_0: d) and low -(dmin * m) (Q4_0: d * -8)
@@ -32,7 +33,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-enum { GGML_Q4_0 = 2, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
+enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
        GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23 };
 
 static inline float bits_f32(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
@@ -139,23 +140,25 @@ static void regroup_nibbles(uint8_t *nib, const uint8_t *qs, int r) {
         }
 }
 
-/* One (tile, group) of Q4_0 / Q5_0 / Q5_1 / IQ4_NL rows (raw: the tile's first row, row_bytes
- * apart; `live` of them) as q4_0 / q5_0 / q5_1 / iq4_nl: each row's d (and m) moved, its
- * nibbles regrouped as q4_1 holds them and its fifth bits as q5_k holds them, no arithmetic. */
+/* One (tile, group) of Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL rows (raw: the tile's first row,
+ * row_bytes apart; `live` of them) as q4_0 / q4_1 / q5_0 / q5_1 / iq4_nl: each row's d (and
+ * m) moved, its nibbles regrouped as q4_1 holds them and its fifth bits as q5_k holds them, no
+ * arithmetic. */
 static void write_group_as_stored(int src, uint8_t *o, const uint8_t *raw, int64_t row_bytes,
                                   int live, int64_t g) {
     const int five = src == GGML_Q5_0 || src == GGML_Q5_1;
-    const int64_t block = src == GGML_Q5_0 ? 22 : src == GGML_Q5_1 ? 24 : 18;
-    const int header = src == GGML_Q5_1 ? 64 : 32;
+    const int with_m = src == GGML_Q4_1 || src == GGML_Q5_1;
+    const int64_t block = src == GGML_Q5_0 ? 22 : src == GGML_Q5_1 ? 24 : src == GGML_Q4_1 ? 20 : 18;
+    const int header = with_m ? 64 : 32;
     memset(o, 0, (size_t)(header + 256 + (five ? 64 : 0)));
     uint8_t *nib = o + header, *fifth = nib + 256;
     for (int r = 0; r < live; r++) {
         const uint8_t *b = raw + r * row_bytes + g * block;
-        const uint8_t *qs = b + (src == GGML_Q5_0 ? 6 : src == GGML_Q5_1 ? 8 : 2);
+        const uint8_t *qs = b + (src == GGML_Q5_0 ? 6 : src == GGML_Q5_1 ? 8 : with_m ? 4 : 2);
         uint32_t qh = 0; /* Q5_*: bit l is column l's fifth bit */
         if (five) memcpy(&qh, b + (src == GGML_Q5_0 ? 2 : 4), 4);
         memcpy(o + 2 * r, b, 2);
-        if (src == GGML_Q5_1) memcpy(o + 32 + 2 * r, b + 2, 2);
+        if (with_m) memcpy(o + 32 + 2 * r, b + 2, 2);
         regroup_nibbles(nib, qs, r);
         if (five) /* (q4_0 has no fifth bits: those bytes are the next group's) */
             for (int c = 0; c < 4; c++)
@@ -375,6 +378,7 @@ static int64_t block_bytes(int src) {
     switch (src) {
     case GGML_Q4_0: return 18;
     case GGML_Q5_0: return 22;
+    case GGML_Q4_1: return 20;
     case GGML_Q5_1: return 24;
     case GGML_Q8_0: return 34;
     case GGML_Q4_K: return 144;
@@ -401,7 +405,7 @@ static int64_t group_bytes(int fmt) {
 static int pair_ok(int src, int fmt) {
     return ((src == GGML_Q4_K || src == GGML_Q4_0) && fmt == FORMAT_Q4_1) ||
            (src == GGML_Q4_0 && fmt == FORMAT_Q4_0) || (src == GGML_Q5_0 && fmt == FORMAT_Q5_0) ||
-           (src == GGML_Q5_1 && fmt == FORMAT_Q5_1) ||
+           (src == GGML_Q5_1 && fmt == FORMAT_Q5_1) || (src == GGML_Q4_1 && fmt == FORMAT_Q4_1) ||
            (src == GGML_Q4_K && fmt == FORMAT_Q4_K) || (src == GGML_Q5_K && fmt == FORMAT_Q5_K) ||
            (src == GGML_Q6_K && (fmt == FORMAT_Q6 || fmt == FORMAT_Q6_K)) ||
            (src == GGML_Q8_0 && fmt == FORMAT_Q8_0) ||
@@ -415,7 +419,7 @@ static int pair_ok(int src, int fmt) {
  * scratch memory could not be had. */
 int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *out,
                   int nthreads) {
-    const int64_t per_block = src == GGML_Q4_0 || src == GGML_Q5_0 || src == GGML_Q5_1 ||
+    const int64_t per_block = src == GGML_Q4_0 || src == GGML_Q4_1 || src == GGML_Q5_0 || src == GGML_Q5_1 ||
                               src == GGML_Q8_0 || src == GGML_IQ4_NL ? 32 : 256;
     if (!pair_ok(src, fmt) || K <= 0 || K % per_block) return -1;
     const int64_t row_bytes = K / per_block * block_bytes(src), G = K / GROUP;
@@ -423,7 +427,7 @@ int64_t rf_repack(int src, int fmt, const uint8_t *raw, int64_t rows, int64_t K,
     const int64_t per_row = src == GGML_Q6_K ? K / 16 : G;
     int64_t over = 0, failed = 0;
     if (nthreads > tiles) nthreads = (int)(tiles > 0 ? tiles : 1);
-    if (is_group_affine(fmt) && fmt != FORMAT_Q4_1) { /* q4_0, q5_0, q5_1, iq4_nl */
+    if (is_group_affine(fmt) && (fmt != FORMAT_Q4_1 || src == GGML_Q4_1)) { /* as stored */
 #pragma omp parallel num_threads(nthreads)
         {
             int64_t t0, t1;

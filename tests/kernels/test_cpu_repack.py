@@ -61,7 +61,8 @@ def _torch_tiles(raw: torch.Tensor, name: str, fmt: str, k: int) -> cpu.TiledWei
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("Q4_K", "q4_k"), ("Q4_K", "q4_1"), ("Q4_0", "q4_1"),
-                                           ("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
+                                           ("Q4_1", "q4_1"), ("Q4_0", "q4_0"), ("Q5_0", "q5_0"),
+                                           ("Q5_1", "q5_1"),
                                            ("Q5_K", "q5_k"), ("Q6_K", "q6"), ("Q6_K", "q6_k"),
                                            ("Q8_0", "q8_0"), ("IQ4_NL", "iq4_nl"),
                                            ("IQ4_XS", "iq4_xs"), ("Q3_K", "q3_k"),
@@ -75,7 +76,8 @@ def test_repack_writes_the_torch_paths_tiles(level, name, fmt, k, drop):
     assert torch.equal(got.data.reshape(-1), want.data.reshape(-1))
 
 
-@pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"),
+@pytest.mark.parametrize(("name", "fmt"), [("Q4_0", "q4_0"), ("Q4_1", "q4_1"), ("Q5_0", "q5_0"),
+                                           ("Q5_1", "q5_1"),
                                            ("Q4_K", "q4_k"), ("Q5_K", "q5_k"), ("Q6_K", "q6_k"),
                                            ("IQ4_NL", "iq4_nl"), ("IQ4_XS", "iq4_xs"),
                                            ("Q3_K", "q3_k"), ("Q2_K", "q2_k")])
