@@ -59,7 +59,7 @@ def _load_as_stored(args: ServerArgs, model_args: ModelArgs, stored: GGUFWeights
                                     dense_weights=args.cpu_dense_weights,
                                     int4=args.quantization == "int4")
     model.to(dtype)  # (on meta: the norms and biases left, nothing allocated yet)
-    model.to_empty(device=torch.device("cpu"))
+    allocate_(model, torch.device("cpu"))
     model.load_weights(stored.dequantized(skip=consumed))
     add_dense_copies_(model)
     if dtype == torch.bfloat16:
@@ -78,7 +78,7 @@ def _load_dense(args: ServerArgs, model_args: ModelArgs, folder, device: torch.d
             weights = tp.spec.shard_weights(weights)
         else:
             model = model_class(model_args)(model_args)
-    model.to_empty(device=device)
+    allocate_(model, device)
     model.load_weights(weights, need_lm_head=not args.is_embedding)
     quantization = _quantize(args, model, device, dtype)  # from the checkpoint's own weights
     if tp and not tp.all_agree(quantization == "int4") and quantization == "int4":
@@ -88,6 +88,13 @@ def _load_dense(args: ServerArgs, model_args: ModelArgs, folder, device: torch.d
     if can_pack(device, dtype):
         pack_linears_(model)
     return model, quantization
+
+
+def allocate_(model: torch.nn.Module, device: torch.device) -> None:
+    """nn.Module.to_empty, without its cost: torch.empty_like from 'meta' runs torch's Python
+    reference of it, which imports sympy (~0.5-1 s of every start)."""
+    model._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype,
+                                               device=device))
 
 
 def _quantize(args: ServerArgs, model: LlamaForCausalLM, device: torch.device,

@@ -422,7 +422,7 @@ def child_numel(parent: nn.Module, child: str) -> int:
 
 def add_dense_copies_(model: nn.Module) -> None:
     """The bf16 copies load_stored_linears_ chose to keep, made once the model's own
-    parameters are loaded (a copy made before `to_empty` would be emptied with them)."""
+    parameters are loaded (a copy made before `allocate_` would be emptied with them)."""
     for module in model.modules():
         if getattr(module, "wants_dense_copy", False):
             module.dense = module._dense_module(
