@@ -202,6 +202,12 @@ class Compiler:
         return f"compiled:{key}"
 
 
+def _wait_for(condition, limit_s: float = 5.0) -> None:
+    end = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def test_slow_compiles_past_their_deadline_do_not_starve_the_others():
     compiler = Compiler()
     cache = CompileCache(compiler, timeout=0.2, max_workers=2, max_abandoned=3)
@@ -215,6 +221,9 @@ def test_slow_compiles_past_their_deadline_do_not_starve_the_others():
             cache.submit("slow-1").result()
         assert cache.get("fast-1") == "compiled:fast-1"  # a fresh thread serves it
         assert time.perf_counter() - start < 0.15
+        # slow-2's hand-off is at its thread's start + 0.2 s, which on a loaded machine can
+        # come after its caller's deadline (the time since submit) has already passed
+        _wait_for(lambda: cache.num_abandoned == 2)
         assert cache.num_abandoned == 2 and cache.num_threads <= 4
         assert len({compiler.threads[k] for k in ("slow-1", "slow-2", "fast-1")}) == 3
         # the cap of abandoned threads reached: an unseen key is refused at once (503),
@@ -255,10 +264,7 @@ def test_slow_compiles_stop_holding_threads_long_before_their_deadline(monkeypat
         # the first handed off freed the worker fast-1 ran on; the second goes at its own
         # SLOW_COMPILE_S (its thread may have started later on a loaded machine)
         assert cache.num_abandoned >= 1
-        for _ in range(500):
-            if cache.num_abandoned == 2:
-                break
-            time.sleep(0.01)
+        _wait_for(lambda: cache.num_abandoned == 2)
         assert cache.num_abandoned == 2
         compiler.release.set()
         # handed off, not failed: they finish within their deadline and serve their requests
