@@ -15,6 +15,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 MARKER = ".radixflow-complete"  # written last; a folder without it is an interrupted build
+# in a folder prepared from a GGUF: {"path", "size", "plan"} (gguf_tensors reads it)
+SOURCE_FILE = "gguf.json"
 
 
 def default_cache_dir() -> Path:

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from ...kernels.gguf_blocks import GGMLType, dequantize, row_bytes
+from .cache import SOURCE_FILE
 
-SOURCE_FILE = "gguf.json"  # in a prepared folder: {"path", "size", "plan"}
 # rows dequantized at a time (a 128k-token vocabulary's head is 2 GB as float32)
 CHUNK_ROWS = 4096
 

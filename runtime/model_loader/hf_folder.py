@@ -79,7 +79,7 @@ def transformers_model(folder: Path, dtype=None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .gguf_tensors import SOURCE_FILE
+    from .cache import SOURCE_FILE
 
     dtype = dtype or torch.float32
     if not (Path(folder) / SOURCE_FILE).is_file():

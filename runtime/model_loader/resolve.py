@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import ModelNotFound
 from . import default_model
-from .cache import build_once, default_cache_dir, is_complete
+from .cache import SOURCE_FILE, build_once, default_cache_dir, is_complete
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,6 @@ def _hf_folder(path: Path) -> Path:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f"; it holds {', '.join(ggufs)}: pass the .gguf file itself" if ggufs else ""
         raise ModelNotFound(f"{path} has no config.json; expected {_EXPECTED}{hint}")
-    from .gguf_tensors import SOURCE_FILE  # (imports torch: not at `import radixflow`)
-
     if not any(path.glob("*.safetensors")) and not (path / SOURCE_FILE).is_file():
         raise ModelNotFound(f"{path} has no *.safetensors weights; expected {_EXPECTED}")
     return path.resolve()
