@@ -68,6 +68,18 @@ def load_recorded(folder: Path, **kwargs: Any) -> Any | None:
     return cls.from_pretrained(str(folder), **_FROM_AUTO, **kwargs)
 
 
+def is_recorded(folder: Path) -> bool:
+    """Whether the folder's class is recorded, as the folder is now."""
+    path = record_path(folder)
+    return path is not None and path.is_file()
+
+
+def record(folder: str | Path) -> None:
+    """Ask AutoTokenizer for the folder's tokenizer and record its class (a server's first
+    start does this in a child process, so that its own process never imports torch)."""
+    load_and_record(Path(folder), local_files_only=True)
+
+
 def load_and_record(folder: Path, **kwargs: Any) -> Any:
     """AutoTokenizer's tokenizer for the folder; the class it picked is recorded."""
     from transformers import AutoTokenizer

@@ -15,6 +15,23 @@ import requests
 from radixflow.runtime.server.process import free_port
 
 
+def own_cache(dest: Path) -> Path:
+    """An empty radixflow cache (for RADIXFLOW_CACHE) but for the compiled kernels, which it
+    shares with the default cache (built there once, not again here)."""
+    from radixflow.kernels.cpu import build
+
+    kernels = build.cache_dir()
+    kernels.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "kernels").symlink_to(kernels, target_is_directory=True)
+    return dest
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether the process has libtorch loaded."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below pid (Linux /proc)."""
     found: set[int] = set()
@@ -71,7 +88,8 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> bool:
 class LiveServer:
     """`radixflow serve <flags>` on a free port; `stop()` sends SIGTERM and returns the code."""
 
-    def __init__(self, *flags: str, log_path: Path, timeout: float = 300.0):
+    def __init__(self, *flags: str, log_path: Path, timeout: float = 300.0,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -79,7 +97,7 @@ class LiveServer:
         cmd = [sys.executable, "-m", "radixflow.runtime.cli", "serve", "--port", str(self.port),
                *flags]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         try:
             if wait_healthy(self.proc, self.url, timeout):
                 return

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import torch
+from helpers.live_server import own_cache
 from helpers.tiny_models import make_tiny_model
 
-from radixflow.kernels.cpu import build
 from radixflow.runtime.model_building import allocate_
 from radixflow.runtime.model_loader import load_tokenizer
 
@@ -34,10 +34,7 @@ def test_a_start_and_its_first_tokens_import_no_sympy(tmp_path, monkeypatch):
     """torch's Python references (to_empty from 'meta' among them) import sympy: ~0.5-1 s of
     CPU in every scheduler's start, for nothing the CPU path runs. (The folder's tokenizer
     class recorded first, as after a server's first start: AutoTokenizer imports it.)"""
-    kernels = build.cache_dir()  # (built already: not again into the test's own cache)
-    monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "kernels").symlink_to(kernels, target_is_directory=True)
+    monkeypatch.setenv("RADIXFLOW_CACHE", str(own_cache(tmp_path / "cache")))
     folder = make_tiny_model(tmp_path / "tiny", "llama")
     load_tokenizer(folder)
     code = ("import sys; from radixflow.runtime.engine import Engine; "

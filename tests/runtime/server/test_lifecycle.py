@@ -12,7 +12,7 @@ import threading
 import openai
 import pytest
 import requests
-from helpers.live_server import LiveServer, descendants, kill_all, wait_gone
+from helpers.live_server import LiveServer, descendants, kill_all, maps_torch, own_cache, wait_gone
 
 from radixflow.runtime.server_args import ServerArgs
 
@@ -42,9 +42,13 @@ def test_missing_model_exits_with_message(tmp_path):
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("keyed") / "serve.log"
+    """(Its own cache: the folder's first start, no tokenizer class recorded.)"""
+    home = tmp_path_factory.mktemp("keyed")
+    cache = own_cache(home / "cache")
     srv = LiveServer("--model", str(tiny_model_dir), "--api-key", KEY, "--max-total-tokens",
-                     "2048", "--served-model-name", "tiny", log_path=log)
+                     "2048", "--served-model-name", "tiny", log_path=home / "serve.log",
+                     env={"RADIXFLOW_CACHE": str(cache)})
+    srv.cache = cache
     yield srv
     kill_all(srv.children())
     srv.stop(signal.SIGKILL)
@@ -74,6 +78,16 @@ def test_api_key_accepted(keyed_server):
     bad = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_a_first_start_keeps_torch_out_of_the_http_process(keyed_server):
+    """No tokenizer class recorded for the folder: a child process asked AutoTokenizer (which
+    imports torch) and recorded it; the HTTP process loaded the recorded class."""
+    assert list((keyed_server.cache / "tokenizer-classes").glob("*.json"))
+    info = requests.get(keyed_server.url + "/get_server_info", timeout=30,
+                        headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert maps_torch(info["processes"]["scheduler"])  # (the check sees torch where it is)
+    assert not maps_torch(keyed_server.proc.pid)
 
 
 def test_dead_scheduler_fails_requests_and_stops_server(keyed_server):
