@@ -188,6 +188,11 @@ def make_tiny_model(
     model.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
     _write_generation_config(dest, config)
+    # (its tokenizer class recorded, as after a server's first start on it: the servers the
+    # tests start on it skip AutoTokenizer's ~4 s of CPU)
+    from radixflow.runtime.model_loader import load_tokenizer
+
+    load_tokenizer(dest)
     return dest
 
 
