@@ -114,13 +114,7 @@ NOTE = {"type": "object", "properties": {"text": {"type": "string",
 NOTE_TOOL = {"type": "function", "function": {"name": "write_note", "parameters": NOTE}}
 
 
-def test_calls_stream_as_they_are_generated(client):
-    name, _, c = client
-    kwargs = {"tools": [TOOLS[1], NOTE_TOOL], "temperature": 0, "max_tokens": 128,
-              "tool_choice": {"type": "function", "function": {"name": "write_note"}}}
-    whole = _create(c, **kwargs)
-    (call,) = whole.choices[0].message.tool_calls
-    jsonschema.validate(json.loads(call.function.arguments), NOTE)
+def _stream_call(c, kwargs) -> tuple[dict, int, list[bool], str | None]:
     calls: dict[int, list] = {}
     pieces, chunks, finish = 0, [], None
     for chunk in _create(c, stream=True, **kwargs):
@@ -134,8 +128,24 @@ def test_calls_stream_as_they_are_generated(client):
                     calls[delta.index][1] += delta.function.arguments
                     pieces += 1
             chunks.append(bool(choice.delta.tool_calls))
-    assert finish == "tool_calls"
-    assert calls == {0: ["write_note", call.function.arguments]}  # as the whole reply has it
+    return calls, pieces, chunks, finish
+
+
+def test_calls_stream_as_they_are_generated(client):
+    name, _, c = client
+    kwargs = {"tools": [TOOLS[1], NOTE_TOOL], "temperature": 0, "max_tokens": 128,
+              "tool_choice": {"type": "function", "function": {"name": "write_note"}}}
+    whole = _create(c, **kwargs)
+    (call,) = whole.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), NOTE)
+    # A loaded machine can run the whole (tiny, fast) call before the HTTP process next sends,
+    # which then sends it as one piece: up to 3 tries to see it stream.
+    for _ in range(3):
+        calls, pieces, chunks, finish = _stream_call(c, kwargs)
+        assert finish == "tool_calls"
+        assert calls == {0: ["write_note", call.function.arguments]}  # as the whole reply
+        if pieces >= 3:
+            break
     assert pieces >= 3, pieces  # fragments as they are generated, not one final chunk
     assert chunks.index(True) < len(chunks) - 3
 
