@@ -74,12 +74,6 @@ def is_recorded(folder: Path) -> bool:
     return path is not None and path.is_file()
 
 
-def record(folder: str | Path) -> None:
-    """Ask AutoTokenizer for the folder's tokenizer and record its class (a server's first
-    start does this in a child process, so that its own process never imports torch)."""
-    load_and_record(Path(folder), local_files_only=True)
-
-
 def load_and_record(folder: Path, **kwargs: Any) -> Any:
     """AutoTokenizer's tokenizer for the folder; the class it picked is recorded."""
     from transformers import AutoTokenizer

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,40 +106,17 @@ def model_folder(model: str | None, log_level: str = "info") -> Path:
             return pool.submit(resolve_model, model).result()
 
 
-def _record_tokenizer_class(path: str, log_level: str) -> Callable[[], None]:
-    """Where the tokenizer's class is not recorded yet (a folder's first start), a child asks
-    AutoTokenizer and records it while the model loads; wait() for it before loading the
-    tokenizer here, which then never imports torch (~250 MiB for the server's lifetime)."""
-    from ..model_loader.tokenizer_class import is_recorded, record
-
-    if is_recorded(Path(path)):
-        return lambda: None
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=setup_logging, initargs=(log_level,))
-    future = pool.submit(record, path)
-
-    def wait() -> None:
-        try:
-            if future.exception() is not None:  # (this process's own load reports it)
-                logger.debug("tokenizer class not recorded: %s", future.exception())
-        finally:
-            pool.shutdown()
-
-    return wait
-
-
 def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:
     """Start the children (a scheduler per --dp-size replica, the detokenizer), load the
-    tokenizer meanwhile, wait until every model copy is ready."""
+    tokenizer meanwhile (tokenizer_load.py), wait until every model copy is ready."""
     from ..distributed.launch import start_node_ranks, tp_launch_args
     from ..model_loader import DEFAULT_MODEL_NAME
     from .data_parallel import default_threads
-    from .scheduler_client import load_tokenizer
+    from .tokenizer_load import TokenizerLoad
 
     served = (args.served_model_names or [args.model or DEFAULT_MODEL_NAME])[0]
     folder = str(model_folder(args.model, args.log_level))
     tokenizer_path = args.tokenizer or folder
-    tokenizer_recorded = _record_tokenizer_class(tokenizer_path, args.log_level)
     entry = os.environ.get(SCHEDULER_ENTRY_ENV) or DEFAULT_SCHEDULER_ENTRY
     sched_args = tp_launch_args(default_threads(args.replace(model=folder)))
     names = scheduler_names(args.dp_size)
@@ -153,14 +129,15 @@ def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, 
                                 "radixflow.runtime.server.detokenizer:run_detokenizer",
                                 tokenizer_path, addrs.detokenizer, addrs.client)
     bar = _LoadingBar(served)
+    tokenizer_load = TokenizerLoad(tokenizer_path)
     try:
-        tokenizer_recorded()
-        tokenizer = load_tokenizer(tokenizer_path)
-        if args.chat_template is not None:
-            tokenizer.chat_template = chat_template_text(args.chat_template)
         infos = [children.wait_ready(name, conn, bar.progress if rank == 0 else None)
                  for rank, (name, conn) in enumerate(zip(names, sched_conns, strict=True))]
+        tokenizer = tokenizer_load.result()
+        if args.chat_template is not None:
+            tokenizer.chat_template = chat_template_text(args.chat_template)
     finally:
+        tokenizer_load.cancel()
         bar.close()
     for info in infos:
         if not isinstance(info, dict) or "context_length" not in info:

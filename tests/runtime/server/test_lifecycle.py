@@ -81,7 +81,7 @@ def test_api_key_accepted(keyed_server):
 
 
 def test_a_first_start_keeps_torch_out_of_the_http_process(keyed_server):
-    """No tokenizer class recorded for the folder: a child process asked AutoTokenizer (which
+    """No tokenizer class recorded for the folder: the scheduler asked AutoTokenizer (which
     imports torch) and recorded it; the HTTP process loaded the recorded class."""
     assert list((keyed_server.cache / "tokenizer-classes").glob("*.json"))
     info = requests.get(keyed_server.url + "/get_server_info", timeout=30,
