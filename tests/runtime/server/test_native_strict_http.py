@@ -4,6 +4,7 @@ priority needs its flag, cache_salt and routed_dp_rank are served."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import requests
@@ -43,6 +44,13 @@ def test_cache_salt_keeps_tenants_prefixes_apart(server):
     """The same prompt under another salt (or none) matches nothing; under its own salt it
     matches what that tenant computed."""
     prompt = "A tenant's private system prompt, which no other tenant may match. " * 4
+    # the worker's shared server: an earlier test's unsalted prompt may share a first token
+    for _ in range(60):
+        if requests.post(server.url + "/flush_cache", timeout=60).status_code == 200:
+            break
+        time.sleep(0.5)  # (a request of an earlier test still finishing)
+    else:
+        pytest.fail("the server never became idle enough to flush its cache")
 
     def cached(**salt) -> int:
         r = post(server, {"text": prompt, "sampling_params": GREEDY, **salt})
