@@ -103,7 +103,19 @@ def model_folder(model: str | None, log_level: str = "info") -> Path:
     except NotPrepared:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=setup_logging, initargs=(log_level,)) as pool:
-            return pool.submit(resolve_model, model).result()
+            return pool.submit(prepare, model).result()
+
+
+def prepare(model: str | None) -> Path:
+    """resolve_model, and the prepared folder's tokenizer class recorded while transformers'
+    tokenizer machinery is loaded here anyway: the scheduler then skips AutoTokenizer (~3 s of
+    a 128k-vocabulary GGUF's first start) and the HTTP process loads its tokenizer at once."""
+    from ..model_loader.resolve import resolve_model
+    from ..model_loader.tokenizer_class import load_and_record
+
+    folder = resolve_model(model)
+    load_and_record(folder, local_files_only=True)
+    return folder
 
 
 def _start(args: ServerArgs, addrs: IpcAddrs, children: Children) -> tuple[str, dict, Any]:

@@ -58,6 +58,7 @@ def test_the_server_prepares_a_new_gguf_in_a_child_process(tmp_path, monkeypatch
     import pytest
 
     from radixflow.runtime.errors import ModelNotFound
+    from radixflow.runtime.model_loader import tokenizer_class
     from radixflow.runtime.model_loader.resolve import NotPrepared
     from radixflow.runtime.server.launch import model_folder
 
@@ -76,6 +77,7 @@ def test_the_server_prepares_a_new_gguf_in_a_child_process(tmp_path, monkeypatch
     folder = model_folder(str(path))
     assert (folder / "gguf.json").is_file()
     assert parses_here == []  # the header was read in the child, not here
+    assert tokenizer_class.is_recorded(folder)  # by the child: the scheduler skips AutoTokenizer
     assert resolve_model(str(path), prepare=False) == folder
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
