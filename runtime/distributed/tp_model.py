@@ -22,7 +22,7 @@ from torch import nn
 from ..forward_batch import AttentionBackend, ForwardBatch
 from ..models.config import ModelArgs
 from ..models.gemma import GemmaForCausalLM
-from ..models.llama import LlamaForCausalLM
+from ..models.llama import LlamaForCausalLM, meta_embedding_weight
 from ..models.moe import SparseMoe
 from ..models.registry import model_class
 from .parallel_state import TensorParallel
@@ -33,7 +33,7 @@ class VocabParallelEmbedding(nn.Embedding):
     lookups are summed (each id is found on exactly one rank)."""
 
     def __init__(self, num_embeddings: int, dim: int, vocab_start: int, tp: TensorParallel):
-        super().__init__(num_embeddings, dim)
+        super().__init__(num_embeddings, dim, _weight=meta_embedding_weight(num_embeddings, dim))
         self.vocab_start, self.tp = vocab_start, tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -162,14 +162,17 @@ class Block(nn.Module):
         return out if m == 1.0 else out * m
 
 
-def _embedding(num: int, dim: int) -> nn.Embedding:
-    """nn.Embedding, without its normal_ init where it is built on 'meta' (there normal_ goes
-    through torch._refs, whose first call imports torch._dynamo: ~1-1.5 s of a server's
-    start, for weights the loader replaces anyway)."""
+def meta_embedding_weight(num: int, dim: int) -> torch.Tensor | None:
+    """An nn.Embedding's `_weight` that skips its normal_ init where it is built on 'meta'
+    (there normal_ goes through torch._refs, whose first call imports torch._dynamo: 2-3 s of
+    CPU in every process that builds a model, for weights the loader replaces anyway); None
+    (the usual init) elsewhere."""
     weight = torch.empty(num, dim)
-    if weight.device.type != "meta":
-        return nn.Embedding(num, dim)
-    return nn.Embedding(num, dim, _weight=weight)
+    return weight if weight.device.type == "meta" else None
+
+
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    return nn.Embedding(num, dim, _weight=meta_embedding_weight(num, dim))
 
 
 class LlamaForCausalLM(nn.Module):

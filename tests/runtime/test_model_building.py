@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,3 +45,40 @@ def test_a_start_and_its_first_tokens_import_no_sympy(tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert out == ["3", "False"]
+
+
+IMPORT_WATCH = """
+import os, sys, traceback
+class _Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch._dynamo", "sympy"):
+            with open(os.path.join({out!r}, f"{{os.getpid()}}-{{name}}"), "w") as f:
+                f.write(" ".join(sys.argv) + "\\n" + "".join(traceback.format_stack()))
+        return None
+sys.meta_path.insert(0, _Watch())
+"""
+
+
+def test_tensor_parallel_ranks_start_without_torch_dynamo(tmp_path, monkeypatch):
+    """nn.Embedding's normal_ init on 'meta' goes through torch._refs, which imports
+    torch._dynamo and sympy: 2-3 s of CPU in each rank, rank 0 (the scheduler) included, when
+    the vocab-parallel embedding was built that way. Every process of a --tp-size 2 Engine,
+    its start and first tokens, is watched by a sitecustomize that notes those imports."""
+    monkeypatch.setenv("RADIXFLOW_CACHE", str(own_cache(tmp_path / "cache")))
+    folder = make_tiny_model(tmp_path / "tiny", "llama")
+    load_tokenizer(folder)
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "marks").mkdir()
+    (tmp_path / "watch" / "sitecustomize.py").write_text(
+        IMPORT_WATCH.format(out=str(tmp_path / "marks")))
+    code = ("from radixflow.runtime.engine import Engine; "
+            f"e = Engine(model={str(folder)!r}, tp_size=2); "
+            "print(len(e.generate('hi', {'max_new_tokens': 3})['output_ids'])); e.shutdown()")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "watch"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["3"]
+    marks = {m.name: m.read_text() for m in (tmp_path / "marks").iterdir()}
+    assert not marks, "\n\n".join(f"{k}:\n{v[-2000:]}" for k, v in marks.items())
