@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .parallel_state import RankLost, TensorParallel
-    from .sharding import ShardSpec, check_split
+    from .sharding import ShardSpec
+    from .split import check_split
 
 __all__ = ["RankLost", "ShardSpec", "TensorParallel", "check_split"]
 _WHERE = {"RankLost": "parallel_state", "TensorParallel": "parallel_state",
-          "ShardSpec": "sharding", "check_split": "sharding"}
+          "ShardSpec": "sharding", "check_split": "split"}
 
 
 def __getattr__(name: str) -> Any:

@@ -52,7 +52,7 @@ def tp_args(args: ServerArgs, folder: Any = None) -> ServerArgs:
     check_dist_init_addr(args)  # an unauthenticated store on a network: only when trusted
     from ..model_loader import load_config, resolve_model
     from ..models.config import ModelArgs
-    from .sharding import check_split
+    from .split import check_split
 
     folder = folder or resolve_model(args.model)
     check_split(ModelArgs.from_hf_config(load_config(folder)), args.tp_size)

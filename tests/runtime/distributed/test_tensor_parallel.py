@@ -22,7 +22,8 @@ from helpers.tiny_models import make_tiny_model
 
 import radixflow as rf
 from radixflow.runtime.distributed.plan import FORWARD, PlanSender, receive
-from radixflow.runtime.distributed.sharding import ShardSpec, check_split
+from radixflow.runtime.distributed.sharding import ShardSpec
+from radixflow.runtime.distributed.split import check_split
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.errors import ServerUnavailable
 from radixflow.runtime.forward_batch import BatchRequest, ForwardMode

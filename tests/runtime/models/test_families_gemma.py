@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers.family_models import COMMON, check_engine_matches, make_family_model, write_family_gguf
 
-from radixflow.runtime.distributed.sharding import check_split
+from radixflow.runtime.distributed.split import check_split
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.models.config import ModelArgs
 

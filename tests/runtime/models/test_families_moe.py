@@ -228,7 +228,7 @@ def test_tp_shards_whole_experts():
 
 
 def test_tensor_parallel_refuses_what_it_cannot_split():
-    from radixflow.runtime.distributed.sharding import check_split
+    from radixflow.runtime.distributed.split import check_split
 
     with pytest.raises(ValueError, match="its 4 experts"):
         check_split(_args("qwen3_moe", num_attention_heads=8, num_key_value_heads=8), 8)

@@ -12,7 +12,7 @@ import sys
 import time
 
 import requests
-from helpers.live_server import LiveServer, kill_all
+from helpers.live_server import LiveServer, kill_all, maps_torch
 
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.ipc import free_port
@@ -43,6 +43,8 @@ def test_two_nodes_serve_like_one_then_stop_when_a_node_goes(tiny_model_dir, tmp
             got = requests.post(node0.url + "/generate", json={
                 "text": PROMPTS, "sampling_params": GREEDY}, timeout=120).json()
             assert [r["output_ids"] for r in got] == expected
+            # the launcher checks the split without torch: its HTTP process never loads it
+            assert not maps_torch(node0.proc.pid)
             os.killpg(node1.pid, signal.SIGKILL)  # node 1 is gone; node 0 idles
             node1.wait()
             start = time.monotonic()
