@@ -15,6 +15,7 @@ the HTTP process's resident memory, and whether libtorch is mapped into it.
 
     python -m bench.server_start --rounds 4
     python -m bench.server_start --model /tmp/tiny --against /tmp/rf-before --rounds 5
+    python -m bench.server_start --tp-size 3 --against /tmp/rf-before --rounds 3
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def _pythonpath(first: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
-def start_once(model: str | None, pythonpath: str | None = None) -> dict:
+def start_once(model: str | None, pythonpath: str | None = None, tp_size: int = 1) -> dict:
     t0 = time.monotonic()
     with _pythonpath(pythonpath):
-        server = ServerProcess(model, log_level="warning")  # returns once /health answers 200
+        # (returns once /health answers 200)
+        server = ServerProcess(model, log_level="warning", tp_size=tp_size)
     try:
         ready_s = time.monotonic() - t0
         pid = server.proc.pid
@@ -92,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--tp-size", type=int, default=1, help="the servers' --tp-size")
     ap.add_argument("--against", default=None, metavar="DIR",
                     help="a radixflow installed with pip install --target DIR: this checkout "
                          "vs that one, instead of recorded vs auto")
@@ -105,12 +108,12 @@ def main() -> None:
     a, b = modes
     runs: dict[str, list[dict]] = {a: [], b: []}
     for path in set(modes.values()):  # warms the page cache, builds the kernels, records
-        start_once(args.model, path)
+        start_once(args.model, path, args.tp_size)
     for _ in range(args.rounds):
         for mode in (a, b, b, a):
             if mode == "auto" and record is not None:
                 record.unlink(missing_ok=True)
-            runs[mode].append(start_once(args.model, modes[mode]))
+            runs[mode].append(start_once(args.model, modes[mode], args.tp_size))
             print(mode, runs[mode][-1], flush=True)
     print("\n| mode | starts | s to /health, median (min-max) | CPU s, median | HTTP process "
           "RSS MiB | torch in it |")
