@@ -445,7 +445,10 @@ def _load(rt) -> None:
             await writer.drain()
             while not stop.is_set():
                 if i % 2:  # reads 64 bytes every 0.5 s
-                    chunk = await reader.read(64)
+                    try:  # (a stream read to its end waits on the keep-alive connection)
+                        chunk = await asyncio.wait_for(reader.read(64), 0.5)
+                    except TimeoutError:
+                        continue
                     if not chunk:
                         break
                     got += len(chunk)
