@@ -45,8 +45,8 @@ async def completions(request: Request) -> Response:
     # Off the event loop: tokenizing a long prompt or checking a large schema takes a while,
     # and the streams of other requests keep flowing meanwhile.
     body, job = await asyncio.to_thread(build)
-    fmt = CompletionFormat(job, state.served_model_name, body)
-    return await _answer(request, state, job, fmt, token_texts=body.logprobs is not None)
+    fmt = CompletionFormat(job, state.served_model_name, body, state.client.tokenizer)
+    return await _answer(request, state, job, fmt)
 
 
 @router.post("/v1/chat/completions")
@@ -62,8 +62,8 @@ async def chat_completions(request: Request) -> Response:
         return body, tools, job
 
     body, tools, job = await asyncio.to_thread(build)  # renders, tokenizes: off the loop
-    fmt = ChatFormat(job, state.served_model_name, body, tools)
-    return await _answer(request, state, job, fmt, token_texts=bool(body.logprobs))
+    fmt = ChatFormat(job, state.served_model_name, body, tools, state.client.tokenizer)
+    return await _answer(request, state, job, fmt)
 
 
 def _validate(raw: Any, state: ServerState, model: type) -> Any:
@@ -72,11 +72,11 @@ def _validate(raw: Any, state: ServerState, model: type) -> Any:
 
 
 async def _answer(request: Request, state: ServerState, job: Job,
-                  fmt: CompletionFormat | ChatFormat, *, token_texts: bool) -> Response:
+                  fmt: CompletionFormat | ChatFormat) -> Response:
     client = state.client
     group = client.submit(job.reqs)
-    builders = [ResponseBuilder(r, client.tokenizer, return_text_in_logprobs=token_texts)
-                for r in job.reqs]
+    # logprob tokens' texts come from their bytes (fmt: token_bytes.py), not the builders
+    builders = [ResponseBuilder(r, client.tokenizer) for r in job.reqs]
     return await respond(client, group, builders, request,
                          stream=openai_stream(fmt, group, builders) if job.stream else None,
                          result=fmt.result)

@@ -38,14 +38,16 @@ COMPLETION_FIELDS: dict[str, tuple[str, str]] = {
     "prompt": (SERVED, "a string, strings, token ids or lists of them"),
     "best_of": (SERVED, "equal to n (or omitted): no server-side ranking"),
     "echo": (SERVED, "not with stream"),
-    "logprobs": (SERVED, "top alternatives, at most 5"),
+    "logprobs": (SERVED, "top alternatives, at most 5; a token holding part of a character "
+                         "reads \\xNN for those bytes"),
     "suffix": (REFUSED, "no insertion (fill-in-the-middle) mode"),
 }
 CHAT_FIELDS: dict[str, tuple[str, str]] = {
     **_COMMON,
     "messages": (SERVED, "rendered by the model's chat template"),
     "max_completion_tokens": (SERVED, "wins over max_tokens"),
-    "logprobs": (SERVED, ""), "top_logprobs": (SERVED, "at most 20"),
+    "logprobs": (SERVED, "each token's own `bytes` (a character split over tokens joins back)"),
+    "top_logprobs": (SERVED, "at most 20"),
     "response_format": (SERVED, "json_schema, json_object, text"),
     "tools": (SERVED, "function tools, by constrained decoding"),
     "tool_choice": (SERVED, ""), "parallel_tool_calls": (SERVED, ""),

@@ -6,15 +6,18 @@ stream's opening chunks, a choice's delta); `openai_stream` does the rest for bo
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ServerUnavailable
 from ..reasoning import ReasoningStream
 from ..response_builder import ResponseBuilder
+from ..token_bytes import token_bytes, token_display
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .openai_requests import Job
 from .openai_tools import ToolDeltas, ToolPlan
@@ -42,8 +45,10 @@ class _Format(ABC):
     object_name: str  # of the non-stream object
     chunk_name: str  # of a stream chunk
 
-    def __init__(self, job: Job, model: str, id_prefix: str, include_usage: bool):
+    def __init__(self, job: Job, model: str, id_prefix: str, include_usage: bool,
+                 tokenizer: Any):
         self.job, self.model, self.include_usage = job, model, include_usage
+        self.tokenizer = tokenizer  # logprobs: each token's own bytes (token_bytes.py)
         self.id, self.created = f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
 
     def envelope(self, name: str, choices: list[dict], usage: dict | None) -> dict:
@@ -76,9 +81,11 @@ class _Format(ABC):
 class CompletionFormat(_Format):
     object_name = chunk_name = "text_completion"
 
-    def __init__(self, job: Job, model: str, body: CompletionRequest):
-        super().__init__(job, model, "cmpl", _include_usage(body))
+    def __init__(self, job: Job, model: str, body: CompletionRequest, tokenizer: Any):
+        super().__init__(job, model, "cmpl", _include_usage(body), tokenizer)
         self.logprobs, self.echo = body.logprobs, body.echo
+        # a streamed choice's bytes not yet whole characters, across its chunks
+        self._utf8: dict[int, codecs.IncrementalDecoder] = {}
 
     def choice(self, index: int, b: ResponseBuilder) -> dict:
         prefix = self.job.prompt_texts[index // self.job.n] if self.echo else ""
@@ -87,16 +94,20 @@ class CompletionFormat(_Format):
             entries, tops = b.output_logprobs, b.output_top_logprobs
             if self.echo:
                 entries, tops = b.input_logprobs + entries, b.input_top_logprobs + tops
-            logprobs = completion_logprobs(entries, tops, 0)
+            logprobs = completion_logprobs(entries, tops, 0, self.tokenizer, _utf8_decoder())
         return {"index": index, "text": prefix + b.text, "logprobs": logprobs,
                 "finish_reason": finish_reason(b)}
 
     def delta_choice(self, d: Delta) -> dict | None:
-        if not d.text and d.finish_reason is None:
+        # a chunk of tokens that end inside a character has no text yet, but its logprobs
+        if not d.text and d.finish_reason is None and not (self.logprobs is not None
+                                                           and d.logprobs):
             return None
         logprobs = None
         if self.logprobs is not None:
-            logprobs = completion_logprobs(d.logprobs, d.top_logprobs, d.text_offset)
+            utf8 = self._utf8.setdefault(d.index, _utf8_decoder())
+            logprobs = completion_logprobs(d.logprobs, d.top_logprobs, d.text_offset,
+                                           self.tokenizer, utf8)
         return {"index": d.index, "text": d.text, "logprobs": logprobs,
                 "finish_reason": d.finish_reason}
 
@@ -105,8 +116,8 @@ class ChatFormat(_Format):
     object_name, chunk_name = "chat.completion", "chat.completion.chunk"
 
     def __init__(self, job: Job, model: str, body: ChatCompletionRequest,
-                 tools: ToolPlan | None):
-        super().__init__(job, model, "chatcmpl", _include_usage(body))
+                 tools: ToolPlan | None, tokenizer: Any):
+        super().__init__(job, model, "chatcmpl", _include_usage(body), tokenizer)
         self.logprobs, self.tools = bool(body.logprobs), tools
         self._tool_deltas: dict[int, ToolDeltas] = {}  # per streamed choice
         self.reasoning, self.stream_reasoning = job.reasoning, body.stream_reasoning
@@ -134,7 +145,7 @@ class ChatFormat(_Format):
         return delta
 
     def _logprobs(self, entries: list[list], tops: list[list | None]) -> dict | None:
-        return chat_logprobs(entries, tops) if self.logprobs else None
+        return chat_logprobs(entries, tops, self.tokenizer) if self.logprobs else None
 
     def choice(self, index: int, b: ResponseBuilder) -> dict:
         reasoning, text = self._split(index, b)
@@ -240,30 +251,44 @@ def finish_reason(b: ResponseBuilder) -> str | None:
     return _FINISH.get(b.finish_reason["type"], "stop")
 
 
-def _token_bytes(text: str | None) -> list[int]:
-    return list((text or "").encode("utf-8"))
+def _utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
-def chat_logprobs(entries: list[list], tops: list[list | None]) -> dict:
+def _token(tokenizer: Any, tid: int) -> tuple[str, bytes]:
+    """(OpenAI's `token` text, the token's bytes)."""
+    raw = token_bytes(tokenizer).of(tid)
+    return token_display(raw), raw
+
+
+def chat_logprobs(entries: list[list], tops: list[list | None], tokenizer: Any) -> dict:
     content = []
-    for k, (lp, _tid, text) in enumerate(entries):
+    for k, (lp, tid, _) in enumerate(entries):
         top = tops[k] if k < len(tops) and tops[k] else []
-        content.append({
-            "token": text or "", "logprob": lp, "bytes": _token_bytes(text),
-            "top_logprobs": [{"token": t or "", "logprob": tl, "bytes": _token_bytes(t)}
-                             for tl, _, t in top],
-        })
+        token, raw = _token(tokenizer, tid)
+        alternatives = []
+        for tl, top_id, _ in top:
+            top_token, top_raw = _token(tokenizer, top_id)
+            alternatives.append({"token": top_token, "logprob": tl, "bytes": list(top_raw)})
+        content.append({"token": token, "logprob": lp, "bytes": list(raw),
+                        "top_logprobs": alternatives})
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries: list[list], tops: list[list | None], offset: int) -> dict:
+def completion_logprobs(entries: list[list], tops: list[list | None], offset: int,
+                        tokenizer: Any, utf8: codecs.IncrementalDecoder) -> dict:
+    """The legacy logprobs object. A token's `text_offset` is where the character its first
+    byte belongs to starts: tokens that share a character (an emoji's bytes) share its offset.
+    `utf8` holds the choice's incomplete character from earlier chunks."""
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    for k, (lp, _tid, text) in enumerate(entries):
-        tokens.append(text or "")
+    for k, (lp, tid, _) in enumerate(entries):
+        token, raw = _token(tokenizer, tid)
+        tokens.append(token)
         token_logprobs.append(lp)
         top = tops[k] if k < len(tops) else None
-        top_logprobs.append(None if top is None else {t or "": tl for tl, _, t in top})
+        top_logprobs.append(None if top is None else
+                            {_token(tokenizer, top_id)[0]: tl for tl, top_id, _ in top})
         text_offset.append(offset)
-        offset += len(text or "")
+        offset += len(utf8.decode(raw))
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}

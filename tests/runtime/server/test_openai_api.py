@@ -104,7 +104,8 @@ def test_chat_logprobs(client):
         assert len(entry.top_logprobs) == 3
         best = max(t.logprob for t in entry.top_logprobs)
         assert entry.logprob == pytest.approx(best, abs=1e-3)  # greedy picks the top token
-    assert "".join(e.token for e in content) == r.choices[0].message.content
+    joined = bytes(b for e in content for b in e.bytes)
+    assert joined.decode("utf-8", "replace") == r.choices[0].message.content
 
 
 def test_json_schema_response_format(client):
@@ -158,3 +159,51 @@ def test_bad_json_is_400(server):
     assert r.status_code == 400
     assert "JSON" in r.json()["error"]["message"]
     wait_idle(server)
+
+
+EMOJI_PROMPT = "Smile 😀 now"
+
+
+def test_completion_logprobs_keep_the_bytes_of_split_characters(client, tokenizer):
+    """The tiny vocab has no merges for the emoji: its four bytes are four tokens, each shown
+    as `\\xNN` (not U+FFFD), each at the offset where the emoji starts."""
+    r = client.completions.create(model="tiny", prompt=EMOJI_PROMPT, max_tokens=2, logprobs=3,
+                                  echo=True, temperature=0, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    ids = tokenizer.encode(EMOJI_PROMPT, add_special_tokens=False)
+    prompt_tokens = lp.tokens[:len(ids)]
+    assert [t for t in prompt_tokens if "\\x" in t] == ["\\xf0", "\\x9f", "\\x98", "\\x80"]
+    decoded = "".join(prompt_tokens).encode().decode("unicode_escape").encode("latin-1")
+    assert decoded.decode() == EMOJI_PROMPT
+    start = EMOJI_PROMPT.index("😀")
+    emoji_at = [k for k, t in enumerate(prompt_tokens) if t.startswith("\\x")]
+    assert [lp.text_offset[k] for k in emoji_at] == [start] * 4
+    after = emoji_at[-1] + 1
+    assert lp.text_offset[after] == start + 1  # the emoji is one character
+    assert all("\ufffd" not in t for top in lp.top_logprobs[1:] for t in top)
+
+
+def test_chat_logprob_bytes_of_a_partial_character(client, tokenizer):
+    """Forced (logit_bias) to emit a byte that begins an emoji, and no more of it: each token's
+    `bytes` is that byte, not U+FFFD's three."""
+    emoji = [tokenizer.convert_tokens_to_ids("ð")]  # byte 0xF0 in the GPT-2 alphabet
+    assert tokenizer.unk_token_id not in emoji
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+        top_logprobs=2, logit_bias={str(emoji[0]): 100}, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert [e.bytes for e in content] == [[0xF0]] * 4
+    assert [e.token for e in content] == ["\\xf0"] * 4
+    for alt in (a for e in content for a in e.top_logprobs):
+        assert bytes(alt.bytes).decode("utf-8", "backslashreplace") == alt.token
+
+
+def test_streamed_completion_logprobs_cover_every_token(client, tokenizer):
+    """Chunks whose tokens end inside a character have no text yet; their logprobs still come."""
+    lead = tokenizer.convert_tokens_to_ids("ð")
+    chunks = list(client.completions.create(
+        model="tiny", prompt="Hi", max_tokens=6, temperature=0, logprobs=1, stream=True,
+        logit_bias={str(lead): 100}, extra_body={"ignore_eos": True}))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.tokens]
+    assert tokens == ["\\xf0"] * 6
