@@ -12,7 +12,7 @@ error event): it is not retried, since the client has seen part of an answer.
 The router's own routes: /health (200 while a worker is left), /get_server_info and /workers
 (each worker's load, requests routed, routing tree size, and its own scheduler stats and
 cache hit rate), /list_workers, /add_worker, /remove_worker, /flush_cache (every worker),
-/metrics (the router's: metrics.py). /get_model_info, /model_info, /v1/models, /version and
+/metrics (the router's: metrics.py). /get_model_info, /model_info, /v1/models[/{id}], /version and
 /health_generate are answered by a worker. The other APIs (Anthropic's messages, OpenAI's
 responses and embeddings, /encode, /tokenizer_info) are relayed by api_routes.py.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -65,6 +66,12 @@ def create_app(router: Router) -> FastAPI:
             return await forward(router, request, path, keyed=False)
 
         app.add_api_route(path, passthrough, methods=["GET"])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        # quoted whole, dots too: "../flush_cache" stays one segment of /v1/models/ upstream
+        segment = quote(model_id, safe="").replace(".", "%2E")
+        return await forward(router, request, "/v1/models/" + segment, keyed=False)
 
     add_api_routes(app, router)
 

@@ -230,3 +230,15 @@ def test_a_keyed_worker_serves_behind_a_router_with_its_key(tiny_model_dir):
         assert "--worker-api-key" in proc.stderr and "401" in proc.stderr
     finally:
         worker.shutdown()
+
+
+def test_a_model_id_cannot_walk_to_another_route(open_router, open_stub):
+    """GET /v1/models/{id} is relayed with the id as one quoted segment: dots and slashes in
+    it never reach a worker as a path of their own (/flush_cache here)."""
+    for model_id in ("..%2Fflush_cache", "..%2F..%2Fflush_cache", "%2E%2E", "tiny"):
+        r = requests.get(f"{open_router.url}/v1/models/{model_id}", timeout=30)
+        assert r.status_code == 200, r.text  # the stub answers every path
+    seen = [p for p, _ in open_stub.seen if p.startswith("/v1/models/")]
+    assert seen[-4:] == ["/v1/models/../flush_cache", "/v1/models/../../flush_cache",
+                         "/v1/models/..", "/v1/models/tiny"]
+    assert not open_stub.headers_of("/flush_cache")

@@ -250,3 +250,16 @@ def test_closed_stream_aborts_its_request(server, ac):
                 break
     after = wait_idle(server)  # the request was aborted: nothing runs, no KV held
     assert after["generation_tokens"] - before["generation_tokens"] < 4000
+
+
+def test_models_list_and_retrieve(ac):
+    page = ac.models.list()
+    assert [m.id for m in page.data] == ["tiny"] and page.has_more is False
+    assert page.first_id == page.last_id == "tiny"
+    card = ac.models.retrieve("tiny")
+    assert card.type == "model" and card.display_name == "tiny"
+    assert card.created_at.year == 1970 and card.max_input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        ac.models.retrieve("nope")
+    with pytest.raises(anthropic.BadRequestError, match="limit"):
+        ac.models.list(limit=0)

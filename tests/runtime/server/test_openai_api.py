@@ -207,3 +207,24 @@ def test_streamed_completion_logprobs_cover_every_token(client, tokenizer):
     tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
               for t in c.choices[0].logprobs.tokens]
     assert tokens == ["\\xf0"] * 6
+
+
+def test_retrieve_model(client):
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.object == "model"
+    with pytest.raises(openai.NotFoundError, match="'nope' does not exist"):
+        client.models.retrieve("nope")
+
+
+def test_model_list_pages_as_anthropic_does():
+    from radixflow.runtime.errors import InvalidRequest
+    from radixflow.runtime.server.openai_api import model_page
+
+    names = ["a", "b", "c"]
+    assert model_page(names, 1000, None, None) == (names, False)
+    assert model_page(names, 2, None, None) == (["a", "b"], True)
+    assert model_page(names, 2, "b", None) == (["c"], False)
+    assert model_page(names, 1, None, "c") == (["b"], True)
+    assert model_page(names, 5, None, "a") == ([], False)
+    with pytest.raises(InvalidRequest, match="no model 'z'"):
+        model_page(names, 5, "z", None)
