@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..sampling_params import MAX_NEW_TOKENS_LIMIT, OPTIONS
 
@@ -146,6 +146,18 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """An image, audio or file part gets a 400 that says so (not a type error)."""
+        if isinstance(content, list):
+            for k, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"part {k} is of type {kind!r}: not supported; radixflow "
+                                     f"serves text only (content parts of type 'text')")
+        return content
 
     def text(self) -> str:
         if self.content is None:

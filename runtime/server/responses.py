@@ -37,7 +37,8 @@ def validation_error(errors: list[dict]) -> InvalidRequest:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    msg = str(first.get("msg")).removeprefix("Value error, ")  # a validator's own words
+    message = f"{param}: {msg}" if param else msg
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return InvalidRequest(message, param=param)

@@ -141,6 +141,19 @@ def test_bad_chat_requests(client, kwargs, param):
     assert err["param"] == param
 
 
+def test_image_part_is_refused_by_name(client):
+    parts = [{"type": "text", "text": "What is this?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", max_tokens=4,
+                                       messages=[{"role": "user", "content": parts}])
+    err = info.value.body
+    assert err["param"] == "messages.0.content"
+    assert err["message"] == ("messages.0.content: part 1 is of type 'image_url': not "
+                              "supported; radixflow serves text only (content parts of type "
+                              "'text')")
+
+
 def test_context_overflow_has_openai_code(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny", prompt="a b " * 400, max_tokens=4000)
