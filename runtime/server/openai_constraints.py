@@ -62,8 +62,8 @@ def _vllm_names(body: Any) -> list[tuple[str, dict]]:
     so = body.structured_outputs
     if so is not None:
         where = "structured_outputs."
-        if so.json is not None:
-            out.append((where + "json", {"json_schema": _json_text(so.json)}))
+        if so.json_ is not None:
+            out.append((where + "json", {"json_schema": _json_text(so.json_)}))
         if so.regex is not None:
             out.append((where + "regex", {"regex": so.regex}))
         if so.choice is not None:

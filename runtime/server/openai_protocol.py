@@ -66,7 +66,7 @@ class ResponseFormat(_Strict):
 class StructuredOutputs(_Strict):
     """vLLM's `structured_outputs`: one constraint."""
 
-    json: str | dict[str, Any] | None = None
+    json_: str | dict[str, Any] | None = Field(None, alias="json")  # (BaseModel has .json)
     regex: str | None = None
     choice: list[str] | None = Field(None, min_length=1)
     grammar: str | None = None
