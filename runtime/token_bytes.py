@@ -58,11 +58,16 @@ class TokenBytes:
     """
 
     def __init__(self, tokenizer: Any, cache_size: int = 1 << 16):
-        self._tokenizer = tokenizer
+        # weak: _BY_TOKENIZER's values must not keep their keys alive
+        self._tokenizer_ref = weakref.ref(tokenizer)
         anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
         self._anchor = anchor
         self._anchor_text = self._decode(anchor) if anchor else ""
         self.of = functools.lru_cache(maxsize=cache_size)(self._bytes)
+
+    @property
+    def _tokenizer(self) -> Any:
+        return self._tokenizer_ref()
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=False,
@@ -99,7 +104,7 @@ def token_bytes(tokenizer: Any) -> TokenBytes:
 
 
 def token_display(raw: bytes) -> str:
-    """The token's text with the bytes that are not whole characters written as ``\\xNN``
-    (OpenAI's convention): distinct partial tokens stay distinct, and nothing reads as U+FFFD
-    that the token does not hold."""
+    """The token's text with the bytes that are not whole characters written as ``\\xNN`` (as
+    DeepSeek's OpenAI-compatible API shows them): distinct partial tokens stay distinct, and
+    nothing reads as U+FFFD that the token does not hold."""
     return raw.decode("utf-8", "backslashreplace")

@@ -3,6 +3,9 @@ characters split over several tokens included, for byte-level BPE and SentencePi
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from helpers.test_assets import load_tokenizer
 from helpers.tiny_models import make_tiny_tokenizer
@@ -51,4 +54,14 @@ def test_piece_in_another_alphabet_is_not_trusted():
         def convert_ids_to_tokens(self, i):
             return "ĠðŁ"  # would read as b" \xf0\x9f": not what the token decodes to
 
-    assert TokenBytes(Odd()).of(1) == ("x" + REPLACEMENT_CHAR).encode()
+    odd = Odd()
+    assert TokenBytes(odd).of(1) == ("x" + REPLACEMENT_CHAR).encode()
+
+
+def test_the_cache_does_not_keep_a_tokenizer_alive():
+    tok = make_tiny_tokenizer()
+    token_bytes(tok).of(5)
+    gone = weakref.ref(tok)
+    del tok
+    gc.collect()
+    assert gone() is None
