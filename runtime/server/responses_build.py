@@ -19,7 +19,7 @@ from .openai_requests import BuildLimits, Job, chat_job
 from .openai_tools import ToolPlan, plan_tools
 from .responses import validation_error
 from .responses_items import chat_messages, input_items
-from .responses_protocol import ResponsesRequest, refused_fields
+from .responses_protocol import ResponsesRequest, refused_fields, wants_logprobs
 from .scheduler_client import SchedulerClient
 from .tool_parsers import ToolParser
 
@@ -36,6 +36,11 @@ class Built:
     chat: ChatCompletionRequest
     tools: ToolPlan | None
     job: Job
+    tokenizer: Any  # the model's: logprobs' tokens and bytes (token_bytes.py)
+
+    @property
+    def logprobs(self) -> bool:
+        return self.chat.logprobs is True
 
 
 def check_refused(body: ResponsesRequest) -> None:
@@ -60,6 +65,8 @@ def build(client: SchedulerClient, body: ResponsesRequest, history: list[dict[st
                  "stop"):
         fields[name] = getattr(body, name)
     fields["max_completion_tokens"] = body.max_output_tokens
+    if wants_logprobs(body):
+        fields["logprobs"], fields["top_logprobs"] = True, body.top_logprobs or 0
     try:
         chat = ChatCompletionRequest.model_validate(
             {k: v for k, v in fields.items() if v is not None})
@@ -67,7 +74,7 @@ def build(client: SchedulerClient, body: ResponsesRequest, history: list[dict[st
         raise validation_error(exc.errors()) from None
     tools = plan_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, tool_parser)
     job = chat_job(client, chat, tools, tool_parser, limits)
-    return Built(body, items, chat, tools, job)
+    return Built(body, items, chat, tools, job, client.tokenizer)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

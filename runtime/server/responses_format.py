@@ -6,19 +6,28 @@ import time
 from typing import Any
 
 from ..response_builder import ResponseBuilder
-from .openai_responses import finish_reason, usage
+from .openai_responses import chat_logprobs, finish_reason, usage
 from .responses_build import Built
 from .responses_items import new_id
 
 
-def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+def message_item(text: str, status: str = "completed", item_id: str | None = None,
+                 logprobs: list[dict] | None = None) -> dict:
     return {"type": "message", "id": item_id or new_id("msg"), "status": status,
             "role": "assistant",
-            "content": [] if text is None else [text_part(text)]}
+            "content": [] if text is None else [text_part(text, logprobs)]}
 
 
-def text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def token_logprobs(built: Built, entries: list[list], tops: list[list | None]) -> list[dict]:
+    """Logprob entries in Responses' shape (chat's: token, logprob, bytes, top_logprobs);
+    none unless include asked for them."""
+    if not built.logprobs:
+        return []
+    return chat_logprobs(entries, tops, built.tokenizer)["content"]
 
 
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
@@ -55,8 +64,9 @@ def output_items(built: Built, b: ResponseBuilder) -> list[dict]:
     if built.tools is not None:
         message, _ = built.tools.message(text, finish_reason(b))
         text, calls = message["content"], message.get("tool_calls") or []
-    if text or not calls:
-        items.append(message_item(text or "", status))
+    if text or not calls:  # every generated token's logprobs ride on the message's text
+        logprobs = token_logprobs(built, b.output_logprobs, b.output_top_logprobs)
+        items.append(message_item(text or "", status, logprobs=logprobs))
     items.extend(call_item(c["id"], c["function"]["name"], c["function"]["arguments"], status)
                  for c in calls)
     return items

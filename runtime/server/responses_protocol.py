@@ -86,6 +86,14 @@ class ResponsesRequest(_Strict):
     stop: str | list[str] | None = None
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """The output text's logprobs were asked for (top_logprobs alternatives at each token)."""
+    return LOGPROBS_INCLUDE in (body.include or ())
+
+
 # Set to anything but these, a field asks for what radixflow does not do.
 _REFUSED = {
     "background": (None, False, "background responses are not supported; send the request "
@@ -96,8 +104,6 @@ _REFUSED = {
     "context_management": (None, None, "context_management is not supported"),
     "max_tool_calls": (None, None, "max_tool_calls is not supported; use "
                        "parallel_tool_calls: false for at most one call"),
-    "top_logprobs": (None, 0, "logprobs are not supported on /v1/responses; use "
-                     "/v1/chat/completions"),
     "truncation": (None, "disabled", 'truncation "auto" is not supported: an input that does '
                    "not fit the context is a 400"),
 }
@@ -110,8 +116,11 @@ def refused_fields(body: ResponsesRequest) -> tuple[str, str] | None:
         if value is not none and value != default:
             return name, message
     for k, entry in enumerate(body.include or ()):
-        return f"include.{k}", (f"include {entry!r} is not supported: radixflow returns no "
-                                "extra output data")
+        if entry != LOGPROBS_INCLUDE:
+            return f"include.{k}", (f"include {entry!r} is not supported: radixflow returns "
+                                    f"no extra output data but {LOGPROBS_INCLUDE!r}")
+    if body.top_logprobs and not wants_logprobs(body):
+        return "top_logprobs", f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]"
     for key, value in (body.metadata or {}).items():
         if len(key) > 64 or len(value) > 512:
             return f"metadata.{key[:64]}", ("metadata keys may have 64 characters and values "

@@ -29,6 +29,7 @@ from .responses_format import (
     message_item,
     reasoning_item,
     text_part,
+    token_logprobs,
     wants_summary,
 )
 from .scheduler_client import RequestGroup
@@ -75,12 +76,18 @@ class Events:
                 self.emit("response.reasoning_summary_part.added", **self._where(),
                           summary_index=0, part={"type": "summary_text", "text": ""})
 
-    def text(self, delta: str) -> None:
+    def text(self, delta: str, logprobs: list[dict]) -> None:
         if self.open is None or self.open["type"] != "message":
             self.start(message_item("", item_id=None))
         self.open["content"][0]["text"] += delta
+        self.open["content"][0]["logprobs"].extend(logprobs)
         self.emit("response.output_text.delta", **self._where(), content_index=0, delta=delta,
-                  logprobs=[])
+                  logprobs=logprobs)
+
+    def late_logprobs(self, logprobs: list[dict]) -> None:
+        """Logprobs of tokens that added no text (an end token) to the open message: its
+        .done event carries them."""
+        self.open["content"][0]["logprobs"].extend(logprobs)
 
     def reasoning(self, delta: str) -> None:
         if self.open is None or self.open["type"] != "reasoning":
@@ -108,7 +115,7 @@ class Events:
         if kind == "message":
             part = item["content"][0]
             self.emit("response.output_text.done", **where, content_index=0, text=part["text"],
-                      logprobs=[])
+                      logprobs=part["logprobs"])
             self.emit("response.content_part.done", **where, content_index=0, part=part)
         elif kind == "reasoning":
             part = item["content"][0]
@@ -139,7 +146,15 @@ class Splitter:
         if job.reasoning is not None:
             self.thinking = ReasoningStream(job.reasoning, job.reasoning.mode(b.req.input_ids))
         self.tool_deltas = tools.deltas() if tools is not None else None
+        self.built = obj.built
         self.sent = 0
+        self.sent_logprobs = 0  # entries of b.output_logprobs sent with a text delta
+
+    def take_logprobs(self, b: ResponseBuilder) -> list[dict]:
+        """The logprobs of the tokens since the last text delta (they go with the next)."""
+        start, self.sent_logprobs = self.sent_logprobs, len(b.output_logprobs)
+        return token_logprobs(self.built, b.output_logprobs[start:],
+                              b.output_top_logprobs[start:])
 
     def feed(self, b: ResponseBuilder, events: Events) -> None:
         final = finish_reason(b) is not None
@@ -149,14 +164,16 @@ class Splitter:
             reasoning, text = self.thinking.update(b.text, final=final)
         if reasoning:
             events.reasoning(reasoning)
+        if self.tool_deltas is not None:
+            delta, _ = self.tool_deltas.delta({"content": text} if text else {},
+                                              finish_reason(b) if final else None)
+            text = delta.get("content") or ""
+        if text:
+            events.text(text, self.take_logprobs(b))
+        elif final and events.open is not None and events.open["type"] == "message":
+            events.late_logprobs(self.take_logprobs(b))
         if self.tool_deltas is None:
-            if text:
-                events.text(text)
             return
-        delta, _ = self.tool_deltas.delta({"content": text} if text else {},
-                                          finish_reason(b) if final else None)
-        if delta.get("content"):
-            events.text(delta["content"])
         for call in delta.get("tool_calls", ()):
             if "id" in call:
                 events.call(call["id"], call["function"]["name"])
@@ -184,8 +201,9 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
             for chunk in events.take():
                 yield chunk
         status = "completed" if finish_reason(b) == "stop" else "incomplete"
-        if not events.output:
+        if not events.output:  # nothing was said: an empty message, as without a stream
             events.start(message_item(""))
+            events.late_logprobs(splitter.take_logprobs(b))
         events.close(status)
         final = obj.finished(builders, events.output, is_cancelled())
     except ServerUnavailable as exc:

@@ -66,6 +66,48 @@ def test_stream_events_in_order(client):
     assert client.responses.retrieve(final.id).output_text == deltas
 
 
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+
+
+def test_logprobs_as_chat_gives_them(client):
+    """include message.output_text.logprobs: the text's tokens, their logprobs, bytes and
+    top alternatives, the same numbers chat completions gives for the same prompt."""
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=6, temperature=0,
+                                **LOGPROBS)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=2)
+    part = r.output[0].content[0]
+    expected = chat.choices[0].logprobs.content
+    assert len(part.logprobs) == len(expected) == r.usage.output_tokens > 0
+    for got, want in zip(part.logprobs, expected, strict=True):
+        assert (got.token, got.bytes) == (want.token, want.bytes)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+    joined = bytes(b for lp in part.logprobs for b in lp.bytes)
+    assert joined.decode("utf-8", "replace") == part.text
+    plain = client.responses.create(model="tiny", input="hi", max_output_tokens=6)
+    assert plain.output[0].content[0].logprobs == []
+
+
+def test_streamed_logprobs_ride_on_the_text_deltas(client):
+    events = list(client.responses.create(model="tiny", input="hi", max_output_tokens=8,
+                                          temperature=0, stream=True, **LOGPROBS))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed = [lp for e in deltas for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = events[-1].response.output[0].content[0]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in final.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in final.logprobs][:len(streamed)]
+    assert len(final.logprobs) == events[-1].response.usage.output_tokens
+    assert all(len(lp.top_logprobs) == 2 for lp in final.logprobs)
+
+
+def test_top_logprobs_need_the_include(client):
+    with pytest.raises(openai.BadRequestError, match="message.output_text.logprobs"):
+        client.responses.create(model="tiny", input="hi", max_output_tokens=4, top_logprobs=2)
+
+
 def test_function_tool_required(client):
     r = client.responses.create(model="tiny", input="Weather in Paris?", tools=TOOLS,
                                 tool_choice="required", max_output_tokens=64, temperature=0)
