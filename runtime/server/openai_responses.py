@@ -94,7 +94,7 @@ class CompletionFormat(_Format):
             entries, tops = b.output_logprobs, b.output_top_logprobs
             if self.echo:
                 entries, tops = b.input_logprobs + entries, b.input_top_logprobs + tops
-            logprobs = completion_logprobs(entries, tops, 0, self.tokenizer, _utf8_decoder())
+            logprobs = completion_logprobs(entries, tops, 0, self.tokenizer, utf8_decoder())
         return {"index": index, "text": prefix + b.text, "logprobs": logprobs,
                 "finish_reason": finish_reason(b)}
 
@@ -105,7 +105,7 @@ class CompletionFormat(_Format):
             return None
         logprobs = None
         if self.logprobs is not None:
-            utf8 = self._utf8.setdefault(d.index, _utf8_decoder())
+            utf8 = self._utf8.setdefault(d.index, utf8_decoder())
             logprobs = completion_logprobs(d.logprobs, d.top_logprobs, d.text_offset,
                                            self.tokenizer, utf8)
         return {"index": d.index, "text": d.text, "logprobs": logprobs,
@@ -251,7 +251,7 @@ def finish_reason(b: ResponseBuilder) -> str | None:
     return _FINISH.get(b.finish_reason["type"], "stop")
 
 
-def _utf8_decoder() -> codecs.IncrementalDecoder:
+def utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 

@@ -22,7 +22,8 @@ import orjson
 from ..errors import ServerUnavailable
 from ..reasoning import ReasoningStream
 from ..response_builder import ResponseBuilder
-from .openai_responses import finish_reason
+from ..token_bytes import token_bytes
+from .openai_responses import finish_reason, utf8_decoder
 from .responses_format import (
     ResponseObject,
     call_item,
@@ -150,11 +151,20 @@ class Splitter:
         self.sent = 0
         self.sent_logprobs = 0  # entries of b.output_logprobs sent with a text delta
 
-    def take_logprobs(self, b: ResponseBuilder) -> list[dict]:
-        """The logprobs of the tokens since the last text delta (they go with the next)."""
-        start, self.sent_logprobs = self.sent_logprobs, len(b.output_logprobs)
-        return token_logprobs(self.built, b.output_logprobs[start:],
-                              b.output_top_logprobs[start:])
+    def take_logprobs(self, b: ResponseBuilder, final: bool = False) -> list[dict]:
+        """The logprobs of the tokens since the last text delta, up to the last one that ends
+        a character (a token that starts an emoji goes with the delta that shows it)."""
+        if not self.built.logprobs:
+            return []
+        start = self.sent_logprobs
+        end = len(b.output_logprobs)
+        if not final:
+            bytes_of = token_bytes(self.built.tokenizer)
+            end = start + whole_characters([bytes_of.of(e[1]) for e in
+                                            b.output_logprobs[start:]])
+        self.sent_logprobs = end
+        return token_logprobs(self.built, b.output_logprobs[start:end],
+                              b.output_top_logprobs[start:end])
 
     def feed(self, b: ResponseBuilder, events: Events) -> None:
         final = finish_reason(b) is not None
@@ -169,9 +179,9 @@ class Splitter:
                                               finish_reason(b) if final else None)
             text = delta.get("content") or ""
         if text:
-            events.text(text, self.take_logprobs(b))
+            events.text(text, self.take_logprobs(b, final))
         elif final and events.open is not None and events.open["type"] == "message":
-            events.late_logprobs(self.take_logprobs(b))
+            events.late_logprobs(self.take_logprobs(b, final=True))
         if self.tool_deltas is None:
             return
         for call in delta.get("tool_calls", ()):
@@ -203,7 +213,7 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
         status = "completed" if finish_reason(b) == "stop" else "incomplete"
         if not events.output:  # nothing was said: an empty message, as without a stream
             events.start(message_item(""))
-            events.late_logprobs(splitter.take_logprobs(b))
+            events.late_logprobs(splitter.take_logprobs(b, final=True))
         events.close(status)
         final = obj.finished(builders, events.output, is_cancelled())
     except ServerUnavailable as exc:
@@ -215,3 +225,13 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
     events.emit(_FINAL_EVENT[final["status"]], response=final)
     for chunk in events.take():
         yield chunk
+
+
+def whole_characters(token_bytes_: list[bytes]) -> int:
+    """How many of these tokens, from the first, end where a character ends (the most)."""
+    utf8, whole = utf8_decoder(), 0
+    for k, raw in enumerate(token_bytes_):
+        utf8.decode(raw)
+        if not utf8.getstate()[0]:  # no bytes of an unfinished character held
+            whole = k + 1
+    return whole

@@ -1,6 +1,6 @@
 """/v1/responses with the official openai client against the live tiny-model server: plain,
 streamed (the documented events in order), function tools, text.format json_schema,
-previous_response_id, store: false, retrieve, delete, input_items, and the 400s / 404s."""
+previous_response_id, store: false, retrieve, delete, input_items, logprobs, and the 400s / 404s."""
 
 from __future__ import annotations
 
@@ -229,3 +229,14 @@ def test_reasoning_effort_without_a_reasoning_parser_is_a_no_op(client):
                                 reasoning={"effort": "high"})
     assert [i.type for i in r.output] == ["message"]
     assert 1 <= r.usage.output_tokens <= 3 and r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_a_delta_takes_the_tokens_of_whole_characters():
+    from radixflow.runtime.server.responses_stream import whole_characters
+
+    emoji = "😀".encode()
+    assert whole_characters([b"a", emoji[:2], emoji[2:], b" b"]) == 4
+    assert whole_characters([b"a", emoji[:2]]) == 1  # the emoji's start waits for its end
+    assert whole_characters([emoji[:1], emoji[1:3]]) == 0
+    assert whole_characters([b"\x9f", b"x"]) == 2  # a stray byte is no character to wait for
+    assert whole_characters([]) == 0
