@@ -1,11 +1,12 @@
 """Engine: the scheduler driven in-process by a background thread (`radixflow.Engine`).
 
 It is SGLang's offline engine (`generate(prompt, sampling_params, ...)`, `async_generate`,
-`shutdown`, a context manager) and a backend for DSL programs (`rf.set_default_backend(engine)`):
-`generate_from_body` takes a native /generate body and returns the same JSON shapes, so tests,
-offline jobs and programs see exactly what an HTTP client of `radixflow serve` sees: the same
-parsing (the model's sampling defaults too) and response building (native_api,
-response_builder), the same `Detokenizer` the detokenizer process runs, the same rejections.
+`get_server_info`, `flush_cache`, sessions, `shutdown`, a context manager) and a backend for
+DSL programs (`rf.set_default_backend(engine)`): `generate_from_body` takes a native /generate
+body and returns the same JSON shapes, so tests, offline jobs and programs see exactly what an
+HTTP client of `radixflow serve` sees: the same parsing (the model's sampling defaults too) and
+response building (native_api, response_builder), the same `Detokenizer` the detokenizer
+process runs, the same rejections.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .program import run_program_locally
 from .response_builder import ResponseBuilder, raise_if_rejected
 from .server_args import server_args_from
 from .session_requests import parse_close_session, parse_open_session
+from .version import VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +176,14 @@ class Engine(GenerateAPI):
     def stats(self) -> dict:
         msg = self.scheduler.stats_message()
         return {f: getattr(msg, f) for f in msg.__struct_fields__}
+
+    def get_server_info(self) -> dict:
+        """SGLang's: the engine's arguments (no API key), the model, the version and the
+        scheduler's load (`stats`), as /get_server_info gives them for a server."""
+        info = {k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"}
+        info["api_key_set"] = self.args.api_key is not None
+        info.update(model_info=self.model_info, version=VERSION, **self.stats())
+        return info
 
     def shutdown(self) -> None:
         """Stop the scheduler thread; later calls raise ServerUnavailable."""

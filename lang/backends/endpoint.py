@@ -75,6 +75,10 @@ class Endpoint(GenerateAPI):
     def server_info(self) -> dict:
         return self._request("GET", "/server_info")
 
+    def get_server_info(self) -> dict:
+        """SGLang's name for `server_info` (Engine and Runtime take the same calls)."""
+        return self.server_info()
+
     def open_session(self, capacity_of_str_len: int, session_id: str | None = None, *,
                      timeout: float | None = None) -> str:
         """SGLang's POST /open_session: the session id. Requests sent with

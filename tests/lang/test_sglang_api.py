@@ -55,6 +55,14 @@ def test_async_generate(backend):
     assert len(two) == 2 and events[-1]["text"] == one["text"]
 
 
+def test_get_server_info(backend):
+    info = backend.get_server_info()
+    assert info["model_info"]["model_path"] and info["version"]
+    assert info["num_running"] == 0 and info["kv_total_tokens"] > 0
+    assert "api_key" not in info and info["api_key_set"] is False
+    assert info["max_running_requests"] > 0
+
+
 def test_engine_and_runtime_agree(engine_backend, server_backend):
     prompts = ["The quick brown fox", "JSON {"]
     assert ([r["output_ids"] for r in engine_backend.generate(prompts, GREEDY)]
