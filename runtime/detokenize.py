@@ -55,7 +55,8 @@ def _decode(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool,
 def decode_token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each token decoded on its own (special tokens included), e.g. for logprob token texts.
 
-    A token holding part of a UTF-8 character decodes to U+FFFD, as in SGLang and OpenAI.
+    A token holding part of a UTF-8 character decodes to U+FFFD, as in SGLang (OpenAI's
+    routes give such a token's own bytes: token_bytes.py).
     """
     if not ids:
         return []

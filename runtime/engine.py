@@ -180,10 +180,8 @@ class Engine(GenerateAPI):
     def get_server_info(self) -> dict:
         """SGLang's: the engine's arguments (no API key), the model, the version and the
         scheduler's load (`stats`), as /get_server_info gives them for a server."""
-        info = {k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"}
-        info["api_key_set"] = self.args.api_key is not None
-        info.update(model_info=self.model_info, version=VERSION, **self.stats())
-        return info
+        return {**self.args.public_info(), "model_info": self.model_info, "version": VERSION,
+                **self.stats()}
 
     def shutdown(self) -> None:
         """Stop the scheduler thread; later calls raise ServerUnavailable."""

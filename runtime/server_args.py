@@ -283,6 +283,13 @@ class ServerArgs:
 
         add_flags(cls, parser)
 
+    def public_info(self) -> dict[str, Any]:
+        """The arguments as /get_server_info shows them: every field but the API key, which
+        is only said to be set or not."""
+        info = {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+        info["api_key_set"] = self.api_key is not None
+        return info
+
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         from .server_flags import args_from_flags

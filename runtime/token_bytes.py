@@ -15,7 +15,8 @@ import re
 import weakref
 from typing import Any
 
-REPLACEMENT_CHAR = "\ufffd"
+from .detokenize import REPLACEMENT_CHAR
+
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import functools
 import threading
 from collections.abc import AsyncIterator
@@ -205,8 +204,7 @@ async def get_server_info(request: Request) -> Response:
 
 def server_info(state: ServerState) -> dict:
     client = state.client
-    info = {k: v for k, v in dataclasses.asdict(state.args).items() if k != "api_key"}
-    info["api_key_set"] = state.args.api_key is not None
+    info = state.args.public_info()
     info.update(model_info=client.model_info, version=VERSION, healthy=client.is_healthy,
                 failure=client.failure, processes=state.processes)
     s = client.stats
