@@ -9,6 +9,7 @@
 - plan.py: the batch plan rank 0 (the scheduler's process) broadcasts before each forward;
 - worker.py: ranks 1..N-1, which run rank 0's plans; launch.py starts them (Engine: as
   subprocesses of this process; the server: as children of its launcher, on every node);
+- liveness.py: whether the other ranks are still there, asked while a collective is slow;
 - watch.py: node 0's watch over ranks on other nodes;
 - rendezvous.py: rank 0's store listens on --dist-init-addr only (the store has no
   authentication; that address must be loopback unless --dist-trusted-network:

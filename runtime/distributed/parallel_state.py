@@ -10,7 +10,9 @@ needs --dist-trusted-network):
   never comes: a clear error, not a hang); then the group's timeout is lengthened;
 - collectives themselves have no short timeout, since a worker waits for the next batch plan
   for as long as the server idles; a rank that dies breaks its peers' connections, and gloo
-  reports that at once ("Connection closed by peer"), which is turned into RankLost here;
+  mostly reports that at once ("Connection closed by peer"), which is turned into RankLost
+  here; where it does not, a CPU collective is waited for in slices, and between them
+  liveness.py asks whether the other ranks are still there;
 - ranks on nodes other than 0 also beat a heartbeat counter in the store, which the launcher
   of node 0 watches (watch.py), so a node that goes away ends an idle server too.
 
@@ -35,6 +37,7 @@ from ..errors import Fatal
 from ..models.config import ModelArgs
 from ..parallel_flags import check_dist_init_addr
 from .layout import Layout, parse_addr
+from .liveness import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY, Liveness, publish_pid
 from .rendezvous import loopback_only, serve_store
 from .sharding import ShardSpec
 
@@ -42,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 # A worker waits in a collective for the next batch plan while the server idles.
 OP_TIMEOUT = timedelta(days=30)
-HEARTBEAT_INTERVAL_S = 1.0
-HEARTBEAT_KEY = "radixflow/heartbeat/{rank}"
+# How long a CPU collective runs before its rank asks whether the others are still there.
+LIVENESS_SLICE = timedelta(seconds=0.5)
 
 _current: TensorParallel | None = None  # this process's group (one: torch's default group)
 
@@ -78,6 +81,7 @@ class TensorParallel:
         self._closed = False
         self._threads_before: int | None = None
         self._heartbeat_stop = threading.Event()
+        self._liveness: Liveness | None = None
 
     @property
     def is_driver(self) -> bool:
@@ -146,6 +150,8 @@ class TensorParallel:
                                f"{where} and not all {self.size} ranks joined (--dist-timeout "
                                f"{self.timeout_s:g} s): {exc}") from None
         self._store = store
+        publish_pid(store, self.rank)
+        self._liveness = Liveness(store, self.rank, self.layout, self.timeout_s)
         atexit.register(self.close)
         # ...and OP_TIMEOUT the collectives: a worker waits for plans while the server idles
         from torch.distributed import distributed_c10d
@@ -210,7 +216,10 @@ class TensorParallel:
             raise RankLost(self.failure)
         start = time.perf_counter()
         try:
-            fn(*args, **kwargs)
+            if args[0].device.type == "cpu" and self._liveness is not None:
+                self._wait_while_all_there(fn(*args, async_op=True, **kwargs))
+            else:  # NCCL: its own watchdog; waiting here would stall the CUDA stream
+                fn(*args, **kwargs)
             self.comm_seconds[what] = (self.comm_seconds.get(what, 0.0)
                                        + time.perf_counter() - start)
             self.comm_calls[what] = self.comm_calls.get(what, 0) + 1
@@ -221,6 +230,21 @@ class TensorParallel:
                             "all its --tp-size ranks")
             raise RankLost(self.failure) from None
 
+    def _wait_while_all_there(self, work) -> None:
+        """Wait for a gloo collective; between slices of LIVENESS_SLICE, raise RuntimeError if
+        another rank is gone."""
+        while True:
+            try:
+                work.wait(timeout=LIVENESS_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():  # it failed (or just finished): its own outcome
+                    work.wait()
+                    return
+            lost = self._liveness.lost()
+            if lost is not None:
+                raise RuntimeError(lost)
+
     # ---- shutdown ----
 
     def close(self) -> None:
@@ -230,11 +254,18 @@ class TensorParallel:
             return
         self._closed = True
         self._heartbeat_stop.set()
+        group = dist.group.WORLD if self.failure is not None and dist.is_initialized() else None
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception as exc:  # a broken group: nothing more to do
             logger.debug("destroy_process_group: %s", exc)
+        if group is not None:
+            # A collective stuck on a lost rank keeps one of gloo's threads, and the group's
+            # destructor joins them: the last reference goes on a thread nobody waits for.
+            held = [group]
+            del group
+            threading.Thread(target=held.clear, name="tp-group-release", daemon=True).start()
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
         if _current is self:

@@ -16,15 +16,10 @@ from typing import Any
 
 from ..processes import fast_exit
 from ..server_args import ServerArgs
-from .parallel_state import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY, Layout, parse_addr
+from .layout import Layout, parse_addr
+from .liveness import HEARTBEAT_INTERVAL_S, Heartbeats, silence_limit
 
 logger = logging.getLogger(__name__)
-
-MAX_SILENCE_S = 10.0  # or --dist-timeout, if shorter
-
-
-def silence_limit(args: ServerArgs) -> float:
-    return max(3 * HEARTBEAT_INTERVAL_S, min(args.dist_timeout, MAX_SILENCE_S))
 
 
 def run_watch(args: ServerArgs, ready: Any = None) -> None:
@@ -39,25 +34,20 @@ def run_watch(args: ServerArgs, ready: Any = None) -> None:
     except Exception as exc:  # rank 0 never served the store: the scheduler reports why
         logger.debug("rank watch: no store at %s: %s", args.dist_init_addr, exc)
         _idle()
-    limit = silence_limit(args)
-    last: dict[int, int] = {}
-    since: dict[int, float] = {}
+    heartbeats = Heartbeats(remote, silence_limit(args.dist_timeout))
     while True:
         time.sleep(HEARTBEAT_INTERVAL_S)
-        now = time.monotonic()
-        for rank in remote:
-            try:
-                beats = store.add(HEARTBEAT_KEY.format(rank=rank), 0)
-            except Exception as exc:  # rank 0's store is gone: the scheduler died, it reports
-                logger.debug("rank watch: store lost: %s", exc)
-                _idle()
-            if beats != last.get(rank):
-                last[rank], since[rank] = beats, now
-            elif beats and now - since[rank] > limit:
-                logger.error("tensor-parallel rank %d (node %d) has not answered for %.0f s: "
-                             "that node's ranks are gone, and the model cannot run without "
-                             "them; the server stops", rank, layout.node_of(rank), limit)
-                fast_exit(1)
+        try:
+            silent = heartbeats.silent(store)
+        except Exception as exc:  # rank 0's store is gone: the scheduler died, it reports
+            logger.debug("rank watch: store lost: %s", exc)
+            _idle()
+        if silent:
+            logger.error("tensor-parallel rank %d (node %d) has not answered for %.0f s: "
+                         "that node's ranks are gone, and the model cannot run without "
+                         "them; the server stops", silent[0], layout.node_of(silent[0]),
+                         heartbeats.limit)
+            fast_exit(1)
 
 
 def _idle() -> None:
