@@ -152,7 +152,8 @@ def test_huge_body_is_413_at_once_while_a_stream_runs(door):
         answered = time.monotonic() - t0
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"--max-request-bytes" in answer
-    assert answered < 1.0, answered
+    # (a server that waited for the body would never answer: the read times out at 5 s)
+    assert answered < 3.0, answered
     # And a client that sends all 50 MB before reading still gets the 413, quickly (from
     # another process, so that this one's GIL does not slow the stream's reader).
     done = subprocess.run([sys.executable, "-c", SEND_ALL, str(door.args.port), str(size)],
