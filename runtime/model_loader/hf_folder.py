@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,10 @@ def load_tokenizer(folder: Path):
         raise ModelNotFound(f"cannot load a tokenizer from {folder}: {e}") from e
     if not tokenizer.is_fast:
         raise ModelNotFound(f"{folder} has no fast tokenizer (tokenizer.json); radixflow needs one")
+    # Prompts are held to the served context length (--context-length, a 400 naming it);
+    # transformers' "longer than the specified maximum sequence length ... will result in
+    # indexing errors" warning, once per process, would only mislead whoever reads the log.
+    tokenizer.model_max_length = sys.maxsize
     return tokenizer
 
 

@@ -312,3 +312,23 @@ def test_default_model_answers_paris(default_model_path, monkeypatch):
     monkeypatch.setattr(default_model, "fetch_default_gguf", _must_not_run)
     monkeypatch.setattr(gguf_convert, "convert_gguf", _must_not_run)
     assert resolve_model(None) == default_model_path
+
+
+def test_long_prompts_raise_no_transformers_length_warning(tmp_path):
+    """The served context length bounds prompts (a 400); transformers' "Token indices sequence
+    length is longer than ... will result in indexing errors" would only mislead the log."""
+    import logging
+
+    folder = make_tiny_model(tmp_path / "llama", "llama")
+    tokenizer = load_tokenizer(folder)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(handler)
+    try:
+        ids = tokenizer.encode("a b " * 2000)
+    finally:
+        transformers_logger.removeHandler(handler)
+    assert len(ids) > load_config(folder)["max_position_embeddings"]
+    assert not [r for r in records if "sequence length" in r.getMessage()], records

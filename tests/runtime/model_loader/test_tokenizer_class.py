@@ -83,11 +83,12 @@ def test_a_changed_folder_asks_autotokenizer_again(folders, tmp_path, own_cache)
     load_tokenizer(folder)
     assert tokenizer_class.load_recorded(folder) is not None
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["model_max_length"] = 1234
+    side = "left" if config.get("padding_side", "right") == "right" else "right"
+    config["padding_side"] = side
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     assert tokenizer_class.load_recorded(folder) is None  # the record no longer applies
-    assert load_tokenizer(folder).model_max_length == 1234
-    assert tokenizer_class.load_recorded(folder).model_max_length == 1234
+    assert load_tokenizer(folder).padding_side == side
+    assert tokenizer_class.load_recorded(folder).padding_side == side
 
 
 def test_a_broken_record_falls_back(default_model_path, own_cache):
