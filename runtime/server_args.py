@@ -136,8 +136,9 @@ class ServerArgs:
         False, "allow a --dist-init-addr that is not a loopback address: torch.distributed's "
         "store has no authentication, so every host that can reach it can join the job")
     dist_timeout: float = _arg(
-        300.0, "seconds to wait for every rank to join at start-up (a rank on another node "
-        "then silent for this long, at most 10 s, stops the server)")
+        300.0, "seconds to wait for every rank to join at start-up, and, while serving, for "
+        "a rank that is there but does not answer (a rank on another node silent for this "
+        "long, at most 10 s, stops the server)")
     dp_size: int = _arg(1, "data parallel size: scheduler replicas, each with its own model "
                         "copy, KV pool and radix cache, behind this one HTTP server",
                         aliases=("--data-parallel-size",))

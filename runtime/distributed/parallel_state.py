@@ -12,7 +12,8 @@ needs --dist-trusted-network):
   for as long as the server idles; a rank that dies breaks its peers' connections, and gloo
   mostly reports that at once ("Connection closed by peer"), which is turned into RankLost
   here; where it does not, a CPU collective is waited for in slices, and between them
-  liveness.py asks whether the other ranks are still there;
+  liveness.py asks whether the other ranks are still there (and a serving rank 0 gives up
+  on ranks that are there but silent for --dist-timeout);
 - ranks on nodes other than 0 also beat a heartbeat counter in the store, which the launcher
   of node 0 watches (watch.py), so a node that goes away ends an idle server too.
 
@@ -232,7 +233,10 @@ class TensorParallel:
 
     def _wait_while_all_there(self, work) -> None:
         """Wait for a gloo collective; between slices of LIVENESS_SLICE, raise RuntimeError if
-        another rank is gone."""
+        another rank is gone, or, on a serving rank 0, if the others have not answered for
+        --dist-timeout (a rank that is there but frozen: stopped, swapping, deadlocked; every
+        rank runs the same forward, so a healthy one is never that far behind)."""
+        start = time.monotonic()
         while True:
             try:
                 work.wait(timeout=LIVENESS_SLICE)
@@ -244,6 +248,9 @@ class TensorParallel:
             lost = self._liveness.lost()
             if lost is not None:
                 raise RuntimeError(lost)
+            if self.is_driver and self.serving and time.monotonic() - start > self.timeout_s:
+                raise RuntimeError(f"no answer from the other ranks for {self.timeout_s:g} s "
+                                   "(--dist-timeout)")
 
     # ---- shutdown ----
 

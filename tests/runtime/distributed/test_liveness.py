@@ -17,15 +17,19 @@ from radixflow.runtime.distributed.liveness import Heartbeats, Liveness, process
 from radixflow.runtime.distributed.parallel_state import RankLost, TensorParallel
 from radixflow.runtime.ipc import free_port
 
-# Rank 1: join, answer one all-reduce, fork a child that keeps every socket of this process
-# open (so its death closes no connection), print the child's pid, wait for a plan.
+# Rank 1: join, answer one all-reduce; then "freeze": stop itself (SIGSTOP), or else fork a
+# child that keeps every socket of this process open (so its death closes no connection),
+# print the child's pid and wait for a plan.
 RANK_1 = textwrap.dedent("""
-    import os, sys, time, torch
+    import os, signal, sys, time, torch
     from radixflow.runtime.distributed.layout import Layout
     from radixflow.runtime.distributed.parallel_state import TensorParallel
     tp = TensorParallel(1, Layout(2), torch.device("cpu"), None, sys.argv[1], 30.0)
     tp._join("gloo")
     tp.all_reduce(torch.ones(4))
+    if sys.argv[2] == "freeze":
+        print(os.getpid(), flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
     holder = os.fork()
     if holder == 0:
         time.sleep(60)
@@ -38,7 +42,8 @@ RANK_1 = textwrap.dedent("""
 
 def test_a_dead_rank_whose_sockets_stay_open_is_lost_within_seconds():
     addr = f"127.0.0.1:{free_port()}"
-    rank1 = subprocess.Popen([sys.executable, "-c", RANK_1, addr], stdout=subprocess.PIPE)
+    rank1 = subprocess.Popen([sys.executable, "-c", RANK_1, addr, "fork"],
+                             stdout=subprocess.PIPE)
     holder = None
     tp = TensorParallel(0, Layout(2), torch.device("cpu"), None, addr, 30.0)
     try:
@@ -62,6 +67,29 @@ def test_a_dead_rank_whose_sockets_stay_open_is_lost_within_seconds():
         if holder is not None:
             os.kill(holder, signal.SIGKILL)
     assert not dist.is_initialized()
+
+
+def test_a_frozen_rank_is_lost_after_dist_timeout_while_serving():
+    addr = f"127.0.0.1:{free_port()}"
+    rank1 = subprocess.Popen([sys.executable, "-c", RANK_1, addr, "freeze"],
+                             stdout=subprocess.PIPE)
+    tp = TensorParallel(0, Layout(2), torch.device("cpu"), None, addr, 30.0)
+    try:
+        tp._join("gloo")
+        tp.all_reduce(torch.ones(4))
+        assert int(rank1.stdout.readline()) == rank1.pid
+        tp.timeout_s = 2.0  # (--dist-timeout: 30 s above, for the join)
+        tp.serving = True
+        start = time.monotonic()
+        with pytest.raises(RankLost, match=r"no answer from the other ranks for 2 s "
+                                           r"\(--dist-timeout\)"):
+            for _ in range(3):
+                tp.broadcast(torch.ones(4))
+        assert 2.0 <= time.monotonic() - start < 6
+    finally:
+        tp.close()
+        rank1.kill()
+        rank1.wait()
 
 
 def test_process_gone_sees_exit_and_zombies():
