@@ -238,17 +238,24 @@ def gen(
         thinking_budget=thinking_budget)
 
 
-def select(name: str | None = None, choices: list[str] | None = None, *,
+def select(name: str | None = None, choices: list[str] | None = None,
+           temperature: float = 0.0, choices_method: str | None = None, *,
            method: str = "token_length_normalized") -> Select:
     """Pick one of `choices` by the model's log-probabilities of each choice's tokens.
 
-    `method`: "token_length_normalized" (mean, default), "sum", or
-    "unconditional_likelihood_normalized". The scores are kept in the state's meta info.
-    Raises InvalidRequest for a missing or empty choice list or an unknown method.
+    `method` (SGLang: `choices_method`): "token_length_normalized" (mean, default), "sum",
+    "unconditional_likelihood_normalized" or "greedy_token_selection" (likeliest first token,
+    ties broken by the next). The scores are kept in the state's meta info. `temperature` is
+    SGLang's argument, which its server requires to be 0. Raises InvalidRequest for a missing
+    or empty choice list, an unknown method or a temperature other than 0.
     """
     if choices is None:
         raise InvalidRequest("select needs choices=[...]")
-    return Select(_check_name(name), check_choices(choices), check_method(method))
+    if temperature:
+        raise InvalidRequest(f"select scores every choice by its log-probabilities; "
+                             f"temperature must be 0, got {temperature!r}")
+    return Select(_check_name(name), check_choices(choices),
+                  check_method(choices_method if choices_method is not None else method))
 
 
 def _role_block(role: str, content: NodeLike | None) -> Seq:

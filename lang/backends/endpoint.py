@@ -26,14 +26,17 @@ class Endpoint(GenerateAPI):
     `api_key` is sent as a Bearer token. Straight-line stretches go to POST /program; against
     a server without that route (SGLang) they run here, one /generate per gen. `timeout` bounds
     each request in seconds (None: wait as long as generation takes). `chat_template` overrides
-    the template the server reports. Raises ServerUnavailable (naming the URL) if the server
-    cannot be reached.
+    the template the server reports. `verify` is requests' TLS check for an https URL (False,
+    or a CA bundle's path). Raises ServerUnavailable (naming the URL) if the server cannot be
+    reached.
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float | None = None,
-                 use_program: bool = True, chat_template: str | None = None):
+                 use_program: bool = True, chat_template: str | None = None,
+                 verify: bool | str | None = None):
         self.url = url.rstrip("/")
         self.api_key = api_key
+        self.verify = verify
         self.timeout = timeout
         self._local = threading.local()
         self._program_route: bool | None = None if use_program else False
@@ -111,6 +114,8 @@ class Endpoint(GenerateAPI):
             session.mount("https://", adapter)
             if self.api_key:
                 session.headers["Authorization"] = f"Bearer {self.api_key}"
+            if self.verify is not None:
+                session.verify = self.verify
             self._local.session = session
         return session
 

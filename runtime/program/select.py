@@ -16,7 +16,8 @@ from typing import Any
 
 Generate = Callable[[dict], Any]
 
-SELECT_METHODS = ("token_length_normalized", "sum", "unconditional_likelihood_normalized")
+SELECT_METHODS = ("token_length_normalized", "sum", "unconditional_likelihood_normalized",
+                  "greedy_token_selection")
 
 
 def _as_list(resp: Any) -> list[dict]:
@@ -76,10 +77,28 @@ def select_choice(generate: Generate, prompt: str, choices: list[str],
         meta["unconditional_token_logprobs"] = uncond
         scores = [_mean([c - u for c, u in zip(c_lp, u_lp, strict=False)])
                   for c_lp, u_lp in zip(cond, uncond, strict=True)]
-    else:
+    else:  # token_length_normalized; greedy_token_selection keeps these as its scores
         scores = [_mean(lp) for lp in cond]
     meta["scores"] = scores
     meta["normalized_prompt_logprobs"] = scores  # SGLang's name for the same list
+    if method == "greedy_token_selection":
+        return greedy_pick(cond), meta, num_requests
     best = max(range(len(choices)),
                key=lambda i: float("-inf") if scores[i] is None else scores[i])
     return best, meta, num_requests
+
+
+def greedy_pick(cond: list[list[float]]) -> int:
+    """SGLang's greedy_token_selection: the choice whose first token is likeliest, ties
+    broken by the next token, and so on; a choice shorter than another continues with its own
+    mean log-probability."""
+    width = max((len(lp) for lp in cond), default=0)
+    rows = [lp + [_mean(lp)] * (width - len(lp)) if lp else [float("-inf")] * width
+            for lp in cond]
+    remaining = list(range(len(cond)))
+    for j in range(width):
+        top = max(rows[i][j] for i in remaining)
+        remaining = [i for i in remaining if rows[i][j] == top]
+        if len(remaining) == 1:
+            break
+    return remaining[0]
