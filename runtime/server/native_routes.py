@@ -205,6 +205,9 @@ async def get_server_info(request: Request) -> Response:
 def server_info(state: ServerState) -> dict:
     client = state.client
     info = state.args.public_info()
+    # the name the server answers to, as SGLang reports it (its default: the model path)
+    info.update(served_model_name=state.served_model_name,
+                served_model_names=state.served_model_names)
     info.update(model_info=client.model_info, version=VERSION, healthy=client.is_healthy,
                 failure=client.failure, processes=state.processes)
     s = client.stats

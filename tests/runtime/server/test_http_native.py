@@ -27,6 +27,7 @@ def test_model_and_server_info(server, tiny_model_dir):
         info = requests.get(server.url + path, timeout=30).json()
         assert info["max_total_tokens"] == 4096 and info["model_info"]["vocab_size"] == 512
         assert "api_key" not in info
+        assert info["served_model_name"] == "tiny" and info["served_model_names"] == ["tiny"]
         # the CPU's level and the kernels chosen for it (kernels/cpu/features.py)
         cpu = info["model_info"]["cpu"]
         assert cpu["level"] in ("avx512", "avx2", "generic") and info["cpu_isa"] == "auto"
