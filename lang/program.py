@@ -8,7 +8,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
@@ -97,17 +97,24 @@ class Program:
 
     async def arun_batch(self, batch_kwargs: list[dict[str, Any]],
                          **kwargs: Any) -> list[ProgramState]:
-        """`run_batch` for asyncio code."""
+        """`run_batch` for asyncio code (the whole list: generator_style would block the loop
+        while it waits for each state)."""
+        if kwargs.get("generator_style"):
+            raise InvalidRequest("arun_batch returns the list of states; generator_style=True "
+                                 "is for run_batch, outside the event loop")
         return await asyncio.to_thread(self.run_batch, batch_kwargs, **kwargs)
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
                   num_threads: int | str = "auto", progress_bar: bool = False,
-                  **defaults: Any) -> list[ProgramState]:
+                  generator_style: bool = False,
+                  **defaults: Any) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per dict of arguments, concurrently; states in input order.
 
         Before the batch, the static prefix every program shares (found by tracing) is sent
         once so every program hits the cache. A program that raises does not stop the others:
         its state has `.error`, a ProgramError naming its index, raised again when it is read.
+        `generator_style=True` (SGLang's): an iterator that yields each state, in input order,
+        as soon as it and those before it are done (the batch starts on the first next()).
         """
         if not isinstance(batch_kwargs, (list, tuple)) or not all(
                 isinstance(item, dict) for item in batch_kwargs):
@@ -120,7 +127,7 @@ class Program:
         for item in batch_kwargs:
             self._check_args((), item)
         if not batch_kwargs:
-            return []
+            return iter([]) if generator_style else []
         if len(batch_kwargs) > 1:
             self._cache_prefix(batch_kwargs, backend)
         if num_threads == "auto":
@@ -142,22 +149,30 @@ class Program:
                 error.__cause__ = exc
                 state._error = error
 
-        progress = None
-        if progress_bar:
-            from tqdm.auto import tqdm
+        def batch() -> Iterator[ProgramState]:
+            progress = None
+            if progress_bar:
+                from tqdm.auto import tqdm
 
-            progress = tqdm(total=len(batch_kwargs), desc=self.name)
-        try:
-            with ThreadPoolExecutor(max_workers=max(1, int(num_threads)),
-                                    thread_name_prefix=f"rf-{self.name}") as pool:
-                for future in as_completed([pool.submit(one, i) for i in range(len(batch_kwargs))]):
-                    future.result()
-                    if progress is not None:
-                        progress.update(1)
-        finally:
-            if progress is not None:
-                progress.close()
-        return states  # type: ignore[return-value]
+                progress = tqdm(total=len(batch_kwargs), desc=self.name)
+            try:
+                with ThreadPoolExecutor(max_workers=max(1, int(num_threads)),
+                                        thread_name_prefix=f"rf-{self.name}") as pool:
+                    futures = [pool.submit(one, i) for i in range(len(batch_kwargs))]
+                    for i, future in enumerate(futures if generator_style
+                                               else as_completed(futures)):
+                        future.result()
+                        if progress is not None:
+                            progress.update(1)
+                        if generator_style:
+                            yield states[i]  # type: ignore[misc]
+                if not generator_style:
+                    yield from states  # type: ignore[misc]
+            finally:
+                if progress is not None:
+                    progress.close()
+
+        return batch() if generator_style else list(batch())
 
     # ---- tracing ----
 

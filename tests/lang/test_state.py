@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -233,6 +234,28 @@ def test_run_batch_keeps_order_reports_failures_by_index_and_goes_on():
     assert two_gens.run_batch([], backend=fake) == []
     with pytest.raises(rf.InvalidRequest, match="list of dicts"):
         two_gens.run_batch(["cats"], backend=fake)
+
+
+def test_run_batch_generator_style_yields_in_order_as_programs_finish():
+    release = threading.Event()
+
+    def respond(prompt, sp):
+        if "slow" in prompt:
+            assert release.wait(30)
+        return prompt.split("Topic: ")[1][:4]
+
+    fake = FakeBackend(respond=respond)
+    topics = ["fast", "slow", "more"]
+    states = two_gens.run_batch([{"topic": t} for t in topics], backend=fake, num_threads=3,
+                                generator_style=True)
+    assert not isinstance(states, list)
+    first = next(states)  # program 0 is done while program 1 still waits
+    assert first["a"] == "fast" and not release.is_set()
+    release.set()
+    assert [s["a"] for s in states] == ["slow", "more"]
+    assert list(two_gens.run_batch([], backend=fake, generator_style=True)) == []
+    with pytest.raises(rf.InvalidRequest, match="generator_style=True is for run_batch"):
+        asyncio.run(two_gens.arun_batch([{"topic": "x"}], backend=fake, generator_style=True))
 
 
 @rf.function
