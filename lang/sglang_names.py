@@ -18,17 +18,18 @@ greedy_token_selection = "greedy_token_selection"
 unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
 
 
-def RuntimeEndpoint(base_url: str, api_key: str | None = None,  # noqa: N802 (SGLang's name)
-                    verify: bool | str | None = None,
-                    chat_template_name: str | None = None) -> Endpoint:
+class RuntimeEndpoint(Endpoint):
     """SGLang's RuntimeEndpoint: an Endpoint at `base_url`. The chat template is the model's
     own, from the server; SGLang's named client-side templates are refused."""
-    if chat_template_name is not None:
-        raise UnsupportedFeature(
-            f"chat_template_name={chat_template_name!r}: radixflow renders the model's own chat "
-            "template, which the server reports; drop the argument, or pass Endpoint(url, "
-            "chat_template=<Jinja source>) to override it")
-    return Endpoint(base_url, api_key, verify=verify)
+
+    def __init__(self, base_url: str, api_key: str | None = None,
+                 verify: bool | str | None = None, chat_template_name: str | None = None):
+        if chat_template_name is not None:
+            raise UnsupportedFeature(
+                f"chat_template_name={chat_template_name!r}: radixflow renders the model's own "
+                "chat template, which the server reports; drop the argument, or pass "
+                "Endpoint(url, chat_template=<Jinja source>) to override it")
+        super().__init__(base_url, api_key, verify=verify)
 
 
 def gen_int(name: str | None = None, **kwargs: Any):

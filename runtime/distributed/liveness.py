@@ -87,6 +87,7 @@ class Liveness:
                                       if layout.node_of(r) not in (0, node)],
                                      silence_limit(dist_timeout_s))
         self._pids: dict[int, int] = {}
+        self._store_elsewhere = node != 0  # rank 0's process serves the store
 
     def lost(self) -> str | None:
         """Why some other rank is gone, or None while all seem there."""
@@ -96,7 +97,9 @@ class Liveness:
                 return f"rank {rank}'s process (pid {pid}) has exited"
         try:
             silent = self.heartbeats.silent(self.store)
-        except Exception as exc:  # only rank 0's process serves the store
+            if self._store_elsewhere:
+                self.store.check([PID_KEY.format(rank=0)])
+        except Exception as exc:
             return f"rank 0's store does not answer: {exc}"
         if silent:
             return (f"rank {silent[0]} (node {self.layout.node_of(silent[0])}) sent no "

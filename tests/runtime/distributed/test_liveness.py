@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -124,5 +125,11 @@ def test_liveness_asks_neighbours_by_pid_and_other_nodes_by_heartbeat():
     child.wait()
     store.set("radixflow/pid/1", str(child.pid))
     assert live.lost() == f"rank 1's process (pid {child.pid}) has exited"
-    on_node_1 = Liveness(store, 2, layout, dist_timeout_s=3.0)
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False,
+                           timeout=timedelta(seconds=3))
+    on_node_1 = Liveness(client, 2, layout, dist_timeout_s=3.0)
     assert on_node_1.neighbours == [3] and on_node_1.heartbeats.ranks == []
+    assert on_node_1.lost() is None
+    del store, live  # the store's server goes with its last handle: rank 0's process is gone
+    lost = on_node_1.lost()
+    assert lost is not None and lost.startswith("rank 0's store does not answer"), lost
