@@ -11,20 +11,22 @@ from radixflow.runtime.program.wire import JOIN_MODES
 from .chat_template import ChatTemplate
 from .errors import InvalidRequest
 from .ir import Gen, Node, RoleBegin, RoleEnd, Select, Text
-from .params import GenParams
+from .params import NO_LOGPROBS, GenParams, LogprobDefaults
 
 
 class WireCompiler:
     """Compiles the nodes one line appends, in order; `branch()` continues in a forked branch."""
 
-    def __init__(self, template: ChatTemplate, defaults: GenParams):
+    def __init__(self, template: ChatTemplate, defaults: GenParams,
+                 logprobs: LogprobDefaults = NO_LOGPROBS):
         self.template = template
         self.defaults = defaults
+        self.logprobs = logprobs
         self.roles: list[str] = []  # the closed turns so far
         self.open_role: str | None = None
 
     def branch(self) -> WireCompiler:
-        copy = WireCompiler(self.template, self.defaults)
+        copy = WireCompiler(self.template, self.defaults, self.logprobs)
         copy.roles, copy.open_role = list(self.roles), self.open_role
         return copy
 
@@ -73,12 +75,17 @@ class WireCompiler:
             out["separate_reasoning"] = True
         if node.tools:
             out["tool_calls"] = True
-        if node.return_logprob:
+        run = self.logprobs
+        if node.return_logprob or run.return_logprob:
             out.update(return_logprob=True, return_text_in_logprobs=True)
-            if node.logprob_start_len is not None:
-                out["logprob_start_len"] = node.logprob_start_len
-            if node.top_logprobs_num is not None:
-                out["top_logprobs_num"] = node.top_logprobs_num
+            start = (node.logprob_start_len if node.logprob_start_len is not None
+                     else run.logprob_start_len)
+            top = node.top_logprobs_num if node.top_logprobs_num is not None else (
+                run.top_logprobs_num)
+            if start is not None:
+                out["logprob_start_len"] = start
+            if top is not None:
+                out["top_logprobs_num"] = top
         return out
 
 

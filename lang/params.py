@@ -9,6 +9,7 @@ defined and checked).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,3 +86,28 @@ _DSL_NAMES = {native: name for name, native in SAMPLING_NAMES.items()}
 _SAMPLING_DEFAULTS = SamplingParams()
 DEFAULT_PARAMS = GenParams(**{
     name: _frozen(getattr(_SAMPLING_DEFAULTS, sampling_name(name))) for name in FIELDS})
+
+
+@dataclass(frozen=True)
+class LogprobDefaults:
+    """SGLang's run() logprob keywords: what every gen that asks for no logprobs itself gets
+    (a gen's own return_logprob / logprob_start_len / top_logprobs_num win)."""
+
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+
+    @classmethod
+    def take(cls, kwargs: dict[str, Any], keep: Container[str] = ()) -> LogprobDefaults:
+        """Pop run()'s logprob keywords out of `kwargs` (not the program's own arguments,
+        `keep`)."""
+        found = {k: kwargs.pop(k) for k in (*LOGPROB_OPTIONS, "return_text_in_logprobs")
+                 if k in kwargs and k not in keep}
+        if found.pop("return_text_in_logprobs", None) is False:
+            raise InvalidRequest("return_text_in_logprobs=False: radixflow always gives each "
+                                 "logprob's token text")
+        return cls(**{k: v for k, v in found.items() if v is not None})
+
+
+LOGPROB_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+NO_LOGPROBS = LogprobDefaults()

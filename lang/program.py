@@ -16,7 +16,7 @@ from .backends.default import as_backend, get_default_backend
 from .chat_template import chat_template_of
 from .errors import InvalidRequest, ProgramError, TraceError
 from .graph import Graph
-from .params import DEFAULT_PARAMS, FIELDS, SAMPLING_NAMES, GenParams
+from .params import DEFAULT_PARAMS, FIELDS, SAMPLING_NAMES, GenParams, LogprobDefaults
 from .placeholder import Placeholder
 from .state import ProgramState
 from .tracer import StopTrace, TraceState
@@ -32,7 +32,8 @@ class Program:
 
     `prog.run(**args)` runs it and returns its ProgramState; `prog.run_batch([...])` runs many
     concurrently; `prog.trace(**args)` builds its graph without a model. Sampling options
-    (max_tokens, temperature, stop, ...) given to run/run_batch are defaults for every gen.
+    (max_tokens, temperature, stop, ...) given to run/run_batch are defaults for every gen, and
+    so are SGLang's return_logprob / logprob_start_len / top_logprobs_num.
     """
 
     def __init__(self, func: Callable[..., Any]):
@@ -68,9 +69,10 @@ class Program:
         ServerUnavailable, ...
         """
         backend = self._backend(backend)
+        logprobs = LogprobDefaults.take(kwargs, keep=self.arg_names)
         program_kwargs, defaults = self._split(kwargs)
         self._check_args(args, program_kwargs)
-        state = ProgramState(backend, defaults=defaults, stream=stream)
+        state = ProgramState(backend, defaults=defaults, logprobs=logprobs, stream=stream)
         if not stream:
             self.func(state, *args, **program_kwargs)
             state._run_to_end()
@@ -120,6 +122,7 @@ class Program:
                 isinstance(item, dict) for item in batch_kwargs):
             raise InvalidRequest("run_batch takes a list of dicts of program arguments")
         backend = self._backend(backend)
+        logprobs = LogprobDefaults.take(defaults)
         extra, gen_defaults = self._split(defaults)
         if extra:
             raise InvalidRequest(f"run_batch options must be sampling options, got "
@@ -135,7 +138,7 @@ class Program:
         states: list[ProgramState | None] = [None] * len(batch_kwargs)
 
         def one(i: int) -> None:
-            state = ProgramState(backend, defaults=gen_defaults)
+            state = ProgramState(backend, defaults=gen_defaults, logprobs=logprobs)
             state.index = i
             states[i] = state
             try:

@@ -24,7 +24,7 @@ from .compile import WireCompiler
 from .errors import InvalidRequest, VariableNotFound, error_from_wire
 from .fork import ForkGroup, fail_forks, fold_branches
 from .ir import NodeLike, RoleBegin, RoleEnd, flatten
-from .params import DEFAULT_PARAMS, GenParams
+from .params import DEFAULT_PARAMS, NO_LOGPROBS, GenParams, LogprobDefaults
 from .streaming import TextEvents
 
 
@@ -42,11 +42,12 @@ class ProgramState(stretch.Line):
     """
 
     def __init__(self, backend: Any, *, defaults: GenParams = DEFAULT_PARAMS, stream: bool = False,
+                 logprobs: LogprobDefaults = NO_LOGPROBS,
                  _branch_of: ProgramState | None = None):
         super().__init__()
         self.backend = backend
         self._compiler = (_branch_of._compiler.branch() if _branch_of is not None
-                          else WireCompiler(chat_template_of(backend), defaults))
+                          else WireCompiler(chat_template_of(backend), defaults, logprobs))
         self._stream = stream
         self._text: str = ""
         self._fork_text = ""  # a branch's text where its fork happened

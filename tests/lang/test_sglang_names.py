@@ -31,6 +31,18 @@ def test_an_sglang_program_runs(backend):
     assert isinstance(json.loads(state["name"]), str), state["name"]
 
 
+def test_run_wide_logprobs(backend):
+    state = sglang_style.run(backend=backend, temperature=0, return_logprob=True,
+                             top_logprobs_num=2, return_text_in_logprobs=True)
+    meta = state.get_meta_info("count")
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] > 0
+    # (a token the grammar's budget-safe closing appended unsampled has no top list)
+    sampled = [top for (lp, _, _), top in zip(meta["output_token_logprobs"],
+                                              meta["output_top_logprobs"], strict=True)
+               if lp > -9999.0]
+    assert sampled and all(len(top) == 2 for top in sampled)
+
+
 def test_runtime_endpoint_and_the_default_backends_cache(server_backend):
     endpoint = sgl.RuntimeEndpoint(server_backend.url)
     assert endpoint.model_info == server_backend.model_info

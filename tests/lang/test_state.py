@@ -258,6 +258,32 @@ def test_run_batch_generator_style_yields_in_order_as_programs_finish():
         asyncio.run(two_gens.arun_batch([{"topic": "x"}], backend=fake, generator_style=True))
 
 
+def test_run_wide_logprob_options_reach_every_gen_that_sets_none():
+    """SGLang's run(return_logprob=, logprob_start_len=, top_logprobs_num=) keywords."""
+    @rf.function
+    def two(s):
+        s += "A:" + rf.gen("a", max_tokens=2)
+        s += "B:" + rf.gen("b", max_tokens=2, return_logprob=True, top_logprobs_num=5)
+
+    fake = FakeBackend()
+    state = two.run(backend=fake, return_logprob=True, top_logprobs_num=2, logprob_start_len=1,
+                    return_text_in_logprobs=True)
+    gens = [c for c in fake.calls if c.get("sampling_params", {}).get("max_new_tokens") == 2]
+    assert [(c["return_logprob"], c["top_logprobs_num"], c["logprob_start_len"])
+            for c in gens] == [(True, 2, 1), (True, 5, 1)]
+    assert state.get_meta_info("a")["output_token_logprobs"]
+    fake.calls.clear()
+    two.run_batch([{}, {}], backend=fake, return_logprob=True)
+    assert all(c["return_logprob"] for c in fake.calls
+               if c.get("sampling_params", {}).get("max_new_tokens") == 2)
+    fake.calls.clear()
+    two.run(backend=fake)
+    firsts = [c for c in fake.calls if c.get("sampling_params", {}).get("max_new_tokens") == 2]
+    assert "return_logprob" not in firsts[0] and firsts[1]["return_logprob"]
+    with pytest.raises(rf.InvalidRequest, match="always gives each logprob's token text"):
+        two.run(backend=fake, return_text_in_logprobs=False)
+
+
 @rf.function
 def few_shot(s, question):
     s += rf.system("You classify sentiment. " * 4)
